@@ -1,0 +1,22 @@
+"""elmo-jax: ELMo (Peters et al., 2018) in JAX, weight-compatible with bilm-tf and AllenNLP.
+
+    params = elmo_jax.load_hdf5("options.json", "weights.hdf5")
+    layers, mask = elmo_jax.embed(params, elmo_jax.batch_to_ids([["Hello", "world", "."]]))
+    # layers: float32 (B, 3, T, 1024); mask: bool (B, T)
+"""
+
+from elmo_jax.bilm import add_boundaries, remove_boundaries
+from elmo_jax.chars import batch_to_ids, token_to_raw_ids, tokens_to_raw_ids
+from elmo_jax.config import BiLMConfig, read_options
+from elmo_jax.embed import embed
+from elmo_jax.lstm import LSTMState, zero_state
+from elmo_jax.mix import ElmoRepresentations, ScalarMix, mix_l2_penalty, scalar_mix
+from elmo_jax.params import BiLMParams, count_parameters, init_params
+from elmo_jax.weights_hdf5 import load_hdf5, save_hdf5
+
+__all__ = [
+    "BiLMConfig", "BiLMParams", "ElmoRepresentations", "LSTMState", "ScalarMix", "add_boundaries",
+    "batch_to_ids", "count_parameters", "embed", "init_params", "load_hdf5", "mix_l2_penalty",
+    "read_options", "remove_boundaries", "save_hdf5", "scalar_mix", "token_to_raw_ids", "tokens_to_raw_ids",
+    "zero_state",
+]

@@ -1,0 +1,117 @@
+"""The biLM forward pass: character ids -> boundary tokens -> char CNN -> forward/backward LSTM stacks.
+
+Everything here is a pure function of `BiLMParams` and int32 shifted character ids; `embed.py` adds
+input checking and jit. Shapes: B batch, T tokens, T2 = T + 2 with `<S>`/`</S>`, C chars per token,
+P projection, D = 2 directions, L LSTM layers.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from elmo_jax.chars import BOS_CHAR, EOS_CHAR, boundary_char_ids
+from elmo_jax.char_cnn import token_embedding
+from elmo_jax.lstm import LSTMState, lstm_layer, stacked_cell
+from elmo_jax.params import BiLMParams
+
+
+def token_mask(char_ids: jax.Array) -> jax.Array:
+    """bool (B, T): a token is present where any of its character ids is non-zero."""
+    return jnp.any(char_ids > 0, axis=-1)
+
+
+def add_boundaries(char_ids: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Puts `<S>` before and `</S>` right after each row's tokens.
+
+    Args:
+      char_ids: int (B, T, C) shifted ids, padding tokens after the real ones.
+      mask: bool (B, T).
+
+    Returns:
+      (B, T2, C) ids and bool (B, T2) mask; a row of n tokens has n + 2 true entries.
+    """
+    B, T, C = char_ids.shape
+    lengths = jnp.sum(mask, axis=1)  # (B,)
+    bos = jnp.asarray(boundary_char_ids(BOS_CHAR, C) + 1, char_ids.dtype)
+    eos = jnp.asarray(boundary_char_ids(EOS_CHAR, C) + 1, char_ids.dtype)
+    body = jnp.concatenate([jnp.broadcast_to(bos, (B, 1, C)), char_ids, jnp.zeros((B, 1, C), char_ids.dtype)], 1)
+    positions = jnp.arange(T + 2)[None, :]  # (1, T2)
+    is_eos = positions == (lengths + 1)[:, None]
+    return jnp.where(is_eos[..., None], eos, body), positions < (lengths + 2)[:, None]
+
+
+def remove_boundaries(x: jax.Array, mask_with_boundaries: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Inverse of `add_boundaries` for any per-token tensor.
+
+    Args:
+      x: (B, ..., T2, X) with time on axis -2.
+      mask_with_boundaries: bool (B, T2).
+
+    Returns:
+      (B, ..., T, X) with exact zeros at padding, and the bool (B, T) token mask.
+    """
+    lengths = jnp.sum(mask_with_boundaries, axis=1) - 2  # (B,)
+    T = mask_with_boundaries.shape[1] - 2
+    mask = jnp.arange(T)[None, :] < lengths[:, None]  # (B, T)
+    expand = mask.reshape(mask.shape[:1] + (1,) * (x.ndim - 3) + mask.shape[1:] + (1,))
+    return jnp.where(expand, x[..., 1 : T + 1, :], 0.0), mask
+
+
+def reverse_within_length(x: jax.Array, lengths: jax.Array) -> jax.Array:
+    """Reverses each row's first `lengths[b]` steps, leaving padding in place. x (T, B, ...) time-major.
+
+    The map is its own inverse, so the same call un-reverses the backward stack's outputs.
+    """
+    T = x.shape[0]
+    t = jnp.arange(T)[:, None]  # (T, 1)
+    source = jnp.where(t < lengths[None, :], lengths[None, :] - 1 - t, t)  # (T, B)
+    source = source.reshape(source.shape + (1,) * (x.ndim - 2))
+    return jnp.take_along_axis(x, source, axis=0)
+
+
+def bilm_layers(params: BiLMParams, char_ids: jax.Array, initial_state: LSTMState, *,
+                compute_dtype=jnp.float32, unroll: int = 1) -> tuple[jax.Array, jax.Array, LSTMState]:
+    """All biLM layers, boundary tokens included.
+
+    Args:
+      params: the biLM.
+      char_ids: int (B, T, C) shifted character ids (checked by the caller).
+      initial_state: (D, L, B, ·) state each row starts from.
+      compute_dtype: float32 or bfloat16 matrix products.
+      unroll: LSTM scan unroll factor.
+
+    Returns:
+      layers float32 (B, L+1, T2, 2P) with exact zeros at padding; mask bool (B, T2); the final state
+      (the forward state after `</S>`, the backward state after `<S>`).
+    """
+    config, weights = params.config, params.weights
+    B, T, C = char_ids.shape
+    ids, mask = add_boundaries(char_ids, token_mask(char_ids))
+    T2 = T + 2
+    tokens = token_embedding(weights, config, ids.reshape(B * T2, C), compute_dtype).reshape(B, T2, -1)
+    tokens = tokens * mask[..., None]  # AllenNLP's layer 0 is exactly zero at padding
+    lengths = jnp.sum(mask, axis=1)
+
+    tokens_tm = jnp.swapaxes(tokens, 0, 1)  # (T2, B, P)
+    mask_tm = mask.T  # (T2, B)
+    inputs = jnp.stack([tokens_tm, reverse_within_length(tokens_tm, lengths)], axis=1)  # (T2, D, B, P)
+    outputs, finals_c, finals_h = [], [], []
+    for layer in range(config.n_layers):
+        out, (c, h) = lstm_layer(stacked_cell(weights, config, layer), config, inputs, mask_tm,
+                                 initial_state.c[:, layer], initial_state.h[:, layer],
+                                 compute_dtype=compute_dtype, unroll=unroll)
+        if layer > 0 and config.use_skip_connections:
+            out = out + inputs  # residual on the output only, never on the carried state
+        outputs.append(out)
+        finals_c.append(c)
+        finals_h.append(h)
+        inputs = out
+
+    layers = [jnp.concatenate([tokens, tokens], axis=-1)]
+    for out in outputs:  # (T2, D, B, P)
+        forward = jnp.swapaxes(out[:, 0], 0, 1)
+        backward = jnp.swapaxes(reverse_within_length(out[:, 1], lengths), 0, 1)
+        layers.append(jnp.concatenate([forward, backward], axis=-1))
+    final = LSTMState(c=jnp.stack(finals_c, axis=1), h=jnp.stack(finals_h, axis=1))
+    return jnp.stack(layers, axis=1), mask, final

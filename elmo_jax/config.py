@@ -1,0 +1,231 @@
+"""The static hyper-parameters of an ELMo biLM, and the options JSON that describes them.
+
+`BiLMConfig` is frozen and hashable: it travels with the parameters as pytree metadata (see
+`params.BiLMParams`), so a jitted function specialises on it instead of tracing it.
+
+The options JSON is the format bilm-tf writes and AllenNLP reads:
+`{"lstm": {dim, projection_dim, n_layers, cell_clip, proj_clip, use_skip_connections},
+  "char_cnn": {activation, embedding: {dim}, filters, n_highway, n_characters, max_characters_per_token},
+  ...training keys...}`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+# Raw character ids are 0..260 (256 bytes + 5 specials); inference shifts them by one so that 0 means
+# "no token". bilm-tf writes n_characters=261 in training options and 262 in inference options.
+N_RAW_CHARACTERS = 261
+N_SHIFTED_CHARACTERS = 262
+ACTIVATIONS = ("relu", "tanh")
+
+# The published filter bank: widths 1..7, 2048 filters in all.
+PUBLISHED_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
+
+
+@dataclasses.dataclass(frozen=True)
+class BiLMConfig:
+    """Architecture of a character-CNN biLM (everything an options file can describe).
+
+    Attributes:
+      char_embed_dim: E, width of the character embedding.
+      filters: ((width, n_filters), ...) one 1-D convolution per entry.
+      n_highway: number of highway layers after the convolutions (0 for none).
+      activation: "relu" or "tanh", applied after max-pooling each convolution.
+      max_characters_per_token: C, character slots per token (BOW, bytes, EOW, padding).
+      lstm_dim: H, LSTM cell size.
+      projection_dim: P, projected LSTM output and token embedding width. The LSTM has a projection
+        matrix only when P < H (bilm-tf semantics); the char CNN has one only when sum(n_filters) != P.
+      n_layers: LSTM layers per direction.
+      cell_clip: clip of the LSTM cell state, or None.
+      proj_clip: clip of the projected LSTM output, or None.
+      use_skip_connections: add each LSTM layer's input to its output, for layers above the first.
+      extra_options: the options file's other keys (training settings) as canonical JSON, kept so that
+        a loaded-then-saved options file loses nothing.
+    """
+
+    char_embed_dim: int = 16
+    filters: tuple[tuple[int, int], ...] = PUBLISHED_FILTERS
+    n_highway: int = 2
+    activation: str = "relu"
+    max_characters_per_token: int = 50
+    lstm_dim: int = 4096
+    projection_dim: int = 512
+    n_layers: int = 2
+    cell_clip: float | None = 3.0
+    proj_clip: float | None = 3.0
+    use_skip_connections: bool = True
+    extra_options: str = "{}"
+
+    def __post_init__(self):
+        object.__setattr__(self, "filters", tuple((int(w), int(n)) for w, n in self.filters))
+        problems = _config_problems(self)
+        if problems:
+            raise ValueError("invalid biLM config: " + "; ".join(problems))
+
+    @property
+    def n_filters(self) -> int:
+        """Width of the concatenated convolution outputs (2048 for the published models)."""
+        return sum(n for _, n in self.filters)
+
+    @property
+    def has_cnn_projection(self) -> bool:
+        return self.n_filters != self.projection_dim
+
+    @property
+    def has_lstm_projection(self) -> bool:
+        return self.projection_dim < self.lstm_dim
+
+    @property
+    def output_dim(self) -> int:
+        """Width of each output layer: forward and backward concatenated (2P)."""
+        return 2 * self.projection_dim
+
+    @property
+    def n_output_layers(self) -> int:
+        """Token layer plus one per LSTM layer."""
+        return self.n_layers + 1
+
+    def to_options(self) -> dict[str, Any]:
+        """The options dict in the published (inference) format."""
+        options = json.loads(self.extra_options)
+        options["lstm"] = {
+            "dim": self.lstm_dim,
+            "projection_dim": self.projection_dim,
+            "n_layers": self.n_layers,
+            "cell_clip": self.cell_clip,
+            "proj_clip": self.proj_clip,
+            "use_skip_connections": self.use_skip_connections,
+        }
+        options["char_cnn"] = {
+            "activation": self.activation,
+            "embedding": {"dim": self.char_embed_dim},
+            "filters": [list(f) for f in self.filters],
+            "n_highway": self.n_highway,
+            "n_characters": N_SHIFTED_CHARACTERS,
+            "max_characters_per_token": self.max_characters_per_token,
+        }
+        return options
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], source: str = "options") -> "BiLMConfig":
+        """Parses an options dict; errors name `source` and the offending key."""
+        if not isinstance(options, Mapping):
+            raise ValueError(f"{source}: expected a JSON object at the top level, found {type(options).__name__}")
+        lstm = _section(options, "lstm", source)
+        cnn = _section(options, "char_cnn", source)
+        embedding = _section(cnn, "embedding", f"{source}: char_cnn")
+        n_characters = _get(cnn, "n_characters", int, source, "char_cnn", default=N_SHIFTED_CHARACTERS)
+        if n_characters not in (N_RAW_CHARACTERS, N_SHIFTED_CHARACTERS):
+            raise ValueError(f"{source}: char_cnn.n_characters must be 261 (training) or 262 (inference), "
+                             f"found {n_characters}")
+        filters = cnn.get("filters")
+        if (not isinstance(filters, list) or not filters
+                or not all(isinstance(f, list) and len(f) == 2 and all(_is_int(v) for v in f) for f in filters)):
+            raise ValueError(f"{source}: char_cnn.filters must be a non-empty list of [width, n_filters] "
+                             f"integer pairs, found {filters!r}")
+        extra = {k: v for k, v in options.items() if k not in ("lstm", "char_cnn")}
+        try:
+            return cls(
+                char_embed_dim=_get(embedding, "dim", int, source, "char_cnn.embedding"),
+                filters=tuple(tuple(f) for f in filters),
+                n_highway=_get(cnn, "n_highway", int, source, "char_cnn", default=0) or 0,
+                activation=_get(cnn, "activation", str, source, "char_cnn"),
+                max_characters_per_token=_get(cnn, "max_characters_per_token", int, source, "char_cnn"),
+                lstm_dim=_get(lstm, "dim", int, source, "lstm"),
+                projection_dim=_get(lstm, "projection_dim", int, source, "lstm"),
+                n_layers=_get(lstm, "n_layers", int, source, "lstm", default=1),
+                cell_clip=_get(lstm, "cell_clip", float, source, "lstm", default=None),
+                proj_clip=_get(lstm, "proj_clip", float, source, "lstm", default=None),
+                use_skip_connections=bool(_get(lstm, "use_skip_connections", bool, source, "lstm", default=False)),
+                extra_options=json.dumps(extra, sort_keys=True),
+            )
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
+
+    @classmethod
+    def preset(cls, name: str) -> "BiLMConfig":
+        """A published model size: "small", "medium" or "original" (see ELMO.md)."""
+        try:
+            lstm_dim, projection_dim, n_highway = PRESETS[name]
+        except KeyError:
+            raise ValueError(f"unknown model size {name!r}; expected one of {sorted(PRESETS)}") from None
+        return cls(lstm_dim=lstm_dim, projection_dim=projection_dim, n_highway=n_highway)
+
+
+# name -> (H, P, n_highway); the rest is shared by all published models.
+PRESETS = {"small": (1024, 128, 1), "medium": (2048, 256, 1), "original": (4096, 512, 2)}
+
+
+def read_options(path: str | os.PathLike) -> BiLMConfig:
+    """Reads an options JSON file into a config, with errors that name the file (and line)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: expected an options JSON file, found a directory")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: options file not found")
+    try:
+        with open(path, encoding="utf-8") as f:
+            options = json.load(f)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: options file is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    return BiLMConfig.from_options(options, source=path)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _section(options: Mapping[str, Any], key: str, source: str) -> Mapping[str, Any]:
+    value = options.get(key)
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{source}: missing or invalid section {key!r} (expected a JSON object)")
+    return value
+
+
+_MISSING = object()
+
+
+def _get(section, key, kind, source, where, default=_MISSING):
+    value = section.get(key, default)
+    if value is _MISSING:
+        raise ValueError(f"{source}: missing key {where}.{key}")
+    if value is None:
+        return None
+    ok = {int: _is_int(value), float: isinstance(value, (int, float)) and not isinstance(value, bool),
+          str: isinstance(value, str), bool: isinstance(value, bool)}[kind]
+    if not ok:
+        raise ValueError(f"{source}: {where}.{key} must be {kind.__name__}, found {value!r}")
+    return kind(value)
+
+
+def _config_problems(c: BiLMConfig) -> list[str]:
+    problems = []
+    for name in ("char_embed_dim", "max_characters_per_token", "lstm_dim", "projection_dim", "n_layers"):
+        if getattr(c, name) < 1:
+            problems.append(f"{name} must be >= 1, found {getattr(c, name)}")
+    if c.n_highway < 0:
+        problems.append(f"n_highway must be >= 0, found {c.n_highway}")
+    if c.activation not in ACTIVATIONS:
+        problems.append(f"activation must be one of {ACTIVATIONS}, found {c.activation!r}")
+    if c.max_characters_per_token < 3:
+        problems.append("max_characters_per_token must be >= 3 (BOW, one byte, EOW)")
+    for width, num in c.filters:
+        if width < 1 or num < 1:
+            problems.append(f"filter {[width, num]} must have width >= 1 and n_filters >= 1")
+        elif width > c.max_characters_per_token:
+            problems.append(f"filter width {width} exceeds max_characters_per_token {c.max_characters_per_token}")
+    if c.projection_dim > c.lstm_dim:
+        problems.append(f"projection_dim {c.projection_dim} exceeds lstm dim {c.lstm_dim}")
+    if c.has_cnn_projection and c.n_filters < c.projection_dim:
+        problems.append(f"the char CNN has {c.n_filters} filters, fewer than projection_dim {c.projection_dim}")
+    for name in ("cell_clip", "proj_clip"):
+        value = getattr(c, name)
+        if value is not None and value <= 0:
+            problems.append(f"{name} must be positive or None, found {value}")
+    return problems

@@ -1,0 +1,114 @@
+"""`embed(params, chars)`: JIT-compiled ELMo feature extraction with inputs checked on the host.
+
+Stateless by default: every call starts from a zero LSTM state, so the same sentence always gets the
+same vectors. `initial_state` / `return_state` reproduce the stateful behaviour of bilm-tf and AllenNLP
+(each row's final state carried into the next call) for users who want it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from elmo_jax.bilm import bilm_layers, remove_boundaries
+from elmo_jax.config import N_SHIFTED_CHARACTERS
+from elmo_jax.lstm import LSTMState, zero_state
+from elmo_jax.params import N_DIRECTIONS, BiLMParams
+from elmo_jax.precision import check_compute_dtype
+
+# Measured on a 2-core CPU with the original model (bench/embed_throughput.py): unrolling the
+# time loop a little lets XLA overlap consecutive steps' elementwise work.
+DEFAULT_UNROLL = 1
+
+
+def embed(params: BiLMParams, chars, *, initial_state: LSTMState | None = None, return_state: bool = False,
+          keep_boundaries: bool = False, compute_dtype="float32", unroll: int = DEFAULT_UNROLL):
+    """Contextual ELMo layers for a batch of shifted character ids.
+
+    Args:
+      params: from `load_hdf5`, `init_params` or `load`.
+      chars: int (B, T, C) from `batch_to_ids`: shifted ids in [0, 262), all-zero rows for padding tokens,
+        which must come after a row's real tokens. Checked on the host before any compute (under an
+        outer `jax.jit` only shape and dtype can be checked).
+      initial_state: `LSTMState` with c (2, L, B, H) and h (2, L, B, P) to start from; zeros if None.
+      return_state: also return the final `LSTMState` (forward after `</S>`, backward after `<S>`).
+      keep_boundaries: return the `<S>`/`</S>` positions too (T + 2 steps), as AllenNLP's scalar mix
+        sees them; `remove_boundaries` drops them later.
+      compute_dtype: "float32" (full precision on every backend) or "bfloat16" (faster matmuls,
+        float32 state and accumulation).
+      unroll: unroll factor of the LSTM time loop (a speed knob; results do not depend on it).
+
+    Returns:
+      (layers, mask) or (layers, mask, state): layers float32 (B, L+1, T, 2P) — layer 0 the token
+      embedding repeated, then one per LSTM layer, [forward; backward] — with exact zeros at padding;
+      mask bool (B, T).
+    """
+    if not isinstance(params, BiLMParams):
+        raise ValueError(f"params must be BiLMParams (from load_hdf5, init_params or load), "
+                         f"found {type(params).__name__}")
+    chars = check_char_ids(chars, params.config.max_characters_per_token)
+    if initial_state is None:
+        initial_state = zero_state(params.config, chars.shape[0])
+    else:
+        _check_state(initial_state, params, chars.shape[0])
+    if not isinstance(unroll, int) or unroll < 1:
+        raise ValueError(f"unroll must be a positive integer, found {unroll!r}")
+    return _embed_jit(params, chars, initial_state, return_state=bool(return_state),
+                      keep_boundaries=bool(keep_boundaries),
+                      compute_dtype=check_compute_dtype(compute_dtype).name, unroll=unroll)
+
+
+@functools.partial(jax.jit, static_argnames=("return_state", "keep_boundaries", "compute_dtype", "unroll"))
+def _embed_jit(params, chars, initial_state, *, return_state, keep_boundaries, compute_dtype, unroll):
+    layers, mask, state = bilm_layers(params, chars, initial_state, compute_dtype=jnp.dtype(compute_dtype),
+                                      unroll=unroll)
+    if not keep_boundaries:
+        layers, mask = remove_boundaries(layers, mask)
+    return (layers, mask, state) if return_state else (layers, mask)
+
+
+def check_char_ids(chars, max_characters_per_token: int):
+    """Validates character ids on the host; returns them as int32. Raises ValueError naming the problem."""
+    shape, dtype = np.shape(chars), getattr(chars, "dtype", None)
+    if dtype is None:
+        chars = np.asarray(chars)
+        shape, dtype = chars.shape, chars.dtype
+    if not (np.issubdtype(dtype, np.integer)):
+        raise ValueError(f"chars: expected integer character ids (from batch_to_ids), found dtype {dtype}")
+    if len(shape) != 3 or shape[2] != max_characters_per_token:
+        raise ValueError(f"chars: expected shape (batch, tokens, {max_characters_per_token}), found {tuple(shape)}")
+    if shape[0] == 0 or shape[1] == 0:
+        raise ValueError(f"chars: empty batch of shape {tuple(shape)}; need at least one sentence and one "
+                         "time step")
+    if isinstance(chars, jax.core.Tracer):
+        return chars.astype(jnp.int32)  # values are unknown under an outer jit
+    host = np.asarray(chars)
+    low, high = int(host.min()), int(host.max())
+    if low < 0 or high >= N_SHIFTED_CHARACTERS:
+        bad = np.argwhere((host < 0) | (host >= N_SHIFTED_CHARACTERS))[0]
+        raise ValueError(f"chars: ids must be in [0, {N_SHIFTED_CHARACTERS}) (shifted ids from batch_to_ids); "
+                         f"found {int(host[tuple(bad)])} at index {tuple(int(i) for i in bad)}")
+    present = np.any(host > 0, axis=-1)  # (B, T)
+    gaps = present[:, 1:] & ~present[:, :-1]
+    if gaps.any():
+        row, t = np.argwhere(gaps)[0]
+        raise ValueError(f"chars: row {row} has a token at position {t + 1} after a padding token; padding "
+                         "(all-zero) tokens must come after a sentence's tokens")
+    return jnp.asarray(host, jnp.int32)
+
+
+def _check_state(state, params: BiLMParams, batch_size: int) -> None:
+    config = params.config
+    expected = {"c": (N_DIRECTIONS, config.n_layers, batch_size, config.lstm_dim),
+                "h": (N_DIRECTIONS, config.n_layers, batch_size, config.projection_dim)}
+    if not isinstance(state, LSTMState):
+        raise ValueError(f"initial_state must be an LSTMState (c, h) as returned with return_state=True, "
+                         f"found {type(state).__name__}")
+    for name, shape in expected.items():
+        found = getattr(state, name)
+        if tuple(np.shape(found)) != shape or not jnp.issubdtype(found.dtype, jnp.floating):
+            raise ValueError(f"initial_state.{name}: expected float {shape} (directions, layers, batch, width), "
+                             f"found {getattr(found, 'dtype', '?')} {tuple(np.shape(found))}")

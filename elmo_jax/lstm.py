@@ -1,0 +1,128 @@
+"""LSTM with projection and clipping (TF `LSTMCell` semantics), as a pure step driven by `lax.scan`.
+
+One step, with gates in the weight file's order i, j, f, o:
+
+    z   = [x_t ; h_{t-1}] W_0 + B
+    c_t = clip(sigmoid(f + 1) * c_{t-1} + sigmoid(i) * tanh(j), cell_clip)
+    h_t = clip((sigmoid(o) * tanh(c_t)) W_P_0, proj_clip)
+
+Both directions of a layer run in the same scan with a leading direction axis D = 2: the backward
+direction's inputs arrive already reversed within each sentence's length, so one prefix mask serves
+both. The input half of `z` for all time steps is one large matrix product hoisted out of the scan;
+only `h_{t-1} W_h` and the projection stay inside. Past a row's length the state is held (so the
+final carry is the state after the row's last token) and the output is zero.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from elmo_jax.config import BiLMConfig
+from elmo_jax.params import N_DIRECTIONS, get_path, lstm_cell_path
+from elmo_jax.precision import einsum, matmul
+
+FORGET_BIAS = 1.0  # TF LSTMCell's default, added at run time and never stored in weight files.
+
+
+class LSTMState(NamedTuple):
+    """Recurrent state of the whole biLM, directions first.
+
+    Attributes:
+      c: float32 (D, L, B, H) cell states; D = 2 (forward, backward), L layers.
+      h: float32 (D, L, B, P) projected outputs.
+    """
+
+    c: jax.Array
+    h: jax.Array
+
+
+def zero_state(config: BiLMConfig, batch_size: int) -> LSTMState:
+    """All-zero state (D, L, B, ·) for a fresh, stateless pass."""
+    D, L = N_DIRECTIONS, config.n_layers
+    return LSTMState(c=jnp.zeros((D, L, batch_size, config.lstm_dim), jnp.float32),
+                     h=jnp.zeros((D, L, batch_size, config.projection_dim), jnp.float32))
+
+
+def _update(z, c_prev, cell_clip, w_proj, proj_clip, compute_dtype):
+    """From gate pre-activations z (..., 4H) and c_prev (..., H) to (c, h). w_proj: None or (..., H, P)."""
+    i, j, f, o = jnp.split(z, 4, axis=-1)
+    c = jax.nn.sigmoid(f + FORGET_BIAS) * c_prev + jax.nn.sigmoid(i) * jnp.tanh(j)
+    if cell_clip is not None:
+        c = jnp.clip(c, -cell_clip, cell_clip)
+    h = jax.nn.sigmoid(o) * jnp.tanh(c)
+    if w_proj is not None:
+        h = einsum("...bh,...hp->...bp", h, w_proj, compute_dtype)
+    if proj_clip is not None:
+        h = jnp.clip(h, -proj_clip, proj_clip)
+    return c, h
+
+
+def lstm_step(cell, config: BiLMConfig, x: jax.Array, c_prev: jax.Array, h_prev: jax.Array,
+              compute_dtype=jnp.float32) -> tuple[jax.Array, jax.Array]:
+    """One LSTM step of one cell, straight from the equations (the scan computes the same thing).
+
+    Args:
+      cell: one weight-file `LSTMCell` group: W_0 (2P, 4H), B (4H,), W_P_0 (H, P) if projected.
+      config: supplies the clips.
+      x: (B, P) input; c_prev (B, H); h_prev (B, P).
+
+    Returns:
+      (c, h): (B, H), (B, P).
+    """
+    z = matmul(jnp.concatenate([x, h_prev], axis=-1), cell["W_0"], compute_dtype) + cell["B"]
+    return _update(z, c_prev, config.cell_clip, cell.get("W_P_0"), config.proj_clip, compute_dtype)
+
+
+def stacked_cell(weights, config: BiLMConfig, layer: int) -> dict[str, jax.Array]:
+    """One layer's weights of both directions, stacked on a leading D axis and split by input.
+
+    Returns: {"W_x": (D, P, 4H), "W_h": (D, P, 4H), "B": (D, 4H), "W_P": (D, H, P) or absent}.
+    """
+    cells = [get_path(weights, lstm_cell_path(d, layer)) for d in range(N_DIRECTIONS)]
+    P = config.projection_dim
+    stacked = {
+        "W_x": jnp.stack([c["W_0"][:P] for c in cells]),
+        "W_h": jnp.stack([c["W_0"][P:] for c in cells]),
+        "B": jnp.stack([c["B"] for c in cells]),
+    }
+    if config.has_lstm_projection:
+        stacked["W_P"] = jnp.stack([c["W_P_0"] for c in cells])
+    return stacked
+
+
+def lstm_layer(cell: dict[str, jax.Array], config: BiLMConfig, inputs: jax.Array, mask: jax.Array,
+               c0: jax.Array, h0: jax.Array, *, compute_dtype=jnp.float32, unroll: int = 1):
+    """Runs one layer of both directions over time.
+
+    Args:
+      cell: `stacked_cell(...)` of this layer.
+      config: supplies the clips.
+      inputs: float32 (T, D, B, P), time-major; the backward direction already reversed per row.
+      mask: bool (T, B), a prefix of each row.
+      c0, h0: (D, B, H), (D, B, P) initial state.
+      compute_dtype: float32 or bfloat16 for the matrix products; the state stays float32.
+      unroll: `lax.scan` unroll factor.
+
+    Returns:
+      outputs (T, D, B, P) with zeros past each row's length, and the final (c, h).
+    """
+    # Input-to-gate products of every time step at once: (D, T, B, 4H).
+    x_gates = einsum("tdbp,dpg->dtbg", inputs, cell["W_x"], compute_dtype) + cell["B"][:, None, None, :]
+    w_proj = cell.get("W_P")
+
+    def step(carry, t):
+        c_prev, h_prev = carry
+        z = lax.dynamic_index_in_dim(x_gates, t, axis=1, keepdims=False)  # (D, B, 4H)
+        z = z + einsum("dbp,dpg->dbg", h_prev, cell["W_h"], compute_dtype)
+        c, h = _update(z, c_prev, config.cell_clip, w_proj, config.proj_clip, compute_dtype)
+        live = mask[t][None, :, None]  # (1, B, 1)
+        c = jnp.where(live, c, c_prev)
+        h_out = jnp.where(live, h, 0.0)
+        return (c, jnp.where(live, h, h_prev)), h_out
+
+    (c_final, h_final), outputs = lax.scan(step, (c0, h0), jnp.arange(inputs.shape[0]), unroll=unroll)
+    return outputs, (c_final, h_final)

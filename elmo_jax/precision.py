@@ -1,0 +1,36 @@
+"""Matrix products at the precision a caller asks for.
+
+float32 results must match AllenNLP on every backend, but GPUs and TPUs default to reduced-precision
+passes (TF32, bf16x1) for float32 matmuls. So float32 compute asks for `Precision.HIGHEST` explicitly;
+bfloat16 compute casts the operands and accumulates in float32.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+def check_compute_dtype(compute_dtype) -> jnp.dtype:
+    """Normalises a compute dtype name or dtype; only float32 and bfloat16 are supported."""
+    dtype = jnp.dtype(compute_dtype)
+    if dtype.name not in COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}, found {dtype.name}")
+    return dtype
+
+
+def matmul(x: jax.Array, w: jax.Array, compute_dtype=jnp.float32) -> jax.Array:
+    """x @ w in `compute_dtype`, accumulated and returned in float32."""
+    if jnp.dtype(compute_dtype) == jnp.float32:
+        return jnp.matmul(x, w, precision=lax.Precision.HIGHEST)
+    return jnp.matmul(x.astype(compute_dtype), w.astype(compute_dtype), preferred_element_type=jnp.float32)
+
+
+def einsum(spec: str, x: jax.Array, w: jax.Array, compute_dtype=jnp.float32) -> jax.Array:
+    """`jnp.einsum(spec, x, w)` with the same precision rules as `matmul`."""
+    if jnp.dtype(compute_dtype) == jnp.float32:
+        return jnp.einsum(spec, x, w, precision=lax.Precision.HIGHEST)
+    return jnp.einsum(spec, x.astype(compute_dtype), w.astype(compute_dtype), preferred_element_type=jnp.float32)
