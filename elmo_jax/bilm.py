@@ -71,7 +71,8 @@ def reverse_within_length(x: jax.Array, lengths: jax.Array) -> jax.Array:
 
 
 def bilm_layers(params: BiLMParams, char_ids: jax.Array, initial_state: LSTMState, *,
-                compute_dtype=jnp.float32, unroll: int = 1) -> tuple[jax.Array, jax.Array, LSTMState]:
+                compute_dtype=jnp.float32, unroll: int = 1,
+                content_positions: int | None = None) -> tuple[jax.Array, jax.Array, LSTMState]:
     """All biLM layers, boundary tokens included.
 
     Args:
@@ -80,6 +81,8 @@ def bilm_layers(params: BiLMParams, char_ids: jax.Array, initial_state: LSTMStat
       initial_state: (D, L, B, ·) state each row starts from.
       compute_dtype: float32 or bfloat16 matrix products.
       unroll: LSTM scan unroll factor.
+      content_positions: static bound on the characters of every real token (see
+        `char_cnn.token_embedding`); None computes all C positions.
 
     Returns:
       layers float32 (B, L+1, T2, 2P) with exact zeros at padding; mask bool (B, T2); the final state
@@ -89,7 +92,8 @@ def bilm_layers(params: BiLMParams, char_ids: jax.Array, initial_state: LSTMStat
     B, T, C = char_ids.shape
     ids, mask = add_boundaries(char_ids, token_mask(char_ids))
     T2 = T + 2
-    tokens = token_embedding(weights, config, ids.reshape(B * T2, C), compute_dtype).reshape(B, T2, -1)
+    tokens = token_embedding(weights, config, ids.reshape(B * T2, C), compute_dtype,
+                             content_positions).reshape(B, T2, -1)
     tokens = tokens * mask[..., None]  # AllenNLP's layer 0 is exactly zero at padding
     lengths = jnp.sum(mask, axis=1)
 

@@ -4,7 +4,9 @@ All filter widths run as one matrix product: each token's character embeddings a
 windows of the widest filter (im2col), and every filter's kernel is zero-padded to that width, so a
 (N*C, Wmax*E) x (Wmax*E, F) product computes all F filters at every start position at once. Positions
 where a narrow filter would read past the token are masked out of the max. This costs ~16% extra
-FLOPs for the published widths and runs far better than seven small convolutions.
+FLOPs for the published widths and runs far better than seven small convolutions. Windows that
+see nothing but PAD characters all have one value, so only the starts up to the batch's longest
+token are computed (`content_positions`), plus that one all-PAD window.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from elmo_jax.chars import PAD_CHAR
 from elmo_jax.config import BiLMConfig
 from elmo_jax.precision import matmul
 
@@ -34,15 +37,31 @@ def _stacked_kernel(weights, config: BiLMConfig) -> tuple[jax.Array, np.ndarray]
     return jnp.concatenate(blocks, axis=1), last_start
 
 
-def _conv_max(char_vectors: jax.Array, kernel: jax.Array, last_start: np.ndarray, wmax: int,
+def _conv_max(char_vectors: jax.Array, kernel: jax.Array, last_start: np.ndarray, n_starts: int,
               compute_dtype) -> jax.Array:
-    """Max over start positions of every filter. char_vectors (N, C, E) -> (N, F), before bias."""
-    N, C, E = char_vectors.shape
-    padded = jnp.pad(char_vectors, ((0, 0), (0, wmax - 1), (0, 0)))
-    windows = jnp.concatenate([padded[:, s : s + C] for s in range(wmax)], axis=-1)  # (N, C, Wmax*E)
-    conv = matmul(windows, kernel, compute_dtype)  # (N, C, F)
-    valid = jnp.arange(C)[:, None] <= jnp.asarray(last_start)[None, :]  # (C, F)
+    """Max over the first `n_starts` start positions of every filter. char_vectors (N, C', E) -> (N, F).
+
+    char_vectors must hold at least n_starts + Wmax - 1 positions (zero vectors past the token are
+    fine: the starts that would read them are masked by `last_start`).
+    """
+    E = char_vectors.shape[-1]
+    wmax = kernel.shape[0] // E
+    windows = jnp.concatenate([char_vectors[:, s : s + n_starts] for s in range(wmax)], axis=-1)  # (N, S, Wmax*E)
+    conv = matmul(windows, kernel, compute_dtype)  # (N, S, F), before bias
+    valid = jnp.arange(n_starts)[:, None] <= jnp.asarray(last_start)[None, :]  # (S, F)
     return jnp.max(jnp.where(valid, conv, -jnp.inf), axis=1)
+
+
+def content_width(char_ids: np.ndarray) -> int:
+    """Host-side: 1 + the last position holding anything but PAD in any real token of the batch.
+
+    Past this position every real token is all PAD, so every window starting there has the same value
+    (see `token_embedding`). Padding tokens (all zeros) do not count: their vectors are masked out.
+    """
+    real = np.any(char_ids > 0, axis=-1)  # (...,)
+    content = (char_ids != PAD_CHAR + 1) & real[..., None]  # shifted PAD
+    positions = np.nonzero(np.any(content.reshape(-1, char_ids.shape[-1]), axis=0))[0]
+    return int(positions[-1]) + 1 if positions.size else 1
 
 
 def highway(x: jax.Array, layer_weights, compute_dtype=jnp.float32) -> jax.Array:
@@ -55,7 +74,8 @@ def highway(x: jax.Array, layer_weights, compute_dtype=jnp.float32) -> jax.Array
     return gate * transform + (1.0 - gate) * x
 
 
-def token_embedding(weights, config: BiLMConfig, char_ids: jax.Array, compute_dtype=jnp.float32) -> jax.Array:
+def token_embedding(weights, config: BiLMConfig, char_ids: jax.Array, compute_dtype=jnp.float32,
+                    content_positions: int | None = None) -> jax.Array:
     """Token vectors from shifted character ids.
 
     Args:
@@ -63,21 +83,40 @@ def token_embedding(weights, config: BiLMConfig, char_ids: jax.Array, compute_dt
       config: the architecture.
       char_ids: int (N, C), shifted ids in [0, 262); 0 embeds as a zero vector.
       compute_dtype: float32 or bfloat16 for the matrix products.
+      content_positions: static S <= C such that every real token holds only PAD from position S on
+        (`content_width` computes it). Starts >= S all see the same all-PAD window, so one window value
+        stands for them and only S starts are computed: words are short, and C = 50 is not. None = C.
+        Rows of all-zero padding tokens get meaningless vectors then; callers mask them.
 
     Returns:
       float32 (N, P).
     """
+    C = config.max_characters_per_token
+    S = C if content_positions is None else min(max(int(content_positions), 1), C)
     wmax = max(w for w, _ in config.filters)
     # Row 0 is the padding id, which the weight file does not store.
     table = jnp.concatenate([jnp.zeros((1, config.char_embed_dim), jnp.float32), weights["char_embed"]])
     kernel, last_start = _stacked_kernel(weights, config)
     bias = jnp.concatenate([weights["CNN"][f"b_cnn_{i}"] for i in range(len(config.filters))])
+    span = min(C, S + wmax - 1)  # character positions the first S windows read
 
     def block(ids):  # (n, C) -> (n, F)
-        return _conv_max(jnp.take(table, ids, axis=0), kernel, last_start, wmax, compute_dtype)
+        vectors = jnp.take(table, ids[:, :span], axis=0)
+        vectors = jnp.pad(vectors, ((0, 0), (0, S + wmax - 1 - span), (0, 0)))
+        return _conv_max(vectors, kernel, last_start, S, compute_dtype)
 
     N = char_ids.shape[0]
-    pooled = block(char_ids) if N <= CNN_TOKEN_BLOCK else jax.lax.map(block, char_ids, batch_size=CNN_TOKEN_BLOCK)
+    if N <= CNN_TOKEN_BLOCK:
+        pooled = block(char_ids)
+    else:  # blocks of padding tokens fill the last block; their rows are dropped
+        n_blocks = -(-N // CNN_TOKEN_BLOCK)
+        padded = jnp.pad(char_ids, ((0, n_blocks * CNN_TOKEN_BLOCK - N), (0, 0)))
+        pooled = jax.lax.map(block, padded.reshape(n_blocks, CNN_TOKEN_BLOCK, -1))
+        pooled = pooled.reshape(n_blocks * CNN_TOKEN_BLOCK, -1)[:N]
+    if S < C:  # the all-PAD window, for the filters that have valid starts at or past S
+        pad_window = jnp.tile(table[PAD_CHAR + 1], wmax)[None, None, :]  # (1, 1, Wmax*E)
+        pad_value = matmul(pad_window, kernel, compute_dtype)[0, 0]  # (F,)
+        pooled = jnp.maximum(pooled, jnp.where(jnp.asarray(last_start) >= S, pad_value, -jnp.inf))
     # max(x + b) == max(x) + b exactly (rounding is monotonic), so the bias is added after pooling.
     x = pooled + bias
     x = jax.nn.relu(x) if config.activation == "relu" else jnp.tanh(x)

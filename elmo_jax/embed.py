@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.bilm import bilm_layers, remove_boundaries
+from elmo_jax.char_cnn import content_width
 from elmo_jax.config import N_SHIFTED_CHARACTERS
 from elmo_jax.lstm import LSTMState, zero_state
 from elmo_jax.params import N_DIRECTIONS, BiLMParams
@@ -49,7 +50,8 @@ def embed(params: BiLMParams, chars, *, initial_state: LSTMState | None = None, 
     if not isinstance(params, BiLMParams):
         raise ValueError(f"params must be BiLMParams (from load_hdf5, init_params or load), "
                          f"found {type(params).__name__}")
-    chars = check_char_ids(chars, params.config.max_characters_per_token)
+    C = params.config.max_characters_per_token
+    chars = check_char_ids(chars, C)
     if initial_state is None:
         initial_state = zero_state(params.config, chars.shape[0])
     else:
@@ -57,21 +59,35 @@ def embed(params: BiLMParams, chars, *, initial_state: LSTMState | None = None, 
     if not isinstance(unroll, int) or unroll < 1:
         raise ValueError(f"unroll must be a positive integer, found {unroll!r}")
     return _embed_jit(params, chars, initial_state, return_state=bool(return_state),
-                      keep_boundaries=bool(keep_boundaries),
-                      compute_dtype=check_compute_dtype(compute_dtype).name, unroll=unroll)
+                      keep_boundaries=bool(keep_boundaries), compute_dtype=check_compute_dtype(compute_dtype).name,
+                      unroll=unroll, content_positions=_content_bucket(chars, C))
 
 
-@functools.partial(jax.jit, static_argnames=("return_state", "keep_boundaries", "compute_dtype", "unroll"))
-def _embed_jit(params, chars, initial_state, *, return_state, keep_boundaries, compute_dtype, unroll):
+def _content_bucket(chars, max_characters_per_token: int) -> int | None:
+    """Characters per token the char CNN must look at, rounded up to a multiple of 8 so that a stream
+    of batches compiles at most C/8 variants. None (all) under an outer jit."""
+    if isinstance(chars, jax.core.Tracer):
+        return None
+    width = max(content_width(np.asarray(chars)), 3)  # 3: the <S>/</S> tokens added inside
+    return min(-(-width // 8) * 8, max_characters_per_token)
+
+
+@functools.partial(jax.jit, static_argnames=("return_state", "keep_boundaries", "compute_dtype", "unroll",
+                                             "content_positions"))
+def _embed_jit(params, chars, initial_state, *, return_state, keep_boundaries, compute_dtype, unroll,
+               content_positions):
     layers, mask, state = bilm_layers(params, chars, initial_state, compute_dtype=jnp.dtype(compute_dtype),
-                                      unroll=unroll)
+                                      unroll=unroll, content_positions=content_positions)
     if not keep_boundaries:
         layers, mask = remove_boundaries(layers, mask)
     return (layers, mask, state) if return_state else (layers, mask)
 
 
 def check_char_ids(chars, max_characters_per_token: int):
-    """Validates character ids on the host; returns them as int32. Raises ValueError naming the problem."""
+    """Validates character ids on the host; returns them as int32 NumPy (a tracer stays a tracer).
+
+    Raises ValueError naming the problem.
+    """
     shape, dtype = np.shape(chars), getattr(chars, "dtype", None)
     if dtype is None:
         chars = np.asarray(chars)
@@ -97,7 +113,7 @@ def check_char_ids(chars, max_characters_per_token: int):
         row, t = np.argwhere(gaps)[0]
         raise ValueError(f"chars: row {row} has a token at position {t + 1} after a padding token; padding "
                          "(all-zero) tokens must come after a sentence's tokens")
-    return jnp.asarray(host, jnp.int32)
+    return host.astype(np.int32, copy=False)
 
 
 def _check_state(state, params: BiLMParams, batch_size: int) -> None:

@@ -1,0 +1,81 @@
+"""Embed a few sentences from the command line with a published-format ELMo model.
+
+    python -m elmo_jax.embed_text --options=OPTIONS.json --weights=WEIGHTS.hdf5 "The bank of the river ." ...
+    echo "one sentence per line" | python -m elmo_jax.embed_text --options=... --weights=...
+
+Tokens are split on whitespace. Prints each sentence's tokens with the L2 norm of every layer's vector,
+and with --output writes `layers` (B, L+1, T, 2P) float32 and `mask` (B, T) to an .npz file (written to a
+temporary name and renamed, so an existing file is only ever replaced by a complete one).
+For whole files, AllenNLP-style HDF5 output and length bucketing, see the feature-extraction CLI.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import numpy as np
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("options", None, "bilm-tf/AllenNLP options JSON file.")
+flags.DEFINE_string("weights", None, "HDF5 weight file in the published layout.")
+flags.DEFINE_string("output", None, "Optional .npz file for the layers and mask.")
+flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Matmul precision.")
+
+
+def read_sentences(argv: list[str]) -> list[list[str]]:
+    lines = argv if argv else sys.stdin.read().splitlines()
+    sentences = [line.split() for line in lines if line.strip()]
+    if not sentences:
+        raise ValueError("no sentences: pass them as arguments or one per line on standard input")
+    return sentences
+
+
+def write_npz(path: str, **arrays) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"--output={path}: directory {directory} does not exist")
+    fd, tmp = tempfile.mkstemp(suffix=".npz.tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def run(argv: list[str]) -> None:
+    import elmo_jax  # after flag parsing, so --help is fast
+
+    for name in ("options", "weights"):
+        if not getattr(FLAGS, name):
+            raise ValueError(f"--{name} is required")
+    sentences = read_sentences(argv[1:])
+    params = elmo_jax.load_hdf5(FLAGS.options, FLAGS.weights)
+    layers, mask = elmo_jax.embed(params, elmo_jax.batch_to_ids(sentences, params.config.max_characters_per_token),
+                                  compute_dtype=FLAGS.compute_dtype)
+    layers, mask = np.asarray(layers), np.asarray(mask)
+    print(f"layers {layers.shape} (sentences, layers, tokens, 2P), mask {mask.shape}")
+    for b, sentence in enumerate(sentences):
+        print(f"[{b}] " + " ".join(sentence))
+        for t, token in enumerate(sentence):
+            norms = " ".join(f"{np.linalg.norm(layers[b, j, t]):8.3f}" for j in range(layers.shape[1]))
+            print(f"    {token[:24]:24} |layer norms| {norms}")
+    if FLAGS.output:
+        write_npz(FLAGS.output, layers=layers, mask=mask)
+        print(f"wrote {FLAGS.output}")
+
+
+def main(argv: list[str]) -> None:
+    try:
+        run(argv)
+    except (ValueError, OSError) as e:  # a person's mistake: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,32 @@
+"""Model FLOP counts, for throughput and utilisation figures (bench/).
+
+Counts multiply-adds of the matrix products as 2 FLOPs each, at the architecture's nominal size: every
+convolution start position of every token, as the model defines it, whatever `embed` skips as
+redundant. Elementwise work (activations, gates, clipping) is not counted, as is usual for MFU.
+"""
+
+from __future__ import annotations
+
+from elmo_jax.config import BiLMConfig
+from elmo_jax.params import N_DIRECTIONS
+
+
+def char_cnn_flops_per_token(config: BiLMConfig) -> int:
+    """Convolutions (all valid starts), highway layers and projection for one token."""
+    C, E, F, P = config.max_characters_per_token, config.char_embed_dim, config.n_filters, config.projection_dim
+    conv = sum(2 * width * E * num * (C - width + 1) for width, num in config.filters)
+    highway = config.n_highway * 2 * (2 * F * F)
+    projection = 2 * F * P if config.has_cnn_projection else 0
+    return conv + highway + projection
+
+
+def lstm_flops_per_token(config: BiLMConfig) -> int:
+    """All LSTM layers of both directions for one token: gates from [x; h], then the projection."""
+    P, H = config.projection_dim, config.lstm_dim
+    per_cell = 2 * (2 * P) * (4 * H) + (2 * H * P if config.has_lstm_projection else 0)
+    return N_DIRECTIONS * config.n_layers * per_cell
+
+
+def embed_flops(config: BiLMConfig, batch_size: int, n_tokens: int) -> int:
+    """FLOPs of one `embed` call on a (B, T) batch; the biLM also runs on `<S>` and `</S>`."""
+    return batch_size * (n_tokens + 2) * (char_cnn_flops_per_token(config) + lstm_flops_per_token(config))
