@@ -17,7 +17,7 @@ import numpy as np
 
 from elmo_jax.chars import PAD_CHAR
 from elmo_jax.config import BiLMConfig
-from elmo_jax.precision import matmul
+from elmo_jax.precision import broadcast_trailing, linear, matmul
 
 # Tokens per block of the convolution: bounds the (tokens, C, F) intermediate (~400 MB for the
 # published model) whatever the batch size.
@@ -69,8 +69,8 @@ def highway(x: jax.Array, layer_weights, compute_dtype=jnp.float32) -> jax.Array
 
     g = sigmoid(x W_carry + b_carry) weights the relu branch: y = g * relu(x W_transform + b_transform) + (1 - g) * x.
     """
-    gate = jax.nn.sigmoid(matmul(x, layer_weights["W_carry"], compute_dtype) + layer_weights["b_carry"])
-    transform = jax.nn.relu(matmul(x, layer_weights["W_transform"], compute_dtype) + layer_weights["b_transform"])
+    gate = jax.nn.sigmoid(linear(x, layer_weights["W_carry"], layer_weights["b_carry"], compute_dtype))
+    transform = jax.nn.relu(linear(x, layer_weights["W_transform"], layer_weights["b_transform"], compute_dtype))
     return gate * transform + (1.0 - gate) * x
 
 
@@ -116,12 +116,13 @@ def token_embedding(weights, config: BiLMConfig, char_ids: jax.Array, compute_dt
     if S < C:  # the all-PAD window, for the filters that have valid starts at or past S
         pad_window = jnp.tile(table[PAD_CHAR + 1], wmax)[None, None, :]  # (1, 1, Wmax*E)
         pad_value = matmul(pad_window, kernel, compute_dtype)[0, 0]  # (F,)
-        pooled = jnp.maximum(pooled, jnp.where(jnp.asarray(last_start) >= S, pad_value, -jnp.inf))
+        pad_value = jnp.where(jnp.asarray(last_start) >= S, pad_value, -jnp.inf)
+        pooled = jnp.maximum(pooled, broadcast_trailing(pad_value, pooled.ndim))
     # max(x + b) == max(x) + b exactly (rounding is monotonic), so the bias is added after pooling.
-    x = pooled + bias
+    x = pooled + broadcast_trailing(bias, pooled.ndim)
     x = jax.nn.relu(x) if config.activation == "relu" else jnp.tanh(x)
     for k in range(config.n_highway):
         x = highway(x, weights[f"CNN_high_{k}"], compute_dtype)
     if config.has_cnn_projection:
-        x = matmul(x, weights["CNN_proj"]["W_proj"], compute_dtype) + weights["CNN_proj"]["b_proj"]
+        x = linear(x, weights["CNN_proj"]["W_proj"], weights["CNN_proj"]["b_proj"], compute_dtype)
     return x

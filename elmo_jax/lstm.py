@@ -23,7 +23,7 @@ from jax import lax
 
 from elmo_jax.config import BiLMConfig
 from elmo_jax.params import N_DIRECTIONS, get_path, lstm_cell_path
-from elmo_jax.precision import einsum, matmul
+from elmo_jax.precision import einsum, linear
 
 FORGET_BIAS = 1.0  # TF LSTMCell's default, added at run time and never stored in weight files.
 
@@ -73,7 +73,7 @@ def lstm_step(cell, config: BiLMConfig, x: jax.Array, c_prev: jax.Array, h_prev:
     Returns:
       (c, h): (B, H), (B, P).
     """
-    z = matmul(jnp.concatenate([x, h_prev], axis=-1), cell["W_0"], compute_dtype) + cell["B"]
+    z = linear(jnp.concatenate([x, h_prev], axis=-1), cell["W_0"], cell["B"], compute_dtype)
     return _update(z, c_prev, config.cell_clip, cell.get("W_P_0"), config.proj_clip, compute_dtype)
 
 

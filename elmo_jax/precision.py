@@ -34,3 +34,14 @@ def einsum(spec: str, x: jax.Array, w: jax.Array, compute_dtype=jnp.float32) -> 
     if jnp.dtype(compute_dtype) == jnp.float32:
         return jnp.einsum(spec, x, w, precision=lax.Precision.HIGHEST)
     return jnp.einsum(spec, x.astype(compute_dtype), w.astype(compute_dtype), preferred_element_type=jnp.float32)
+
+
+def linear(x: jax.Array, w: jax.Array, b: jax.Array | None = None, compute_dtype=jnp.float32) -> jax.Array:
+    """x (..., I) @ w (I, O) + b (O,), the bias broadcast explicitly (rank promotion stays strict)."""
+    y = matmul(x, w, compute_dtype)
+    return y if b is None else y + broadcast_trailing(b, y.ndim)
+
+
+def broadcast_trailing(v: jax.Array, ndim: int) -> jax.Array:
+    """v (..., N) reshaped to rank `ndim` with leading 1s, for explicit broadcasting against (..., N)."""
+    return jnp.reshape(v, (1,) * (ndim - v.ndim) + v.shape)
