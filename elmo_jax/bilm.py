@@ -12,8 +12,8 @@ import jax.numpy as jnp
 
 from elmo_jax.chars import BOS_CHAR, EOS_CHAR, boundary_char_ids
 from elmo_jax.char_cnn import token_embedding
-from elmo_jax.lstm import LSTMState, lstm_layer, stacked_cell
-from elmo_jax.params import BiLMParams
+from elmo_jax.lstm import LSTMState, lstm_stack
+from elmo_jax.params import N_DIRECTIONS, BiLMParams
 
 
 def token_mask(char_ids: jax.Array) -> jax.Array:
@@ -98,24 +98,14 @@ def bilm_layers(params: BiLMParams, char_ids: jax.Array, initial_state: LSTMStat
     lengths = jnp.sum(mask, axis=1)
 
     tokens_tm = jnp.swapaxes(tokens, 0, 1)  # (T2, B, P)
-    mask_tm = mask.T  # (T2, B)
     inputs = jnp.stack([tokens_tm, reverse_within_length(tokens_tm, lengths)], axis=1)  # (T2, D, B, P)
-    outputs, finals_c, finals_h = [], [], []
-    for layer in range(config.n_layers):
-        out, (c, h) = lstm_layer(stacked_cell(weights, config, layer), config, inputs, mask_tm,
-                                 initial_state.c[:, layer], initial_state.h[:, layer],
-                                 compute_dtype=compute_dtype, unroll=unroll)
-        if layer > 0 and config.use_skip_connections:
-            out = out + inputs  # residual on the output only, never on the carried state
-        outputs.append(out)
-        finals_c.append(c)
-        finals_h.append(h)
-        inputs = out
+    mask_tm = jnp.broadcast_to(mask.T[:, None, :], (T2, N_DIRECTIONS, B))
+    outputs, final = lstm_stack(weights, config, inputs, mask_tm, initial_state, compute_dtype=compute_dtype,
+                                unroll=unroll)
 
     layers = [jnp.concatenate([tokens, tokens], axis=-1)]
     for out in outputs:  # (T2, D, B, P)
         forward = jnp.swapaxes(out[:, 0], 0, 1)
         backward = jnp.swapaxes(reverse_within_length(out[:, 1], lengths), 0, 1)
         layers.append(jnp.concatenate([forward, backward], axis=-1))
-    final = LSTMState(c=jnp.stack(finals_c, axis=1), h=jnp.stack(finals_h, axis=1))
     return jnp.stack(layers, axis=1), mask, final

@@ -102,7 +102,7 @@ def lstm_layer(cell: dict[str, jax.Array], config: BiLMConfig, inputs: jax.Array
       cell: `stacked_cell(...)` of this layer.
       config: supplies the clips.
       inputs: float32 (T, D, B, P), time-major; the backward direction already reversed per row.
-      mask: bool (T, B), a prefix of each row.
+      mask: bool (T, D, B), where each direction's row has a token (a prefix of the row).
       c0, h0: (D, B, H), (D, B, P) initial state.
       compute_dtype: float32 or bfloat16 for the matrix products; the state stays float32.
       unroll: `lax.scan` unroll factor.
@@ -119,10 +119,43 @@ def lstm_layer(cell: dict[str, jax.Array], config: BiLMConfig, inputs: jax.Array
         z = lax.dynamic_index_in_dim(x_gates, t, axis=1, keepdims=False)  # (D, B, 4H)
         z = z + einsum("dbp,dpg->dbg", h_prev, cell["W_h"], compute_dtype)
         c, h = _update(z, c_prev, config.cell_clip, w_proj, config.proj_clip, compute_dtype)
-        live = mask[t][None, :, None]  # (1, B, 1)
+        live = mask[t][..., None]  # (D, B, 1)
         c = jnp.where(live, c, c_prev)
         h_out = jnp.where(live, h, 0.0)
         return (c, jnp.where(live, h, h_prev)), h_out
 
     (c_final, h_final), outputs = lax.scan(step, (c0, h0), jnp.arange(inputs.shape[0]), unroll=unroll)
     return outputs, (c_final, h_final)
+
+
+def lstm_stack(weights, config: BiLMConfig, inputs: jax.Array, mask: jax.Array, initial_state: LSTMState, *,
+               compute_dtype=jnp.float32, unroll: int = 1, dropout=None) -> tuple[list[jax.Array], LSTMState]:
+    """All LSTM layers of both directions, with bilm-tf's residual connections and dropout.
+
+    Args:
+      weights: `BiLMParams.weights`.
+      config: the architecture.
+      inputs: float32 (T, D, B, P) token embeddings, time-major, each direction in its reading order.
+      mask: bool (T, D, B).
+      initial_state: `LSTMState` (D, L, B, ·).
+      compute_dtype, unroll: as for `lstm_layer`.
+      dropout: None, or a function (x, layer) -> x applied to each layer's input, as TF's
+        `DropoutWrapper(input_keep_prob)` does; the residual then adds the dropped-out input.
+
+    Returns:
+      each layer's outputs (T, D, B, P), and the final `LSTMState`.
+    """
+    outputs, finals_c, finals_h = [], [], []
+    for layer in range(config.n_layers):
+        if dropout is not None:
+            inputs = dropout(inputs, layer)
+        out, (c, h) = lstm_layer(stacked_cell(weights, config, layer), config, inputs, mask,
+                                 initial_state.c[:, layer], initial_state.h[:, layer],
+                                 compute_dtype=compute_dtype, unroll=unroll)
+        if layer > 0 and config.use_skip_connections:
+            out = out + inputs  # residual on the output only, never on the carried state
+        outputs.append(out)
+        finals_c.append(c)
+        finals_h.append(h)
+        inputs = out
+    return outputs, LSTMState(c=jnp.stack(finals_c, axis=1), h=jnp.stack(finals_h, axis=1))
