@@ -4,7 +4,7 @@ One step, with gates in the weight file's order i, j, f, o:
 
     z   = [x_t ; h_{t-1}] W_0 + B
     c_t = clip(sigmoid(f + 1) * c_{t-1} + sigmoid(i) * tanh(j), cell_clip)
-    h_t = clip((sigmoid(o) * tanh(c_t)) W_P_0, proj_clip)
+    h_t = clip((sigmoid(o) * tanh(c_t)) W_P_0, proj_clip)    (no W_P_0 when P == H: then no clip either)
 
 Both directions of a layer run in the same scan with a leading direction axis D = 2: the backward
 direction's inputs arrive already reversed within each sentence's length, so one prefix mask serves
@@ -54,10 +54,10 @@ def _update(z, c_prev, cell_clip, w_proj, proj_clip, compute_dtype):
     if cell_clip is not None:
         c = jnp.clip(c, -cell_clip, cell_clip)
     h = jax.nn.sigmoid(o) * jnp.tanh(c)
-    if w_proj is not None:
+    if w_proj is not None:  # as TF's LSTMCell: proj_clip applies only to a projected output
         h = einsum("...bh,...hp->...bp", h, w_proj, compute_dtype)
-    if proj_clip is not None:
-        h = jnp.clip(h, -proj_clip, proj_clip)
+        if proj_clip is not None:
+            h = jnp.clip(h, -proj_clip, proj_clip)
     return c, h
 
 

@@ -91,18 +91,29 @@ def save_hdf5(params: BiLMParams, options_file: str | os.PathLike, weight_file: 
             raise ValueError(f"params: {key!r} has shape {tuple(flat[key].shape)}, expected {shape}")
 
     options_text = json.dumps(params.config.to_options(), indent=2, sort_keys=True) + "\n"
-    _write_atomically(options_file, lambda f: f.write(options_text.encode("utf-8")))
 
     def write_weights(f):
         with h5py.File(f, "w") as h5:
             for key in expected:  # file order: char_embed, CNN, highway, projection, RNN_0, RNN_1
                 h5.create_dataset(key, data=np.asarray(flat[key], dtype=np.float32))
 
-    _write_atomically(weight_file, write_weights)
+    # Both files are complete on disk before either replaces an existing one, so a failure (a bad path,
+    # a full disk) never pairs new options with old weights.
+    staged = [_stage(weight_file, write_weights)]
+    try:
+        staged.append(_stage(options_file, lambda f: f.write(options_text.encode("utf-8"))))
+    except BaseException:
+        os.unlink(staged[0][0])
+        raise
+    for tmp, path in staged:
+        os.replace(tmp, path)
 
 
-def _write_atomically(path: str | os.PathLike, write) -> None:
-    """Calls write(binary file object) on a temporary file next to `path`, then renames it to `path`."""
+def _stage(path: str | os.PathLike, write) -> tuple[str, str]:
+    """Calls write(binary file object) on a temporary file next to `path`; returns (temporary, path).
+
+    The caller renames the temporary file onto `path` (atomic on POSIX) once everything is staged.
+    """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
@@ -116,10 +127,10 @@ def _write_atomically(path: str | os.PathLike, write) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+    return tmp, path
 
 
 def _current_umask() -> int:
