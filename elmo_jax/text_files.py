@@ -1,0 +1,275 @@
+"""Plain-text corpora: one whitespace-tokenized sentence per line (the 1B Word Benchmark format).
+
+Reading them with every odd line accounted for, and writing text files atomically.
+
+    files = expand_glob("corpus/news.en-*")
+    stats = ReadStats()
+    for tokens in iter_sentences(files, stats=stats):   # tokens: list[str], file order, constant memory
+        ...
+    print(stats.summary())
+
+Every line is accounted for: it is either yielded as a sentence or counted under the reason it was
+skipped (blank, longer than `max_line_chars`, invalid UTF-8 with `invalid_utf8="skip"`), so
+`lines == sentences + blank_lines + long_lines + invalid_utf8_skipped`. Oddities that are kept
+(invalid bytes replaced by U+FFFD, NUL characters, a UTF-8 byte-order mark, reserved words such as a
+literal `<S>`) are counted too, and the first few places of each are kept as "file:line" strings.
+
+Line and token conventions (the same as bilm-tf, which reads each line with `line.strip().split()`):
+- Files are read as bytes and a line ends at b"\\n"; each line is decoded on its own, so one bad byte
+  affects one line. A trailing "\\r" is whitespace and disappears with the split.
+- Tokens are `str.split()` of the decoded line: any Unicode whitespace separates tokens, including
+  U+00A0 (no-break space), U+2028 and the ASCII separators \\x1c-\\x1f.
+- NUL (U+0000) is not whitespace: it stays inside its token, and lines holding one are counted
+  (`nul_lines`) because a NUL in a text corpus usually means a binary file slipped into the glob.
+- A UTF-8 byte-order mark at the start of a file is removed (it is not whitespace, so it would
+  otherwise glue itself to the first token) and counted (`bom_files`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+
+DEFAULT_MAX_LINE_CHARS = 10_000  # far above real sentences; bounds the memory one line can take
+INVALID_UTF8_POLICIES = ("replace", "skip")
+MAX_EXAMPLES = 5  # offending "file:line" locations kept per kind
+
+_BOM = b"\xef\xbb\xbf"
+_CHUNK = 1 << 16  # bytes read at a time while discarding the rest of an over-long line
+
+Files = str | os.PathLike | Sequence[str | os.PathLike]
+
+
+def expand_glob(patterns: Files) -> list[str]:
+    """The files a glob (or a list of globs and paths) names: each pattern sorted, in pattern order.
+
+    Args:
+      patterns: one pattern (`"data/news.en-*"`, `~` and `**` allowed) or a sequence of them. A path
+        that exists is taken literally, so file names containing `[` or `*` work.
+
+    Returns:
+      The matched file paths, as glob spells them.
+
+    Raises:
+      FileNotFoundError: a pattern matches nothing (the pattern is named).
+      IsADirectoryError: a match is a directory (a pattern like `data/*` that also picks up a folder).
+      ValueError: no patterns; a file matched by two patterns (it would be read twice); every matched
+        file is empty (0 bytes). Some empty files among others are fine: they are counted when read.
+    """
+    if isinstance(patterns, (str, os.PathLike)):
+        patterns = [patterns]
+    if not patterns:
+        raise ValueError("no file patterns given: expected a glob such as 'corpus/news.en-*'")
+    files: list[str] = []
+    matched_by: dict[str, str] = {}
+    for pattern in map(os.fspath, patterns):
+        expanded = os.path.expanduser(pattern)
+        matches = [expanded] if os.path.exists(expanded) else sorted(glob.glob(expanded, recursive=True))
+        if not matches:
+            raise FileNotFoundError(f"no file matches {pattern!r}")
+        for path in matches:
+            if os.path.isdir(path):
+                raise IsADirectoryError(f"{path} (matched by {pattern!r}) is a directory, expected a text file")
+            key = os.path.realpath(path)
+            if key in matched_by:
+                raise ValueError(f"{path} is matched by both {matched_by[key]!r} and {pattern!r}; "
+                                 "it would be read twice")
+            matched_by[key] = pattern
+            files.append(path)
+    if all(os.path.getsize(path) == 0 for path in files):
+        raise ValueError(f"all {len(files)} file(s) matched by {list(map(os.fspath, patterns))} are empty "
+                         f"(0 bytes): {', '.join(files[:MAX_EXAMPLES])}")
+    return files
+
+
+@dataclasses.dataclass
+class ReadStats:
+    """What reading a corpus found. Pass one to `iter_sentences`; it is updated as lines are read.
+
+    Attributes:
+      files: files opened. empty_files: those of 0 bytes. bom_files: those starting with a UTF-8 BOM.
+      lines: physical lines read (a last line without "\\n" counts).
+      sentences: lines yielded. tokens: tokens in them.
+      blank_lines: skipped, nothing but whitespace.
+      long_lines: skipped, more than `max_line_chars` characters.
+      invalid_utf8_replaced: kept, bad bytes replaced by U+FFFD (invalid_utf8="replace").
+      invalid_utf8_skipped: skipped because of bad bytes (invalid_utf8="skip").
+      nul_lines: kept, contain U+0000.
+      reserved_tokens: occurrences of the `reserved` words passed to `iter_sentences` (kept).
+      examples: kind -> the first `MAX_EXAMPLES` places, "file:line" (or "file" for file-level kinds).
+    """
+
+    files: int = 0
+    empty_files: int = 0
+    bom_files: int = 0
+    lines: int = 0
+    sentences: int = 0
+    tokens: int = 0
+    blank_lines: int = 0
+    long_lines: int = 0
+    invalid_utf8_replaced: int = 0
+    invalid_utf8_skipped: int = 0
+    nul_lines: int = 0
+    reserved_tokens: int = 0
+    examples: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+    def note(self, kind: str, path: str, line: int | None = None, count: int = 1) -> None:
+        """Adds `count` to the counter `kind`; remembers "path:line" while few places are kept."""
+        setattr(self, kind, getattr(self, kind) + count)
+        places = self.examples.setdefault(kind, [])
+        if len(places) < MAX_EXAMPLES:
+            places.append(path if line is None else f"{path}:{line}")
+
+    @property
+    def skipped_lines(self) -> int:
+        return self.blank_lines + self.long_lines + self.invalid_utf8_skipped
+
+    def summary(self) -> str:
+        """One line with every count and the first offending places, e.g. for a CLI or a log."""
+        text = (f"files={self.files} (empty={self.empty_files}, bom={self.bom_files}) lines={self.lines} "
+                f"sentences={self.sentences} tokens={self.tokens} | skipped: blank={self.blank_lines} "
+                f"too_long={self.long_lines} invalid_utf8={self.invalid_utf8_skipped} | kept: "
+                f"invalid_utf8_replaced={self.invalid_utf8_replaced} nul={self.nul_lines} "
+                f"reserved_tokens={self.reserved_tokens}")
+        places = [f"{kind}: {' '.join(where)}" for kind, where in sorted(self.examples.items()) if where]
+        return text + (" | first at " + "; ".join(places) if places else "")
+
+    def to_dict(self) -> dict:
+        """The counts and examples as plain JSON-ready values."""
+        return dataclasses.asdict(self)
+
+
+def iter_sentences(files: Files, *, max_line_chars: int | None = DEFAULT_MAX_LINE_CHARS,
+                   invalid_utf8: str = "replace", stats: ReadStats | None = None,
+                   reserved: Iterable[str] = ()) -> Iterator[list[str]]:
+    """Streams the sentences of text files, one token list per non-blank line, in file order.
+
+    Memory stays constant: one line (at most about 4 * max_line_chars bytes) is held at a time.
+    Arguments are checked and the files listed before this returns, so a bad glob fails here and not
+    at the first `next()`.
+
+    Args:
+      files: glob pattern(s) or paths, as for `expand_glob`.
+      max_line_chars: lines with more characters (after decoding, newline excluded) are skipped and
+        counted; None for no limit (then one line may take any amount of memory).
+      invalid_utf8: "replace" keeps the line with each bad byte as U+FFFD; "skip" drops the line.
+      stats: updated while reading; read it after the iterator is exhausted.
+      reserved: words to count when they occur as tokens (e.g. `<S>`, `</S>`, `<UNK>`); still yielded.
+
+    Returns:
+      An iterator of token lists (list[str], never empty).
+    """
+    check_read_options(max_line_chars, invalid_utf8)
+    paths = expand_glob(files)
+    return _read_all(paths, max_line_chars, invalid_utf8, stats if stats is not None else ReadStats(),
+                     frozenset(reserved))
+
+
+def check_read_options(max_line_chars: int | None, invalid_utf8: str) -> None:
+    """Raises ValueError unless the options are valid for `iter_sentences`."""
+    if invalid_utf8 not in INVALID_UTF8_POLICIES:
+        raise ValueError(f"invalid_utf8={invalid_utf8!r}: expected one of {INVALID_UTF8_POLICIES}")
+    if max_line_chars is not None and (isinstance(max_line_chars, bool) or not isinstance(max_line_chars, int)
+                                       or max_line_chars < 1):
+        raise ValueError(f"max_line_chars={max_line_chars!r}: expected a positive int or None")
+
+
+def _read_all(paths: list[str], max_line_chars: int | None, invalid_utf8: str, stats: ReadStats,
+              reserved: frozenset[str]) -> Iterator[list[str]]:
+    for path in paths:
+        yield from _read_file(path, max_line_chars, invalid_utf8, stats, reserved)
+
+
+def _read_file(path: str, max_line_chars: int | None, invalid_utf8: str, stats: ReadStats,
+               reserved: frozenset[str]) -> Iterator[list[str]]:
+    stats.files += 1
+    # A line of max_line_chars characters takes at most 4 bytes per character, plus "\r\n" and, on the
+    # first line, a 3-byte BOM; a longer read that has not reached "\n" is too long whatever it decodes to.
+    byte_limit = -1 if max_line_chars is None else 4 * max_line_chars + 5
+    with open(path, "rb") as f:
+        number = 0
+        while True:
+            raw = f.readline(byte_limit)
+            if not raw:
+                break
+            number += 1
+            if number == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM):]
+                stats.note("bom_files", path)
+            stats.lines += 1
+            if byte_limit > 0 and len(raw) == byte_limit and not raw.endswith(b"\n"):
+                _discard_rest_of_line(f)  # never hold all of it
+                stats.note("long_lines", path, number)
+                continue
+            tokens = _decode_line(raw, path, number, max_line_chars, invalid_utf8, stats)
+            if tokens is None:
+                continue
+            if reserved and not reserved.isdisjoint(tokens):
+                stats.note("reserved_tokens", path, number, sum(token in reserved for token in tokens))
+            stats.sentences += 1
+            stats.tokens += len(tokens)
+            yield tokens
+        if number == 0:
+            stats.note("empty_files", path)
+
+
+def _decode_line(raw: bytes, path: str, number: int, max_line_chars: int | None, invalid_utf8: str,
+                 stats: ReadStats) -> list[str] | None:
+    """The tokens of one raw line, or None when the line is skipped (and counted)."""
+    replaced = False
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        if invalid_utf8 == "skip":
+            stats.note("invalid_utf8_skipped", path, number)
+            return None
+        text, replaced = raw.decode("utf-8", errors="replace"), True
+    text = text.rstrip("\r\n")
+    if max_line_chars is not None and len(text) > max_line_chars:
+        stats.note("long_lines", path, number)
+        return None
+    tokens = text.split()
+    if not tokens:  # U+FFFD is not whitespace, so a replaced line is never blank
+        stats.note("blank_lines", path, number)
+        return None
+    # Counted only for lines that are kept, so each line lands in exactly one skip reason or none.
+    if replaced:
+        stats.note("invalid_utf8_replaced", path, number)
+    if "\x00" in text:
+        stats.note("nul_lines", path, number)
+    return tokens
+
+
+def _discard_rest_of_line(f) -> None:
+    while True:
+        chunk = f.readline(_CHUNK)
+        if not chunk or chunk.endswith(b"\n"):
+            return
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Writes UTF-8 `text` to a temporary file next to `path`, then renames it over `path`."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"cannot write {path}: directory {directory} does not exist")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"cannot write {path}: it is a directory")
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.chmod(tmp, _new_file_mode())  # mkstemp makes it owner-only; give it what open() would
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _new_file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
