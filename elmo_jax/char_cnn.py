@@ -64,6 +64,15 @@ def content_width(char_ids: np.ndarray) -> int:
     return int(positions[-1]) + 1 if positions.size else 1
 
 
+def content_bucket(char_ids: np.ndarray, max_characters_per_token: int) -> int:
+    """`content_width` rounded up to a multiple of 8 (at least 3, for the `<S>`/`</S>` tokens), at most C.
+
+    Batches of a stream then compile at most C/8 variants of the char CNN.
+    """
+    width = max(content_width(char_ids), 3)
+    return min(-(-width // 8) * 8, max_characters_per_token)
+
+
 def highway(x: jax.Array, layer_weights, compute_dtype=jnp.float32) -> jax.Array:
     """One highway layer with bilm-tf semantics. x (N, F) -> (N, F).
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.bilm import bilm_layers, remove_boundaries
-from elmo_jax.char_cnn import content_width
+from elmo_jax.char_cnn import content_bucket
 from elmo_jax.config import N_SHIFTED_CHARACTERS
 from elmo_jax.lstm import LSTMState, zero_state
 from elmo_jax.params import N_DIRECTIONS, BiLMParams
@@ -65,12 +65,10 @@ def embed(params: BiLMParams, chars, *, initial_state: LSTMState | None = None, 
 
 
 def _content_bucket(chars, max_characters_per_token: int) -> int | None:
-    """Characters per token the char CNN must look at, rounded up to a multiple of 8 so that a stream
-    of batches compiles at most C/8 variants. None (all) under an outer jit."""
+    """Characters per token the char CNN must look at; None (all) under an outer jit."""
     if isinstance(chars, jax.core.Tracer):
         return None
-    width = max(content_width(np.asarray(chars)), 3)  # 3: the <S>/</S> tokens added inside
-    return min(-(-width // 8) * 8, max_characters_per_token)
+    return content_bucket(np.asarray(chars), max_characters_per_token)
 
 
 @functools.partial(jax.jit, static_argnames=("return_state", "keep_boundaries", "compute_dtype", "unroll",
