@@ -1,0 +1,26 @@
+"""The published original ELMo (2x4096_512_2048cnn_2xhighway) on the 1B Word Benchmark via TFDS `lm1b`.
+
+bilm-tf's recipe: 128 rows x 20 steps per GPU on 3 GPUs, Adagrad 0.2, 8192 sampled negatives, dropout
+0.1, 10 epochs of 768,648,884 tokens. The vocabulary is bilm-tf's 1B-Word file (793,471 entries):
+    python train.py --config=configs/bilm_large.py --workdir=... \
+        --config.data.vocab_file=vocab-2016-09-10.txt --config.data.tfds_data_dir=...
+"""
+
+from configs import default
+
+TRAIN_TOKENS = 768_648_884
+
+
+def get_config():
+    config = default.get_config()  # the model defaults are the original's
+    config.data.tfds_name = "lm1b"
+    config.data.tfds_train_split = "train"
+    config.data.tfds_heldout_split = "test"
+    config.batch_size = 384  # 128 rows x 3 devices, as published
+    config.unroll_steps = 20
+    config.num_train_steps = 10 * TRAIN_TOKENS // (384 * 20)  # 10 epochs
+    config.checkpoint_every_steps = 5000
+    config.eval_every_steps = 50_000
+    config.eval_max_batches = 2000
+    config.log_every_steps = 100
+    return config

@@ -1,0 +1,11 @@
+"""The published "medium" ELMo shape (2x2048_256_2048cnn_1xhighway): H 2048, P 256, 1 highway."""
+
+from configs import default
+
+
+def get_config():
+    config = default.get_config()
+    config.model.lstm_dim = 2048
+    config.model.projection_dim = 256
+    config.model.n_highway = 1
+    return config

@@ -1,0 +1,11 @@
+"""The published "small" ELMo shape (2x1024_128_2048cnn_1xhighway): H 1024, P 128, 1 highway."""
+
+from configs import default
+
+
+def get_config():
+    config = default.get_config()
+    config.model.lstm_dim = 1024
+    config.model.projection_dim = 128
+    config.model.n_highway = 1
+    return config

@@ -1,0 +1,77 @@
+"""Default training config: every key, with what it means. Presets import this and override a few keys.
+
+    python train.py --config=configs/default.py --workdir=/tmp/elmo --config.num_train_steps=1000
+
+Durations are in steps. Derived values (per-process batch, vocabulary size, parameter counts, ...) are
+computed in code and logged, and the resolved config is saved with every checkpoint.
+"""
+
+import ml_collections
+
+from elmo_jax.config import PUBLISHED_FILTERS
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    config.seed = 0  # parameters, dropout, candidate sampling and the data shuffle all derive from it
+
+    # The biLM architecture (the options JSON's `lstm` and `char_cnn` sections).
+    config.model = ml_collections.ConfigDict()
+    config.model.char_embed_dim = 16  # E: character embedding width
+    config.model.filters = [list(f) for f in PUBLISHED_FILTERS]  # [[width, n_filters], ...]
+    config.model.n_highway = 2  # highway layers after the convolutions
+    config.model.activation = "relu"  # after max-pooling each convolution: relu or tanh
+    config.model.max_characters_per_token = 50  # C: BOW + up to C-2 UTF-8 bytes + EOW
+    config.model.lstm_dim = 4096  # H: LSTM cell size
+    config.model.projection_dim = 512  # P: LSTM output and token embedding width
+    config.model.n_layers = 2  # LSTM layers per direction
+    config.model.cell_clip = 3.0  # clip of the cell state
+    config.model.proj_clip = 3.0  # clip of the projected output
+    config.model.use_skip_connections = True  # residual around every LSTM layer but the first
+
+    # The corpus: local text files (one tokenized sentence per line), a TFDS dataset by name, or, with
+    # neither, the embedded default corpus built from the Python standard library's docstrings.
+    config.data = ml_collections.ConfigDict()
+    config.data.train_files = ""  # glob of training text files
+    config.data.heldout_files = ""  # glob of held-out text files (evaluation)
+    config.data.tfds_name = ""  # e.g. "lm1b": a prepared TFDS dataset with a "text" feature
+    config.data.tfds_data_dir = ""  # TFDS data_dir ("" = TFDS's default)
+    config.data.tfds_train_split = "train"
+    config.data.tfds_heldout_split = "test"
+    config.data.vocab_file = ""  # bilm-tf vocab file; "" = build one from the training text into WORKDIR
+    config.data.min_count = 1  # when building the vocab: drop rarer words
+    config.data.max_vocab_size = 0  # when building the vocab: keep at most this many entries (0 = all)
+    config.data.max_line_chars = 100_000  # longer lines are skipped and counted
+    config.data.invalid_utf8 = "replace"  # lines with invalid UTF-8: "replace" (U+FFFD) or "skip"
+    config.data.cache_dir = ""  # where local corpora are prepared as TFDS datasets ("" = WORKDIR/data)
+
+    # Batches (bilm-tf: 128 rows per GPU x 3 GPUs, 20 steps).
+    config.batch_size = 128  # global rows per step, split over processes and the mesh's data axis
+    config.unroll_steps = 20  # T: tokens per window (truncated BPTT length)
+
+    # Optimisation (bilm-tf's recipe).
+    config.num_train_steps = 10_000
+    config.learning_rate = 0.2  # Adagrad
+    config.adagrad_initial_accumulator = 1.0
+    config.clip_norm = 10.0  # global-norm gradient clipping
+    config.dropout = 0.1  # on each LSTM layer's input and on the top output
+    config.loss_scale_by_unroll = True  # bilm-tf differentiates loss * unroll_steps
+    config.n_negative_samples = 8192  # sampled-softmax candidates per direction and step
+    config.full_softmax = False  # train with the full softmax (small vocabularies only)
+    config.softmax_chunk = 8192  # vocabulary rows per step of the full softmax
+    config.compute_dtype = "float32"  # matmul dtype: float32 or bfloat16 (state and accumulation stay float32)
+    config.scan_unroll = 1  # lax.scan unroll of the LSTM time loop (speed only)
+
+    # Checkpoints, evaluation and logging.
+    config.checkpoint_every_steps = 1000
+    config.keep_checkpoints = 3  # newest complete checkpoints kept
+    config.eval_every_steps = 1000  # heldout perplexity during training (0 = only at the end)
+    config.eval_max_batches = 0  # cap on heldout windows per evaluation (0 = the whole heldout set)
+    config.log_every_steps = 50
+    config.init_from = ""  # a workdir or exported model directory to start from (fine-tuning)
+
+    # Device mesh (sizes multiply to the device count; one may be -1).
+    config.mesh = ml_collections.ConfigDict()
+    config.mesh.data = -1
+    config.mesh.model = 1
+    return config

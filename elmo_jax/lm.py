@@ -1,0 +1,107 @@
+"""The biLM as two language models, for training and evaluation on `data.BiLMBatchStream` windows.
+
+Unlike `embed`, nothing is reversed or padded here: the backward stream already holds reversed
+sentences, so both directions run left to right over their own windows (bilm-tf's `static_rnn` over
+`tokens_characters` and `tokens_characters_reverse`), each row's LSTM state carried in from its
+previous window (truncated BPTT) and reset where the stream says a row starts afresh.
+
+Shapes: D = 2 directions, B rows, T = unroll_steps, C chars per token, P projection, L layers,
+V vocabulary.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from elmo_jax.char_cnn import token_embedding
+from elmo_jax.lstm import LSTMState, lstm_stack
+from elmo_jax.params import N_DIRECTIONS, BiLMParams
+from elmo_jax.softmax import full_softmax_loss, sample_candidates, sampled_softmax_loss
+
+DIRECTIONS = ("forward", "backward")
+
+
+def dropout(key: jax.Array, rate: float, x: jax.Array) -> jax.Array:
+    """Inverted dropout: zero each element with probability `rate`, scale the rest by 1 / (1 - rate)."""
+    if rate <= 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
+def reset_state(state: LSTMState, carry: jax.Array) -> LSTMState:
+    """Zeroes the state of rows whose window does not continue the previous one. carry: bool (D, B)."""
+    keep = carry[:, None, :, None]  # (D, 1, B, 1)
+    return LSTMState(c=jnp.where(keep, state.c, 0.0), h=jnp.where(keep, state.h, 0.0))
+
+
+def lm_outputs(params: BiLMParams, char_ids: jax.Array, mask: jax.Array, state: LSTMState, *,
+               key: jax.Array | None = None, dropout_rate: float = 0.0, compute_dtype=jnp.float32,
+               unroll: int = 1, content_positions: int | None = None) -> tuple[jax.Array, LSTMState]:
+    """Top-layer LSTM outputs of both directions.
+
+    Args:
+      params: the biLM.
+      char_ids: int (D, B, T, C) raw character ids (0..260), each direction in its reading order.
+      mask: bool (D, B, T); false positions neither update the state nor matter to the loss.
+      state: `LSTMState` (D, L, B, ·) to start from (already reset where rows start afresh).
+      key: dropout randomness; required when dropout_rate > 0.
+      dropout_rate: bilm-tf's `dropout`, on each LSTM layer's input and on the top output.
+      compute_dtype, unroll, content_positions: as for `embed`.
+
+    Returns:
+      outputs float32 (D, B, T, P) and the final `LSTMState`.
+    """
+    config, weights = params.config, params.weights
+    D, B, T, C = char_ids.shape
+    # Shifted ids (raw + 1): the char CNN's table has the padding row 0 first.
+    tokens = token_embedding(weights, config, char_ids.reshape(D * B * T, C) + 1, compute_dtype, content_positions)
+    inputs = jnp.transpose(tokens.reshape(D, B, T, -1), (2, 0, 1, 3))  # (T, D, B, P)
+    mask_tm = jnp.transpose(mask, (2, 0, 1))  # (T, D, B)
+    keys = (None,) * (config.n_layers + 1) if key is None else jax.random.split(key, config.n_layers + 1)
+    layer_dropout = None if dropout_rate <= 0.0 else (lambda x, layer: dropout(keys[layer], dropout_rate, x))
+    outputs, final = lstm_stack(weights, config, inputs, mask_tm, state, compute_dtype=compute_dtype,
+                                unroll=unroll, dropout=layer_dropout)
+    top = outputs[-1] if dropout_rate <= 0.0 else dropout(keys[-1], dropout_rate, outputs[-1])
+    return jnp.transpose(top, (1, 2, 0, 3)), final
+
+
+def lm_losses(softmax: dict[str, jax.Array], outputs: jax.Array, targets: jax.Array, mask: jax.Array, *,
+              vocab_size: int, num_sampled: int | None = None, key: jax.Array | None = None,
+              chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
+    """Summed cross-entropy of each direction over its unmasked tokens, and the token counts.
+
+    Args:
+      softmax: {"W": (V', P), "b": (V',)}, shared by both directions.
+      outputs: (D, B, T, P) from `lm_outputs`; targets int (D, B, T); mask bool (D, B, T).
+      vocab_size: V (rows past it are padding).
+      num_sampled: candidates per direction and batch for the sampled softmax; None = full softmax.
+      key: candidate sampling randomness (sampled softmax only).
+      chunk: vocabulary chunk of the full softmax.
+
+    Returns:
+      float32 (D,) summed losses and float32 (D,) token counts; the mean loss of direction d is
+      sums[d] / counts[d], and bilm-tf's training loss is the mean of the two directions' means.
+    """
+    D = outputs.shape[0]
+    P = outputs.shape[-1]
+    keys = jax.random.split(key, D) if num_sampled is not None else [None] * D
+    sums, counts = [], []
+    for d in range(D):
+        h, y, m = outputs[d].reshape(-1, P), targets[d].reshape(-1), mask[d].reshape(-1)
+        if num_sampled is None:
+            kwargs = {} if chunk is None else {"chunk": chunk}
+            token_losses = full_softmax_loss(softmax["W"], softmax["b"], h, y, vocab_size, **kwargs)
+        else:
+            candidates = sample_candidates(keys[d], vocab_size, num_sampled)
+            token_losses = sampled_softmax_loss(softmax["W"], softmax["b"], h, y, candidates, vocab_size,
+                                                num_sampled)
+        sums.append(jnp.sum(jnp.where(m, token_losses, 0.0)))
+        counts.append(jnp.sum(m).astype(jnp.float32))
+    return jnp.stack(sums), jnp.stack(counts)
+
+
+def stack_directions(batch: dict[str, dict[str, jax.Array]], key: str) -> jax.Array:
+    """batch["forward"][key] and batch["backward"][key] stacked on a leading D axis."""
+    return jnp.stack([batch[d][key] for d in DIRECTIONS[:N_DIRECTIONS]])

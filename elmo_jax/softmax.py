@@ -1,0 +1,130 @@
+"""The LM output layer: bilm-tf's sampled softmax for training, and a memory-bounded full softmax.
+
+Both directions share one softmax matrix W (V, P) and bias b (V,). Vocabulary ids are frequency ranks
+(`<S>`, `</S>`, `<UNK>`, then the most frequent word), which is what the log-uniform (Zipfian)
+candidate sampler assumes: P(k) = log((k + 2) / (k + 1)) / log(V + 1).
+
+Sampled softmax follows TF's `sampled_softmax_loss` as bilm-tf calls it: `num_sampled` distinct
+candidates per batch shared by all tokens, accidental hits (a candidate equal to a token's target)
+removed from that token's logits, and log-Q correction by each class's expected count. TF draws with
+replacement until it has `num_sampled` distinct ids and counts the draws n; the expected count of a
+class is then 1 - (1 - p)^n. Drawing distinct ids that way is sampling without replacement in
+proportion to p, which Gumbel-top-k does in one static-shaped step; n is replaced by its typical
+value, the n at which the expected number of distinct ids equals `num_sampled` (solved once on the host).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from elmo_jax.precision import matmul
+
+# Vocabulary rows per step of the full softmax: bounds the (N, chunk) logits block.
+FULL_SOFTMAX_CHUNK = 8192
+
+
+def log_uniform_probs(vocab_size: int) -> np.ndarray:
+    """float64 (V,) Zipfian probabilities of ids 0..V-1 (TF's log-uniform sampler)."""
+    k = np.arange(vocab_size, dtype=np.float64)
+    return np.log1p(1.0 / (k + 1.0)) / np.log(vocab_size + 1.0)
+
+
+@functools.lru_cache(maxsize=16)
+def expected_draws(vocab_size: int, num_sampled: int) -> float:
+    """With-replacement draws n at which the expected number of distinct ids is `num_sampled`.
+
+    Returns inf when num_sampled >= vocab_size (every class is a candidate with certainty).
+    """
+    if num_sampled >= vocab_size:
+        return float("inf")
+    p = log_uniform_probs(vocab_size)
+    distinct = lambda n: float(np.sum(-np.expm1(n * np.log1p(-p))))
+    low, high = float(num_sampled), float(num_sampled)
+    while distinct(high) < num_sampled:
+        high *= 2.0
+    for _ in range(100):  # bisection to float64 resolution
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if distinct(mid) < num_sampled else (low, mid)
+    return high
+
+
+def log_expected_count(ids: jax.Array, vocab_size: int, num_sampled: int) -> jax.Array:
+    """log of the expected count of each id among the candidates: log(1 - (1 - p)^n)."""
+    n = expected_draws(vocab_size, num_sampled)
+    if np.isinf(n):
+        return jnp.zeros(ids.shape, jnp.float32)
+    k = ids.astype(jnp.float32)
+    p = jnp.log1p(1.0 / (k + 1.0)) / np.log(vocab_size + 1.0)
+    return jnp.log(-jnp.expm1(n * jnp.log1p(-p)))
+
+
+def sample_candidates(key: jax.Array, vocab_size: int, num_sampled: int) -> jax.Array:
+    """int32 (S,) distinct ids drawn without replacement in proportion to the log-uniform P."""
+    num_sampled = min(num_sampled, vocab_size)
+    log_p = jnp.asarray(np.log(log_uniform_probs(vocab_size)), jnp.float32)
+    scores = log_p + jax.random.gumbel(key, (vocab_size,), jnp.float32)
+    return jax.lax.top_k(scores, num_sampled)[1].astype(jnp.int32)
+
+
+def sampled_softmax_loss(W: jax.Array, b: jax.Array, h: jax.Array, targets: jax.Array, candidates: jax.Array,
+                         vocab_size: int, num_sampled: int) -> jax.Array:
+    """Per-token sampled softmax cross-entropy.
+
+    Args:
+      W: (V', P) softmax matrix, V' >= vocab_size (rows past vocab_size are padding, never sampled).
+      b: (V',) bias.
+      h: (N, P) LSTM outputs.
+      targets: int (N,) target ids < vocab_size.
+      candidates: int (S,) distinct sampled ids (`sample_candidates`).
+      vocab_size, num_sampled: the sampler's settings, for the log-Q correction.
+
+    Returns:
+      float32 (N,) losses.
+    """
+    true_logits = jnp.sum(h * W[targets], axis=-1) + b[targets]  # (N,)
+    true_logits = true_logits - log_expected_count(targets, vocab_size, num_sampled)
+    sampled_logits = matmul(h, W[candidates].T) + b[candidates][None, :]  # (N, S)
+    sampled_logits = sampled_logits - log_expected_count(candidates, vocab_size, num_sampled)[None, :]
+    hits = candidates[None, :] == targets[:, None]
+    sampled_logits = jnp.where(hits, -jnp.inf, sampled_logits)
+    all_logits = jnp.concatenate([true_logits[:, None], sampled_logits], axis=1)
+    return jax.nn.logsumexp(all_logits, axis=1) - true_logits
+
+
+def full_softmax_loss(W: jax.Array, b: jax.Array, h: jax.Array, targets: jax.Array, vocab_size: int,
+                      chunk: int = FULL_SOFTMAX_CHUNK) -> jax.Array:
+    """Per-token cross-entropy over the whole vocabulary, in vocabulary chunks (memory N x chunk).
+
+    Args:
+      W, b: softmax (V', P), (V',); rows past vocab_size are padding and excluded.
+      h: (N, P); targets: int (N,).
+
+    Returns:
+      float32 (N,) losses.
+    """
+    chunk = min(chunk, vocab_size)
+    n_chunks = -(-vocab_size // chunk)
+    pad = n_chunks * chunk - W.shape[0]
+    W_chunks = jnp.pad(W, ((0, max(pad, 0)), (0, 0)))[: n_chunks * chunk].reshape(n_chunks, chunk, -1)
+    b_chunks = jnp.pad(b, (0, max(pad, 0)))[: n_chunks * chunk].reshape(n_chunks, chunk)
+    ids = jnp.arange(n_chunks * chunk).reshape(n_chunks, chunk)
+
+    def step(carry, xs):  # online logsumexp over chunks
+        running_max, running_sum = carry
+        w, bias, chunk_ids = xs
+        logits = matmul(h, w.T) + bias[None, :]
+        logits = jnp.where(chunk_ids[None, :] < vocab_size, logits, -jnp.inf)
+        new_max = jnp.maximum(running_max, jnp.max(logits, axis=1))
+        running_sum = running_sum * jnp.exp(running_max - new_max) + jnp.sum(
+            jnp.exp(logits - new_max[:, None]), axis=1)
+        return (new_max, running_sum), None
+
+    N = h.shape[0]
+    init = (jnp.full((N,), -jnp.inf, jnp.float32), jnp.zeros((N,), jnp.float32))
+    (running_max, running_sum), _ = jax.lax.scan(step, init, (W_chunks, b_chunks, ids))
+    true_logits = jnp.sum(h * W[targets], axis=-1) + b[targets]
+    return running_max + jnp.log(running_sum) - true_logits

@@ -1,0 +1,251 @@
+"""Training and evaluating the biLM: `train_and_evaluate(config, workdir)`, which `train.py` calls.
+
+The loop: take the next window of both directions from the batch stream, run the jitted
+`train_step`, read the previous step's metrics (one step late, so the host never waits on the
+device), log, evaluate and checkpoint on schedule. Re-running the same command resumes from the
+newest complete checkpoint — parameters, optimiser, RNG, carried LSTM state and the stream's
+position — and continues exactly as if never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+
+from elmo_jax import weights_hdf5
+from elmo_jax.char_cnn import content_bucket
+from elmo_jax.checkpoint import Checkpoints
+from elmo_jax.config import BiLMConfig
+from elmo_jax.data import DIRECTIONS, BiLMBatchStream
+from elmo_jax.flops import char_cnn_flops_per_token, lstm_flops_per_token
+from elmo_jax.lstm import zero_state
+from elmo_jax.metrics_log import MetricsLog
+from elmo_jax.params import BiLMParams, count_parameters
+from elmo_jax.train_step import (StepConfig, TrainState, eval_step, init_train_state, make_optimizer,
+                                 train_step)
+from elmo_jax.training_data import open_training_data
+from elmo_jax.vocab import Vocab
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. a non-finite loss); the message says why and what is kept."""
+
+
+def model_config(config: ml_collections.ConfigDict) -> BiLMConfig:
+    m = config.model
+    return BiLMConfig(char_embed_dim=m.char_embed_dim, filters=tuple(tuple(f) for f in m.filters),
+                      n_highway=m.n_highway, activation=m.activation,
+                      max_characters_per_token=m.max_characters_per_token, lstm_dim=m.lstm_dim,
+                      projection_dim=m.projection_dim, n_layers=m.n_layers, cell_clip=m.cell_clip,
+                      proj_clip=m.proj_clip, use_skip_connections=m.use_skip_connections)
+
+
+def step_config(config: ml_collections.ConfigDict, vocab_size: int) -> StepConfig:
+    return StepConfig(model=model_config(config), vocab_size=vocab_size, unroll_steps=config.unroll_steps,
+                      dropout=config.dropout, n_negative_samples=config.n_negative_samples,
+                      full_softmax=config.full_softmax, softmax_chunk=config.softmax_chunk,
+                      loss_scale_by_unroll=config.loss_scale_by_unroll, compute_dtype=config.compute_dtype,
+                      scan_unroll=config.scan_unroll)
+
+
+def device_batch(window: dict[str, dict[str, np.ndarray]], max_chars: int) -> tuple[dict[str, np.ndarray], int]:
+    """Stacks a stream window's directions on a leading D axis; also the char CNN's position bucket."""
+    batch = {k: np.stack([window[d][k] for d in DIRECTIONS]) for k in ("char_ids", "targets", "mask", "carry")}
+    # content_bucket reads shifted ids with 0 for "no token": shift the real positions only.
+    shifted = np.where(batch["mask"][..., None], batch["char_ids"] + 1, 0)
+    return batch, content_bucket(shifted, max_chars)
+
+
+def evaluate(params: dict, cfg: StepConfig, sentences, vocab: Vocab, batch_size: int,
+             max_batches: int = 0) -> dict[str, float]:
+    """Full-softmax perplexities over a heldout corpus (one in-order pass).
+
+    Returns: forward_perplexity, backward_perplexity, perplexity (exp of the mean of the two
+    cross-entropies, as bilm-tf reports it), and tokens (targets scored per direction).
+    """
+    stream = BiLMBatchStream(sentences, vocab, batch_size=batch_size, unroll_steps=cfg.unroll_steps, seed=None,
+                             repeat=False, max_characters_per_token=cfg.model.max_characters_per_token)
+    lstm = zero_state(cfg.model, batch_size)
+    sums, counts = np.zeros(2), np.zeros(2)
+    for i, window in enumerate(stream):
+        if max_batches and i >= max_batches:
+            break
+        batch, positions = device_batch(window, cfg.model.max_characters_per_token)
+        s, c, lstm = eval_step(params, lstm, batch, cfg=cfg, content_positions=positions)
+        sums += np.asarray(s, np.float64)
+        counts += np.asarray(c, np.float64)
+    ce = sums / np.maximum(counts, 1.0)
+    return {"forward_perplexity": float(np.exp(ce[0])), "backward_perplexity": float(np.exp(ce[1])),
+            "perplexity": float(np.exp(ce.mean())), "cross_entropy": float(ce.mean()), "tokens": float(counts[0])}
+
+
+def _run_meta(config: ml_collections.ConfigDict, cfg: StepConfig) -> dict[str, Any]:
+    """What a checkpoint was made for; a resume must agree on the model, vocabulary and batch."""
+    return {"model_options": cfg.model.to_options(), "vocab_size": cfg.vocab_size,
+            "batch_size": config.batch_size, "unroll_steps": config.unroll_steps,
+            "config": json.loads(config.to_json_best_effort())}
+
+
+def _check_resume(meta: dict, expected: dict, directory: str) -> None:
+    for key in ("model_options", "vocab_size", "batch_size", "unroll_steps"):
+        if meta.get(key) != expected[key]:
+            raise ValueError(f"{directory} holds checkpoints of a different run: {key} is {meta.get(key)!r} there "
+                             f"but {expected[key]!r} in this config. Use another --workdir (the existing "
+                             "checkpoints are left untouched).")
+
+
+def _initial_weights(config, cfg: StepConfig, vocab: Vocab) -> tuple[BiLMParams | None, dict | None]:
+    """Fine-tuning start: (biLM, softmax) from `init_from`, or (None, None) for a fresh model."""
+    source = config.init_from
+    if not source:
+        return None, None
+    if not os.path.isdir(source):
+        raise FileNotFoundError(f"--config.init_from={source}: not a directory (expected a training workdir or "
+                                "a model directory with options.json and weights.hdf5)")
+    options, weights = os.path.join(source, "options.json"), os.path.join(source, "weights.hdf5")
+    if os.path.exists(weights):  # a published or exported model: the softmax starts fresh
+        bilm = weights_hdf5.load_hdf5(options, weights)
+        if bilm.config.to_options()["lstm"] != cfg.model.to_options()["lstm"] or \
+                bilm.config.to_options()["char_cnn"] != cfg.model.to_options()["char_cnn"]:
+            raise ValueError(f"--config.init_from={source}: its options describe a different model than "
+                             "config.model; set config.model to match the options file")
+        logging.info("initialising the biLM from %s (fresh softmax)", weights)
+        return bilm, None
+    checkpoints = Checkpoints(source, async_save=False)
+    step = checkpoints.latest_step()
+    if step is None:
+        raise FileNotFoundError(f"--config.init_from={source}: no weights.hdf5 and no checkpoint in it")
+    meta = checkpoints.restore_meta(step)
+    if meta["model_options"]["lstm"] != cfg.model.to_options()["lstm"] or \
+            meta["model_options"]["char_cnn"] != cfg.model.to_options()["char_cnn"]:
+        raise ValueError(f"--config.init_from={source}: its checkpoint is of a different model than config.model")
+    optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
+    abstract = jax.eval_shape(lambda: init_train_state(
+        jax.random.key(0), StepConfig(model=cfg.model, vocab_size=meta["vocab_size"], unroll_steps=1),
+        optimizer, meta["batch_size"]))
+    state, _, _ = checkpoints.restore(step, abstract)
+    checkpoints.close()
+    source_vocab = os.path.join(source, "vocab.txt")
+    same_vocab = os.path.exists(source_vocab) and Vocab.load(source_vocab).words == vocab.words
+    logging.info("initialising from %s step %d (softmax %s)", source, step, "kept" if same_vocab else "fresh")
+    return BiLMParams(weights=state.params["bilm"], config=cfg.model), (state.params["softmax"] if same_vocab else None)
+
+
+def export_model(params: dict, cfg: StepConfig, vocab: Vocab, directory: str) -> None:
+    """Writes options.json + weights.hdf5 (the published format) and vocab.txt."""
+    os.makedirs(directory, exist_ok=True)
+    bilm = BiLMParams(weights=jax.device_get(params["bilm"]), config=cfg.model)
+    weights_hdf5.save_hdf5(bilm, os.path.join(directory, "options.json"), os.path.join(directory, "weights.hdf5"))
+    vocab.save(os.path.join(directory, "vocab.txt"))
+
+
+class _Progress:
+    """The console line: step, loss, perplexity, tokens/s, steps/s, ETA."""
+
+    def __init__(self, start_step: int, total_steps: int):
+        self.total = total_steps
+        self.last_time, self.last_step, self.tokens = time.perf_counter(), start_step, 0.0
+
+    def line(self, step: int, metrics: dict[str, float]) -> str:
+        now = time.perf_counter()
+        steps_per_s = (step - self.last_step) / max(now - self.last_time, 1e-9)
+        tokens_per_s = self.tokens / max(now - self.last_time, 1e-9)
+        eta = (self.total - step) / max(steps_per_s, 1e-9)
+        self.last_time, self.last_step, self.tokens = now, step, 0.0
+        metrics.update(tokens_per_s=tokens_per_s, steps_per_s=steps_per_s)
+        return (f"step {step}/{self.total}  loss {metrics['loss']:.4f}  ppl {math.exp(min(metrics['loss'], 700)):.1f}"
+                f"  {tokens_per_s:,.0f} tokens/s  {steps_per_s:.2f} steps/s  ETA {eta / 60:.1f} min")
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+    """Trains (or resumes training) in `workdir`; returns the final heldout metrics (empty without heldout)."""
+    os.makedirs(workdir, exist_ok=True)
+    is_main = jax.process_index() == 0
+    data = open_training_data(config.data, workdir, write_files=is_main)
+    cfg = step_config(config, len(data.vocab))
+    optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
+    meta = _run_meta(config, cfg)
+    checkpoints = Checkpoints(workdir, keep=config.keep_checkpoints)
+    stream = BiLMBatchStream(data.train, data.vocab, batch_size=config.batch_size, unroll_steps=config.unroll_steps,
+                             seed=config.seed, process_index=jax.process_index(),
+                             process_count=jax.process_count(),
+                             max_characters_per_token=cfg.model.max_characters_per_token)
+    latest = checkpoints.latest_step()
+    if latest is not None:
+        _check_resume(checkpoints.restore_meta(latest), meta, workdir)
+        abstract = jax.eval_shape(lambda: init_train_state(jax.random.key(0), cfg, optimizer, config.batch_size))
+        state, data_state, _ = checkpoints.restore(latest, abstract)
+        stream.set_state(data_state)
+        logging.info("resumed from %s at step %d", checkpoints.directory, latest)
+    else:
+        bilm, softmax = _initial_weights(config, cfg, data.vocab)
+        state = init_train_state(jax.random.key(config.seed), cfg, optimizer, config.batch_size, bilm, softmax)
+    _log_run(config, cfg)
+
+    log = MetricsLog(workdir, enabled=is_main)
+    progress = _Progress(int(state.step), config.num_train_steps)
+    pending = None  # (step, metrics on device) of the previous step, read one step late
+    try:
+        for step in range(int(state.step), config.num_train_steps):
+            batch, positions = device_batch(next(stream), cfg.model.max_characters_per_token)
+            state, metrics = train_step(state, batch, cfg=cfg, optimizer=optimizer, content_positions=positions)
+            if pending is not None:
+                _report(*pending, log, progress, config)
+            pending = (step + 1, metrics)
+            done = step + 1
+            if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps:
+                _report(*pending, log, progress, config)  # never checkpoint a non-finite state
+                pending = None
+                checkpoints.save(done, state, stream.get_state(), meta)
+            if data.heldout is not None and config.eval_every_steps and done % config.eval_every_steps == 0 \
+                    and done != config.num_train_steps:
+                log.write(done, evaluate(state.params, cfg, data.heldout, data.vocab, config.batch_size,
+                                         config.eval_max_batches), kind="eval")
+        if pending is not None:
+            _report(*pending, log, progress, config)
+        final = {}
+        if data.heldout is not None:
+            final = evaluate(state.params, cfg, data.heldout, data.vocab, config.batch_size, config.eval_max_batches)
+            log.write(int(state.step), final, kind="eval")
+            logging.info("heldout after step %d: perplexity %.2f (forward %.2f, backward %.2f) on %d tokens",
+                         int(state.step), final["perplexity"], final["forward_perplexity"],
+                         final["backward_perplexity"], final["tokens"])
+        if is_main:
+            export_model(state.params, cfg, data.vocab, os.path.join(workdir, "export"))
+            logging.info("exported the biLM to %s (options.json, weights.hdf5, vocab.txt)",
+                         os.path.join(workdir, "export"))
+        return final
+    finally:
+        checkpoints.close()
+        log.close()
+
+
+def _report(step: int, metrics, log: MetricsLog, progress: _Progress, config) -> None:
+    values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    progress.tokens += values["tokens"]
+    if not math.isfinite(values["loss"]) or not math.isfinite(values["grad_norm"]):
+        raise TrainingError(f"non-finite loss or gradient at step {step} (loss {values['loss']}, grad norm "
+                            f"{values['grad_norm']}); stopped without saving it, the last checkpoint is kept")
+    if step % config.log_every_steps == 0 or step == config.num_train_steps:
+        line = progress.line(step, values)
+        log.write(step, values)
+        logging.info(line)
+
+
+def _log_run(config, cfg: StepConfig) -> None:
+    n = count_parameters(cfg.model)
+    per_token = char_cnn_flops_per_token(cfg.model) + lstm_flops_per_token(cfg.model)
+    logging.info("biLM: %s parameters + softmax %d x %d; %.1f MFLOP per token forward", f"{n:,}", cfg.vocab_size,
+                 cfg.model.projection_dim, per_token / 1e6)
+    logging.info("batch: %d rows x %d steps global, %d rows per process on %d processes, %d devices",
+                 config.batch_size, config.unroll_steps, config.batch_size // jax.process_count(),
+                 jax.process_count(), jax.device_count())

@@ -1,0 +1,96 @@
+"""From the `data` section of a training config to a vocabulary and sentence sources.
+
+Three corpora, in this order of precedence:
+  1. `data.tfds_name`: a prepared TFDS dataset with a "text" feature (e.g. `lm1b`), read by name;
+  2. `data.train_files` (+ `data.heldout_files`): local text files, prepared once into a TFDS
+     ArrayRecord dataset under `data.cache_dir` (default `WORKDIR/data`);
+  3. neither: the embedded default corpus (Python standard library docstrings), built on first use.
+The vocabulary is `data.vocab_file` if given, else `WORKDIR/vocab.txt` from an earlier run of the same
+workdir, else counted from the training text and written to `WORKDIR/vocab.txt` (so a resumed or
+exported run keeps exactly the ids it trained with).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+
+from absl import logging
+
+from elmo_jax import corpus, default_corpus, vocab as vocab_lib
+from elmo_jax.corpus import SentenceSource
+from elmo_jax.vocab import Vocab
+
+
+@dataclasses.dataclass
+class TrainingData:
+    vocab: Vocab
+    train: SentenceSource
+    heldout: SentenceSource | None
+    description: str
+
+
+def open_training_data(data, workdir: str, *, write_files: bool = True) -> TrainingData:
+    """Resolves the corpus and vocabulary of a config's `data` section.
+
+    Args:
+      data: the config's `data` ConfigDict.
+      workdir: where the built vocabulary (and, by default, the prepared corpus) go.
+      write_files: false on every process but the first (they read what process 0 writes).
+    """
+    if data.tfds_name and data.train_files:
+        raise ValueError("config: set data.tfds_name or data.train_files, not both")
+    cache_dir = data.cache_dir or os.path.join(workdir, "data")
+    read_options = dict(max_line_chars=data.max_line_chars or None, invalid_utf8=data.invalid_utf8)
+    if data.tfds_name:
+        data_dir = data.tfds_data_dir or None
+        train = corpus.open_sentences(data.tfds_train_split, tfds_name=data.tfds_name, data_dir=data_dir)
+        heldout = _optional_split(data.tfds_heldout_split, tfds_name=data.tfds_name, data_dir=data_dir)
+        description = f"TFDS {data.tfds_name}"
+        train_files = None
+    else:
+        if data.train_files:
+            train_files, heldout_files = data.train_files, data.heldout_files or None
+            description = f"files {train_files}"
+        else:
+            train_files, heldout_files = default_corpus.build_default_corpus(os.path.join(cache_dir, "default_corpus"))
+            description = "the embedded default corpus (Python standard library docstrings)"
+        builder = corpus.prepare_local_corpus(train_files, heldout_files, os.path.join(cache_dir, "tfds"),
+                                              **read_options)
+        train = corpus.open_sentences("train", builder=builder)
+        heldout = corpus.open_sentences("test", builder=builder) if heldout_files else None
+    vocab = _resolve_vocab(data, workdir, train_files, train, read_options, write_files)
+    logging.info("corpus: %s; %d training sentences, %s heldout; vocabulary of %d", description, len(train),
+                 len(heldout) if heldout is not None else "no", len(vocab))
+    return TrainingData(vocab=vocab, train=train, heldout=heldout, description=description)
+
+
+def _optional_split(split: str, **kwargs) -> SentenceSource | None:
+    if not split:
+        return None
+    try:
+        return corpus.open_sentences(split, **kwargs)
+    except (ValueError, KeyError) as e:
+        logging.warning("no heldout split %r (%s); evaluating nothing", split, e)
+        return None
+
+
+def _resolve_vocab(data, workdir: str, train_files, train: SentenceSource, read_options: dict,
+                   write_files: bool) -> Vocab:
+    if data.vocab_file:
+        return Vocab.load(data.vocab_file)
+    path = os.path.join(workdir, "vocab.txt")
+    if os.path.exists(path):
+        return Vocab.load(path)
+    if train_files is not None:
+        counts, stats = vocab_lib.count_tokens(train_files, **read_options)
+        logging.info("vocabulary counts: %s", stats.summary())
+    else:  # a TFDS dataset without a vocab file: count its sentences
+        counts = collections.Counter()
+        for i in range(len(train)):
+            counts.update(train[i].split())
+    vocab = vocab_lib.build_vocab(counts, min_count=data.min_count, max_size=data.max_vocab_size or None)
+    if write_files:
+        vocab.save(path)
+    return vocab
