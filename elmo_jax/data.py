@@ -114,7 +114,9 @@ class BiLMBatchStream:
       token_ids int32 (b, T): vocabulary ids of the inputs (OOV -> <UNK>);
       targets   int32 (b, T): the next token's id in the direction of reading (OOV -> <UNK>);
       mask      bool  (b, T): real positions; false only past the end of a finite (repeat=False) pass;
-      carry     bool  (b,):  the row continues from its previous window, so its LSTM state carries over.
+      carry     bool  (b,):  the row continues from its previous window, so its LSTM state carries over;
+      reset     bool  (b, T): the row's state is zeroed right before this position, where a sentence
+                chosen with probability `reset_probability` starts (see below).
     A finite pass raises StopIteration once every local row is exhausted.
 
     Args:
@@ -127,11 +129,17 @@ class BiLMBatchStream:
       repeat: cycle over epochs forever (training) or make one pass (evaluation).
       process_index, process_count: this process's share of the rows.
       max_characters_per_token: C.
+      reset_probability: chance that a sentence is read from a zero LSTM state instead of the state the
+        row carries. bilm-tf never resets (0.0), and then a model never sees `<S>` from a zero state
+        after the first window, which is exactly how `embed` and AllenNLP run it; small models trained
+        that way can become useless from a zero state (one direction stuck in a state only the carried
+        history reaches). The choice is a hash of (seed, direction, stream position): deterministic
+        and independent of the process layout.
     """
 
     def __init__(self, sentences: Sequence[Any], vocab: Vocab, *, batch_size: int, unroll_steps: int,
                  seed: int | None = 0, repeat: bool = True, process_index: int = 0, process_count: int = 1,
-                 max_characters_per_token: int = 50):
+                 max_characters_per_token: int = 50, reset_probability: float = 0.0):
         if len(sentences) == 0:
             raise ValueError("the sentence source is empty")
         for name, value in (("batch_size", batch_size), ("unroll_steps", unroll_steps),
@@ -141,12 +149,15 @@ class BiLMBatchStream:
         if batch_size % process_count:
             raise ValueError(f"batch_size {batch_size} is not divisible by the process count {process_count}: "
                              "every process must feed the same number of rows")
+        if not 0.0 <= reset_probability <= 1.0:
+            raise ValueError(f"reset_probability must be in [0, 1], found {reset_probability}")
         if not 0 <= process_index < process_count:
             raise ValueError(f"process_index {process_index} is outside [0, {process_count})")
         self.vocab = vocab
         self.batch_size, self.unroll_steps = batch_size, unroll_steps
         self.seed, self.repeat = seed, repeat
         self.max_chars = max_characters_per_token
+        self.reset_threshold = int(reset_probability * 2**64)  # compared with a 64-bit hash
         local = batch_size // process_count
         self.rows = range(process_index * local, (process_index + 1) * local)
         # Independent shuffles (the direction is part of each epoch's seed): the backward stream must
@@ -195,7 +206,7 @@ class BiLMBatchStream:
         b, T, C = len(self.rows), self.unroll_steps, self.max_chars
         out = {"char_ids": np.zeros((b, T, C), np.int32), "token_ids": np.zeros((b, T), np.int32),
                "targets": np.zeros((b, T), np.int32), "mask": np.zeros((b, T), bool),
-               "carry": np.zeros((b,), bool)}
+               "carry": np.zeros((b,), bool), "reset": np.zeros((b, T), bool)}
         for i, r in enumerate(self.rows):
             row = direction.rows[r]
             out["carry"][i] = row.position >= 0
@@ -208,6 +219,9 @@ class BiLMBatchStream:
                         break
                     row.position, row.offset = position, 0
                     sentence = direction.current[r] = self._encode(r, position, direction, reverse)
+                    if self.reset_threshold and \
+                            _hash64(self.seed or 0, direction.direction, position) < self.reset_threshold:
+                        out["reset"][i, filled] = True
                 ids, chars = sentence
                 n = min(len(ids) - row.offset - 1, T - filled)
                 span = slice(row.offset, row.offset + n)
@@ -255,6 +269,16 @@ class BiLMBatchStream:
                 direction.current[r] = (None if position < 0
                                         else self._encode(r, int(position), direction, reverse=(d == "backward")))
         self.windows = int(state["windows"])
+
+
+def _hash64(*values: int) -> int:
+    """splitmix64 over a few integers: a cheap, well-mixed, stable 64-bit hash."""
+    h = 0x9E3779B97F4A7C15
+    for v in values:
+        h = (h ^ (v & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        h = (h ^ (h >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 31
+    return h
 
 
 def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:

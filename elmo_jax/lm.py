@@ -38,7 +38,8 @@ def reset_state(state: LSTMState, carry: jax.Array) -> LSTMState:
 
 def lm_outputs(params: BiLMParams, char_ids: jax.Array, mask: jax.Array, state: LSTMState, *,
                key: jax.Array | None = None, dropout_rate: float = 0.0, compute_dtype=jnp.float32,
-               unroll: int = 1, content_positions: int | None = None) -> tuple[jax.Array, LSTMState]:
+               unroll: int = 1, content_positions: int | None = None,
+               resets: jax.Array | None = None) -> tuple[jax.Array, LSTMState]:
     """Top-layer LSTM outputs of both directions.
 
     Args:
@@ -49,6 +50,7 @@ def lm_outputs(params: BiLMParams, char_ids: jax.Array, mask: jax.Array, state: 
       key: dropout randomness; required when dropout_rate > 0.
       dropout_rate: bilm-tf's `dropout`, on each LSTM layer's input and on the top output.
       compute_dtype, unroll, content_positions: as for `embed`.
+      resets: None or bool (D, B, T): zero the state before these positions (see `lstm.lstm_layer`).
 
     Returns:
       outputs float32 (D, B, T, P) and the final `LSTMState`.
@@ -61,8 +63,9 @@ def lm_outputs(params: BiLMParams, char_ids: jax.Array, mask: jax.Array, state: 
     mask_tm = jnp.transpose(mask, (2, 0, 1))  # (T, D, B)
     keys = (None,) * (config.n_layers + 1) if key is None else jax.random.split(key, config.n_layers + 1)
     layer_dropout = None if dropout_rate <= 0.0 else (lambda x, layer: dropout(keys[layer], dropout_rate, x))
+    resets_tm = None if resets is None else jnp.transpose(resets, (2, 0, 1))  # (T, D, B)
     outputs, final = lstm_stack(weights, config, inputs, mask_tm, state, compute_dtype=compute_dtype,
-                                unroll=unroll, dropout=layer_dropout)
+                                unroll=unroll, dropout=layer_dropout, resets=resets_tm)
     top = outputs[-1] if dropout_rate <= 0.0 else dropout(keys[-1], dropout_rate, outputs[-1])
     return jnp.transpose(top, (1, 2, 0, 3)), final
 

@@ -95,7 +95,8 @@ def stacked_cell(weights, config: BiLMConfig, layer: int) -> dict[str, jax.Array
 
 
 def lstm_layer(cell: dict[str, jax.Array], config: BiLMConfig, inputs: jax.Array, mask: jax.Array,
-               c0: jax.Array, h0: jax.Array, *, compute_dtype=jnp.float32, unroll: int = 1):
+               c0: jax.Array, h0: jax.Array, *, compute_dtype=jnp.float32, unroll: int = 1,
+               resets: jax.Array | None = None):
     """Runs one layer of both directions over time.
 
     Args:
@@ -106,6 +107,8 @@ def lstm_layer(cell: dict[str, jax.Array], config: BiLMConfig, inputs: jax.Array
       c0, h0: (D, B, H), (D, B, P) initial state.
       compute_dtype: float32 or bfloat16 for the matrix products; the state stays float32.
       unroll: `lax.scan` unroll factor.
+      resets: None, or bool (T, D, B): zero the state before reading the token at that position (a
+        row that starts afresh mid-window, e.g. a sentence that training reads from a zero state).
 
     Returns:
       outputs (T, D, B, P) with zeros past each row's length, and the final (c, h).
@@ -116,6 +119,9 @@ def lstm_layer(cell: dict[str, jax.Array], config: BiLMConfig, inputs: jax.Array
 
     def step(carry, t):
         c_prev, h_prev = carry
+        if resets is not None:
+            fresh = resets[t][..., None]  # (D, B, 1)
+            c_prev, h_prev = jnp.where(fresh, 0.0, c_prev), jnp.where(fresh, 0.0, h_prev)
         z = lax.dynamic_index_in_dim(x_gates, t, axis=1, keepdims=False)  # (D, B, 4H)
         z = z + einsum("dbp,dpg->dbg", h_prev, cell["W_h"], compute_dtype)
         c, h = _update(z, c_prev, config.cell_clip, w_proj, config.proj_clip, compute_dtype)
@@ -129,7 +135,8 @@ def lstm_layer(cell: dict[str, jax.Array], config: BiLMConfig, inputs: jax.Array
 
 
 def lstm_stack(weights, config: BiLMConfig, inputs: jax.Array, mask: jax.Array, initial_state: LSTMState, *,
-               compute_dtype=jnp.float32, unroll: int = 1, dropout=None) -> tuple[list[jax.Array], LSTMState]:
+               compute_dtype=jnp.float32, unroll: int = 1, dropout=None,
+               resets: jax.Array | None = None) -> tuple[list[jax.Array], LSTMState]:
     """All LSTM layers of both directions, with bilm-tf's residual connections and dropout.
 
     Args:
@@ -141,6 +148,7 @@ def lstm_stack(weights, config: BiLMConfig, inputs: jax.Array, mask: jax.Array, 
       compute_dtype, unroll: as for `lstm_layer`.
       dropout: None, or a function (x, layer) -> x applied to each layer's input, as TF's
         `DropoutWrapper(input_keep_prob)` does; the residual then adds the dropped-out input.
+      resets: None or bool (T, D, B), see `lstm_layer` (applies to every layer).
 
     Returns:
       each layer's outputs (T, D, B, P), and the final `LSTMState`.
@@ -151,7 +159,7 @@ def lstm_stack(weights, config: BiLMConfig, inputs: jax.Array, mask: jax.Array, 
             inputs = dropout(inputs, layer)
         out, (c, h) = lstm_layer(stacked_cell(weights, config, layer), config, inputs, mask,
                                  initial_state.c[:, layer], initial_state.h[:, layer],
-                                 compute_dtype=compute_dtype, unroll=unroll)
+                                 compute_dtype=compute_dtype, unroll=unroll, resets=resets)
         if layer > 0 and config.use_skip_connections:
             out = out + inputs  # residual on the output only, never on the carried state
         outputs.append(out)

@@ -90,7 +90,7 @@ def _lm_pass(params, cfg: StepConfig, batch, lstm: LSTMState, key, *, train: boo
     outputs, final = lm_outputs(bilm, batch["char_ids"], batch["mask"], reset_state(lstm, batch["carry"]),
                                 key=k_dropout, dropout_rate=cfg.dropout if train else 0.0,
                                 compute_dtype=jnp.dtype(cfg.compute_dtype), unroll=cfg.scan_unroll,
-                                content_positions=content_positions)
+                                content_positions=content_positions, resets=batch.get("reset"))
     sampled = train and not cfg.full_softmax
     sums, counts = lm_losses(params["softmax"], outputs, batch["targets"], batch["mask"], vocab_size=cfg.vocab_size,
                              num_sampled=cfg.n_negative_samples if sampled else None, key=k_sample,
@@ -106,7 +106,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, cfg: StepConfi
     Args:
       state: donated; the new state replaces it.
       batch: {"char_ids": int (D, B, T, C) raw, "targets": int (D, B, T), "mask": bool (D, B, T),
-        "carry": bool (D, B)}.
+        "carry": bool (D, B), optionally "reset": bool (D, B, T)}.
 
     Returns:
       (new state, metrics): loss (mean of the directions' mean cross-entropies), forward_loss,

@@ -59,7 +59,7 @@ def step_config(config: ml_collections.ConfigDict, vocab_size: int) -> StepConfi
 
 def device_batch(window: dict[str, dict[str, np.ndarray]], max_chars: int) -> tuple[dict[str, np.ndarray], int]:
     """Stacks a stream window's directions on a leading D axis; also the char CNN's position bucket."""
-    batch = {k: np.stack([window[d][k] for d in DIRECTIONS]) for k in ("char_ids", "targets", "mask", "carry")}
+    batch = {k: np.stack([window[d][k] for d in DIRECTIONS]) for k in ("char_ids", "targets", "mask", "carry", "reset")}
     # content_bucket reads shifted ids with 0 for "no token": shift the real positions only.
     shifted = np.where(batch["mask"][..., None], batch["char_ids"] + 1, 0)
     return batch, content_bucket(shifted, max_chars)
@@ -95,12 +95,20 @@ def _run_meta(config: ml_collections.ConfigDict, cfg: StepConfig) -> dict[str, A
             "config": json.loads(config.to_json_best_effort())}
 
 
+def _differences(there: Any, here: Any, path: str) -> list[str]:
+    """'path.to.key is X there but Y in this config' for each leaf where two JSON-like values differ."""
+    if isinstance(there, dict) and isinstance(here, dict):
+        return [d for k in sorted(set(there) | set(here), key=str)
+                for d in _differences(there.get(k), here.get(k), f"{path}.{k}")]
+    return [] if there == here else [f"{path} is {there!r} there but {here!r} in this config"]
+
+
 def _check_resume(meta: dict, expected: dict, directory: str) -> None:
-    for key in ("model_options", "vocab_size", "batch_size", "unroll_steps"):
-        if meta.get(key) != expected[key]:
-            raise ValueError(f"{directory} holds checkpoints of a different run: {key} is {meta.get(key)!r} there "
-                             f"but {expected[key]!r} in this config. Use another --workdir (the existing "
-                             "checkpoints are left untouched).")
+    differences = [d for key in ("model_options", "vocab_size", "batch_size", "unroll_steps")
+                   for d in _differences(meta.get(key), expected[key], key)]
+    if differences:
+        raise ValueError(f"{directory} holds checkpoints of a different run: {'; '.join(differences)}. Use "
+                         "another --workdir (the existing checkpoints are left untouched).")
 
 
 def _initial_weights(config, cfg: StepConfig, vocab: Vocab) -> tuple[BiLMParams | None, dict | None]:
@@ -151,8 +159,11 @@ def export_model(params: dict, cfg: StepConfig, vocab: Vocab, directory: str) ->
 class _Progress:
     """The console line: step, loss, perplexity, tokens/s, steps/s, ETA."""
 
-    def __init__(self, start_step: int, total_steps: int):
+    def __init__(self, start_step: int, total_steps: int, sampled: bool):
         self.total = total_steps
+        # exp(sampled-softmax loss) is what bilm-tf logs as train perplexity; it is not the model's
+        # perplexity (the sampled loss underestimates the full one), so the line says which it is.
+        self.ppl_label = "ppl(sampled)" if sampled else "ppl"
         self.last_time, self.last_step, self.tokens = time.perf_counter(), start_step, 0.0
 
     def line(self, step: int, metrics: dict[str, float]) -> str:
@@ -162,7 +173,8 @@ class _Progress:
         eta = (self.total - step) / max(steps_per_s, 1e-9)
         self.last_time, self.last_step, self.tokens = now, step, 0.0
         metrics.update(tokens_per_s=tokens_per_s, steps_per_s=steps_per_s)
-        return (f"step {step}/{self.total}  loss {metrics['loss']:.4f}  ppl {math.exp(min(metrics['loss'], 700)):.1f}"
+        return (f"step {step}/{self.total}  loss {metrics['loss']:.4f}  "
+                f"{self.ppl_label} {math.exp(min(metrics['loss'], 700)):.1f}"
                 f"  {tokens_per_s:,.0f} tokens/s  {steps_per_s:.2f} steps/s  ETA {eta / 60:.1f} min")
 
 
@@ -178,7 +190,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     stream = BiLMBatchStream(data.train, data.vocab, batch_size=config.batch_size, unroll_steps=config.unroll_steps,
                              seed=config.seed, process_index=jax.process_index(),
                              process_count=jax.process_count(),
-                             max_characters_per_token=cfg.model.max_characters_per_token)
+                             max_characters_per_token=cfg.model.max_characters_per_token,
+                             reset_probability=config.state_reset_probability)
     latest = checkpoints.latest_step()
     if latest is not None:
         _check_resume(checkpoints.restore_meta(latest), meta, workdir)
@@ -192,7 +205,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     _log_run(config, cfg)
 
     log = MetricsLog(workdir, enabled=is_main)
-    progress = _Progress(int(state.step), config.num_train_steps)
+    progress = _Progress(int(state.step), config.num_train_steps, sampled=not config.full_softmax)
     pending = None  # (step, metrics on device) of the previous step, read one step late
     try:
         for step in range(int(state.step), config.num_train_steps):

@@ -1,0 +1,75 @@
+"""Fresh-state sentences in training: the stream marks them, the LSTM zeroes its state there.
+
+`embed` always reads `<S>` from a zero state, but a bilm-tf stream carries the state forever, so a model
+would see that only once; the stream can pick sentences (by a hash of seed, direction and position) to
+be read from a zero state instead.
+"""
+
+import jax
+import numpy as np
+import pytest
+
+import elmo_jax
+from elmo_jax.data import BiLMBatchStream
+from elmo_jax.lm import lm_outputs
+from elmo_jax.lstm import zero_state
+from elmo_jax.vocab import Vocab
+
+SENTENCES = [" ".join(f"w{(i * 3 + j) % 7}" for j in range(1 + i % 5)) for i in range(40)]
+
+
+@pytest.fixture()
+def vocab(tmp_path):
+    path = tmp_path / "vocab.txt"
+    path.write_text("<S>\n</S>\n<UNK>\n" + "".join(f"w{i}\n" for i in range(7)), encoding="utf-8")
+    return Vocab.load(str(path))
+
+
+def windows(vocab, p, n=20, seed=3, **kwargs):
+    stream = BiLMBatchStream(SENTENCES, vocab, batch_size=4, unroll_steps=6, seed=seed, reset_probability=p, **kwargs)
+    return [next(stream) for _ in range(n)]
+
+
+def test_resets_fall_on_sentence_starts_with_the_asked_probability(vocab):
+    never, always, some = windows(vocab, 0.0), windows(vocab, 1.0), windows(vocab, 0.3, n=200)
+    assert not any(w[d]["reset"].any() for w in never for d in ("forward", "backward"))
+    for w in always:  # every sentence start (input <S> forward, </S> backward) and nothing else
+        np.testing.assert_array_equal(w["forward"]["reset"], w["forward"]["token_ids"] == vocab.bos_id)
+        np.testing.assert_array_equal(w["backward"]["reset"], w["backward"]["token_ids"] == vocab.eos_id)
+    starts = sum(int((w["forward"]["token_ids"] == vocab.bos_id).sum()) for w in some)
+    resets = sum(int(w["forward"]["reset"].sum()) for w in some)
+    assert abs(resets / starts - 0.3) < 4 * np.sqrt(0.3 * 0.7 / starts)  # binomial, 4 sigma
+
+
+def test_resets_are_deterministic_and_independent_of_the_process_layout(vocab):
+    one = windows(vocab, 0.5)
+    again = windows(vocab, 0.5)
+    halves = [windows(vocab, 0.5, process_index=p, process_count=2) for p in range(2)]
+    for i in range(len(one)):
+        for d in ("forward", "backward"):
+            np.testing.assert_array_equal(one[i][d]["reset"], again[i][d]["reset"])
+            joined = np.concatenate([halves[0][i][d]["reset"], halves[1][i][d]["reset"]])
+            np.testing.assert_array_equal(joined, one[i][d]["reset"])
+
+
+def test_lstm_reset_equals_reading_from_a_zero_state():
+    """Outputs after a reset position equal a fresh run over the tokens from that position on."""
+    config = elmo_jax.BiLMConfig(char_embed_dim=4, filters=((1, 4), (2, 8)), n_highway=1, lstm_dim=12,
+                                 projection_dim=6, n_layers=2)
+    params = elmo_jax.init_params(config, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    D, B, T = 2, 3, 7
+    chars = rng.integers(1, 255, size=(D, B, T, 50)).astype(np.int32)
+    mask = np.ones((D, B, T), bool)
+    state = zero_state(config, B)
+    state = state._replace(c=state.c + 0.5, h=state.h - 0.25)  # a non-zero carried state
+    resets = np.zeros((D, B, T), bool)
+    resets[0, 1, 3] = resets[1, 2, 5] = True
+    out, _ = lm_outputs(params, chars, mask, state, resets=resets)
+    fresh, _ = lm_outputs(params, chars[:, :, 3:], mask[:, :, 3:], zero_state(config, B))
+    np.testing.assert_allclose(np.asarray(out)[0, 1, 3:], np.asarray(fresh)[0, 1], atol=1e-6, rtol=0)
+    fresh, _ = lm_outputs(params, chars[:, :, 5:], mask[:, :, 5:], zero_state(config, B))
+    np.testing.assert_allclose(np.asarray(out)[1, 2, 5:], np.asarray(fresh)[1, 2], atol=1e-6, rtol=0)
+    unreset, _ = lm_outputs(params, chars, mask, state)  # other rows are untouched by the resets
+    np.testing.assert_array_equal(np.asarray(out)[0, 0], np.asarray(unreset)[0, 0])
+    assert np.abs(np.asarray(out)[0, 1, 3:] - np.asarray(unreset)[0, 1, 3:]).max() > 1e-3
