@@ -9,7 +9,7 @@ from configs import default
 def get_config():
     config = default.get_config()
     config.model.char_embed_dim = 8
-    config.model.filters = [[1, 16], [2, 16], [3, 32], [4, 64], [5, 128]]
+    config.model.filters = ((1, 16), (2, 16), (3, 32), (4, 64), (5, 128))
     config.model.n_highway = 1
     config.model.lstm_dim = 256
     config.model.projection_dim = 64

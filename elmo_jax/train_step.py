@@ -58,8 +58,13 @@ class TrainState:
     lstm: LSTMState
 
 
+@functools.lru_cache(maxsize=8)
 def make_optimizer(learning_rate: float, initial_accumulator: float, clip_norm: float) -> optax.GradientTransformation:
-    """bilm-tf's optimiser: global-norm clipping, then Adagrad (TF's: no epsilon)."""
+    """bilm-tf's optimiser: global-norm clipping, then Adagrad (TF's: no epsilon).
+
+    Cached: the jitted step takes the optimiser as a static argument, so the same settings must give the
+    same object, or every run would compile the step again.
+    """
     return optax.chain(optax.clip_by_global_norm(clip_norm),
                        optax.adagrad(learning_rate, initial_accumulator_value=initial_accumulator, eps=0.0))
 
