@@ -18,18 +18,21 @@ token ("random" rows), so neither figure hides the other.
 from __future__ import annotations
 
 import json
+import pathlib
 import resource
 import subprocess
 import sys
 import time
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root, for bench.common
+
 from absl import app, flags
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import elmo_jax
+from bench.common import matmul_throughput, platform_line
 from elmo_jax.embed import _content_bucket, _embed_jit  # embed's jitted core, for XLA's memory plan
 from elmo_jax.flops import embed_flops
 
@@ -62,19 +65,6 @@ def random_batch(batch_size: int, n_tokens: int, seed: int = 0) -> np.ndarray:
     ids[..., 1:49] = rng.integers(0, 256, size=(batch_size, n_tokens, 48)) + 1
     ids[..., 49] = elmo_jax.chars.EOW_CHAR + 1
     return ids
-
-
-def matmul_throughput(n: int = 4096, repeats: int = 5) -> float:
-    """Best float32 FLOP/s of an n x n x n product at full precision."""
-    a = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-    f = jax.jit(lambda x, y: jnp.matmul(x, y, precision=jax.lax.Precision.HIGHEST))
-    f(a, a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        f(a, a).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
 
 
 def time_embed(params, ids: np.ndarray, repeats: int) -> tuple[float, float]:
@@ -116,8 +106,7 @@ def main(argv):
     if FLAGS.child:
         memory_probe(FLAGS.child)
         return
-    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind} x{jax.device_count()} "
-          f"({jax.default_backend()}), compute_dtype={FLAGS.compute_dtype}")
+    print(f"{platform_line()}, compute_dtype={FLAGS.compute_dtype}")
     peak = matmul_throughput()
     print(f"measured float32 matmul throughput (4096^3, HIGHEST): {peak / 1e9:.1f} GFLOP/s\n")
     header = (f"{'size':9}{'input':8}{'BxT':>7}{'S':>4}{'tokens/s':>10}{'compile s':>10}{'GFLOP/s':>9}"

@@ -30,3 +30,24 @@ def lstm_flops_per_token(config: BiLMConfig) -> int:
 def embed_flops(config: BiLMConfig, batch_size: int, n_tokens: int) -> int:
     """FLOPs of one `embed` call on a (B, T) batch; the biLM also runs on `<S>` and `</S>`."""
     return batch_size * (n_tokens + 2) * (char_cnn_flops_per_token(config) + lstm_flops_per_token(config))
+
+
+def train_flops(config: BiLMConfig, batch_size: int, unroll_steps: int, *, vocab_size: int,
+                n_negative_samples: int | None) -> int:
+    """FLOPs of one training step (`train_step`) on a window of B rows x T steps in each direction.
+
+    Forward and backward ≈ 3 x forward (the backward pass computes two products per forward one: the
+    gradients of the inputs and of the weights), for the biLM and the softmax alike:
+
+        3 x [ D·B·T · char_cnn + B·T · lstm + D·B·T · 2·P·K ],   D = 2 directions,
+
+    char_cnn and lstm as in `char_cnn_flops_per_token` / `lstm_flops_per_token` (the latter already sums
+    both directions, each of which reads its own B·T tokens); K logits per target: the true class plus
+    min(n_negative_samples, V) sampled candidates for the sampled softmax, or all V classes for the full
+    softmax (n_negative_samples=None).
+    """
+    tokens = batch_size * unroll_steps
+    K = vocab_size if n_negative_samples is None else min(n_negative_samples, vocab_size) + 1
+    softmax = 2 * config.projection_dim * K
+    per_direction_token = char_cnn_flops_per_token(config) + softmax
+    return 3 * (N_DIRECTIONS * tokens * per_direction_token + tokens * lstm_flops_per_token(config))

@@ -134,7 +134,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, cfg: StepConfi
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
                               lstm=jax.lax.stop_gradient(final))
     metrics = {"loss": loss, "forward_loss": per_direction[0], "backward_loss": per_direction[1],
-               "grad_norm": optax.global_norm(grads), "tokens": jnp.sum(counts)}
+               "grad_norm": optax.tree.norm(grads), "tokens": jnp.sum(counts)}
     return new_state, metrics
 
 
