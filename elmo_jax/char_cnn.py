@@ -84,7 +84,7 @@ def highway(x: jax.Array, layer_weights, compute_dtype=jnp.float32) -> jax.Array
 
 
 def token_embedding(weights, config: BiLMConfig, char_ids: jax.Array, compute_dtype=jnp.float32,
-                    content_positions: int | None = None) -> jax.Array:
+                    content_positions: int | None = None, token_block: int | None = CNN_TOKEN_BLOCK) -> jax.Array:
     """Token vectors from shifted character ids.
 
     Args:
@@ -96,6 +96,9 @@ def token_embedding(weights, config: BiLMConfig, char_ids: jax.Array, compute_dt
         (`content_width` computes it). Starts >= S all see the same all-PAD window, so one window value
         stands for them and only S starts are computed: words are short, and C = 50 is not. None = C.
         Rows of all-zero padding tokens get meaningless vectors then; callers mask them.
+      token_block: tokens per step of a sequential loop over the tokens (bounds inference memory);
+        None computes all at once, which training needs: there the token axis is sharded over the
+        mesh, and a loop over it would gather the tokens onto every device.
 
     Returns:
       float32 (N, P).
@@ -115,13 +118,13 @@ def token_embedding(weights, config: BiLMConfig, char_ids: jax.Array, compute_dt
         return _conv_max(vectors, kernel, last_start, S, compute_dtype)
 
     N = char_ids.shape[0]
-    if N <= CNN_TOKEN_BLOCK:
+    if token_block is None or N <= token_block:
         pooled = block(char_ids)
     else:  # blocks of padding tokens fill the last block; their rows are dropped
-        n_blocks = -(-N // CNN_TOKEN_BLOCK)
-        padded = jnp.pad(char_ids, ((0, n_blocks * CNN_TOKEN_BLOCK - N), (0, 0)))
-        pooled = jax.lax.map(block, padded.reshape(n_blocks, CNN_TOKEN_BLOCK, -1))
-        pooled = pooled.reshape(n_blocks * CNN_TOKEN_BLOCK, -1)[:N]
+        n_blocks = -(-N // token_block)
+        padded = jnp.pad(char_ids, ((0, n_blocks * token_block - N), (0, 0)))
+        pooled = jax.lax.map(block, padded.reshape(n_blocks, token_block, -1))
+        pooled = pooled.reshape(n_blocks * token_block, -1)[:N]
     if S < C:  # the all-PAD window, for the filters that have valid starts at or past S
         pad_window = jnp.tile(table[PAD_CHAR + 1], wmax)[None, None, :]  # (1, 1, Wmax*E)
         pad_value = matmul(pad_window, kernel, compute_dtype)[0, 0]  # (F,)

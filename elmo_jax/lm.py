@@ -57,9 +57,13 @@ def lm_outputs(params: BiLMParams, char_ids: jax.Array, mask: jax.Array, state: 
     """
     config, weights = params.config, params.weights
     D, B, T, C = char_ids.shape
-    # Shifted ids (raw + 1): the char CNN's table has the padding row 0 first.
-    tokens = token_embedding(weights, config, char_ids.reshape(D * B * T, C) + 1, compute_dtype, content_positions)
-    inputs = jnp.transpose(tokens.reshape(D, B, T, -1), (2, 0, 1, 3))  # (T, D, B, P)
+    # Tokens flattened batch-major (B, D, T): with B sharded over the mesh's batch axis, each device's
+    # tokens stay a contiguous block, so no device needs another's. Shifted ids (raw + 1): the char
+    # CNN's table has the padding row 0 first. No token loop: it would run over the sharded axis, and
+    # under autodiff it would not bound memory anyway (a loop keeps every block's residuals).
+    flat = jnp.transpose(char_ids, (1, 0, 2, 3)).reshape(B * D * T, C) + 1
+    tokens = token_embedding(weights, config, flat, compute_dtype, content_positions, token_block=None)
+    inputs = jnp.transpose(tokens.reshape(B, D, T, -1), (2, 1, 0, 3))  # (T, D, B, P)
     mask_tm = jnp.transpose(mask, (2, 0, 1))  # (T, D, B)
     keys = (None,) * (config.n_layers + 1) if key is None else jax.random.split(key, config.n_layers + 1)
     layer_dropout = None if dropout_rate <= 0.0 else (lambda x, layer: dropout(keys[layer], dropout_rate, x))

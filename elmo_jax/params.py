@@ -111,7 +111,8 @@ def init_params(config: BiLMConfig, key: jax.Array) -> BiLMParams:
 
 def _init_one(path: str, shape: tuple[int, ...], key: jax.Array, config: BiLMConfig) -> jax.Array:
     name = path.rsplit("/", 1)[-1]
-    normal = lambda var: jnp.sqrt(var) * jax.random.normal(key, shape, jnp.float32)
+    # The barrier keeps a jitted (sharded) initialisation bit-identical to an eager one (see init_softmax).
+    normal = lambda var: jnp.sqrt(var) * jax.lax.optimization_barrier(jax.random.normal(key, shape, jnp.float32))
     uniform = lambda lim: jax.random.uniform(key, shape, jnp.float32, -lim, lim)
     if name == "char_embed":
         return uniform(1.0)

@@ -25,6 +25,19 @@ from elmo_jax.precision import matmul
 
 # Vocabulary rows per step of the full softmax: bounds the (N, chunk) logits block.
 FULL_SOFTMAX_CHUNK = 8192
+# The softmax matrix has its rows padded to a multiple of this, so that it shards evenly over any
+# vocabulary axis size dividing it, and a checkpoint written on one mesh restores on another.
+VOCAB_PAD_MULTIPLE = 256
+
+
+def padded_vocab_size(vocab_size: int) -> int:
+    """V': rows of the softmax matrix, `vocab_size` rounded up to a multiple of VOCAB_PAD_MULTIPLE.
+
+    Rows past vocab_size are padding: never sampled, never a target, excluded from the full softmax.
+    """
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be positive, found {vocab_size}")
+    return -(-vocab_size // VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE
 
 
 def log_uniform_probs(vocab_size: int) -> np.ndarray:
@@ -109,9 +122,14 @@ def full_softmax_loss(W: jax.Array, b: jax.Array, h: jax.Array, targets: jax.Arr
     chunk = min(chunk, vocab_size)
     n_chunks = -(-vocab_size // chunk)
     pad = n_chunks * chunk - W.shape[0]
-    W_chunks = jnp.pad(W, ((0, max(pad, 0)), (0, 0)))[: n_chunks * chunk].reshape(n_chunks, chunk, -1)
-    b_chunks = jnp.pad(b, (0, max(pad, 0)))[: n_chunks * chunk].reshape(n_chunks, chunk)
-    ids = jnp.arange(n_chunks * chunk).reshape(n_chunks, chunk)
+    # Strided chunks: chunk i holds rows i, i + n_chunks, i + 2 n_chunks, ... A vocabulary-sharded W
+    # then keeps its shards inside every chunk (each device scores its own rows, and the running sums
+    # need one small all-reduce per chunk), where contiguous chunks would be spread over the devices
+    # and the loop would gather the whole of W onto each of them.
+    strided = lambda x: jnp.swapaxes(x[: n_chunks * chunk].reshape(chunk, n_chunks, *x.shape[1:]), 0, 1)
+    W_chunks = strided(jnp.pad(W, ((0, max(pad, 0)), (0, 0))))  # (n_chunks, chunk, P)
+    b_chunks = strided(jnp.pad(b, (0, max(pad, 0))))  # (n_chunks, chunk)
+    ids = strided(jnp.arange(n_chunks * chunk))
 
     def step(carry, xs):  # online logsumexp over chunks
         running_max, running_sum = carry

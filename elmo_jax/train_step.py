@@ -21,6 +21,7 @@ from elmo_jax.config import BiLMConfig
 from elmo_jax.lm import lm_losses, lm_outputs, reset_state
 from elmo_jax.lstm import LSTMState, zero_state
 from elmo_jax.params import BiLMParams, init_params
+from elmo_jax.softmax import padded_vocab_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +46,7 @@ class TrainState:
 
     Attributes:
       step: int32 () steps taken.
-      params: {"bilm": BiLMParams.weights, "softmax": {"W": (V, P), "b": (V,)}}.
+      params: {"bilm": BiLMParams.weights, "softmax": {"W": (V', P), "b": (V',)}}, V' the padded vocabulary.
       opt_state: the optimiser's state for params.
       key: uint32 (2,) raw base key (raw, so that checkpoints hold plain arrays).
       lstm: the carried `LSTMState` (D, L, B, ·) of every row of the global batch.
@@ -70,9 +71,17 @@ def make_optimizer(learning_rate: float, initial_accumulator: float, clip_norm: 
 
 
 def init_softmax(key: jax.Array, vocab_size: int, dim: int) -> dict[str, jax.Array]:
-    """bilm-tf's softmax initialisation: W ~ N(0, 1/dim), b = 0."""
-    return {"W": jax.random.normal(key, (vocab_size, dim), jnp.float32) / np.sqrt(dim),
-            "b": jnp.zeros((vocab_size,), jnp.float32)}
+    """bilm-tf's softmax initialisation: W ~ N(0, 1/dim), b = 0.
+
+    Returns {"W": (V', dim), "b": (V',)} with V' = `padded_vocab_size(vocab_size)`; the padding rows
+    are zero (no id ever reaches them, so they never change).
+    """
+    rows = padded_vocab_size(vocab_size)
+    # The barrier keeps XLA from folding the scale into the sampler's own constants, so the jitted,
+    # sharded initialisation gives the same bits as an eager one.
+    W = jax.lax.optimization_barrier(jax.random.normal(key, (rows, dim), jnp.float32)) / np.sqrt(dim)
+    real = (jnp.arange(rows) < vocab_size)[:, None]  # (V', 1)
+    return {"W": jnp.where(real, W, 0.0), "b": jnp.zeros((rows,), jnp.float32)}
 
 
 def init_train_state(key: jax.Array, cfg: StepConfig, optimizer: optax.GradientTransformation,
@@ -103,10 +112,10 @@ def _lm_pass(params, cfg: StepConfig, batch, lstm: LSTMState, key, *, train: boo
     return sums, counts, final
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "optimizer", "content_positions"), donate_argnums=(0,))
-def train_step(state: TrainState, batch: dict[str, jax.Array], *, cfg: StepConfig,
-               optimizer: optax.GradientTransformation, content_positions: int | None = None):
-    """One optimisation step on one window of both directions.
+def train_step_fn(state: TrainState, batch: dict[str, jax.Array], *, cfg: StepConfig,
+                  optimizer: optax.GradientTransformation, content_positions: int | None = None):
+    """One optimisation step on one window of both directions (pure; `train_step` is it jitted on one
+    device, `sharding.jit_steps` jitted for a mesh).
 
     Args:
       state: donated; the new state replaces it.
@@ -138,10 +147,14 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, cfg: StepConfi
     return new_state, metrics
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "content_positions"))
-def eval_step(params: dict, lstm: LSTMState, batch: dict[str, jax.Array], *, cfg: StepConfig,
-              content_positions: int | None = None):
+def eval_step_fn(params: dict, lstm: LSTMState, batch: dict[str, jax.Array], *, cfg: StepConfig,
+                 content_positions: int | None = None):
     """Full-softmax cross-entropy sums and token counts (D,) of one heldout window, and the carried state."""
     sums, counts, final = _lm_pass(params, cfg, batch, lstm, jax.random.key(0), train=False,
                                    content_positions=content_positions)
     return sums, counts, final
+
+
+# Jitted on whatever device their arguments are on (one device); the trainer uses `sharding.jit_steps`.
+train_step = jax.jit(train_step_fn, static_argnames=("cfg", "optimizer", "content_positions"), donate_argnums=(0,))
+eval_step = jax.jit(eval_step_fn, static_argnames=("cfg", "content_positions"))
