@@ -202,11 +202,23 @@ class BiLMBatchStream:
                 self._char_cache[word] = ids
         return ids
 
-    def _window(self, direction: _Direction, reverse: bool) -> dict[str, np.ndarray]:
+    def empty_window(self) -> dict[str, dict[str, np.ndarray]]:
+        """A window of both directions with no token (all masked), shaped like `next(stream)`'s.
+
+        After a finite pass, a process whose rows are exhausted feeds these while other processes
+        still have windows: every process must take part in every step.
+        """
+        return {d: self._zeros() for d in DIRECTIONS}
+
+    def _zeros(self) -> dict[str, np.ndarray]:
         b, T, C = len(self.rows), self.unroll_steps, self.max_chars
-        out = {"char_ids": np.zeros((b, T, C), np.int32), "token_ids": np.zeros((b, T), np.int32),
-               "targets": np.zeros((b, T), np.int32), "mask": np.zeros((b, T), bool),
-               "carry": np.zeros((b,), bool), "reset": np.zeros((b, T), bool)}
+        return {"char_ids": np.zeros((b, T, C), np.int32), "token_ids": np.zeros((b, T), np.int32),
+                "targets": np.zeros((b, T), np.int32), "mask": np.zeros((b, T), bool),
+                "carry": np.zeros((b,), bool), "reset": np.zeros((b, T), bool)}
+
+    def _window(self, direction: _Direction, reverse: bool) -> dict[str, np.ndarray]:
+        T = self.unroll_steps
+        out = self._zeros()
         for i, r in enumerate(self.rows):
             row = direction.rows[r]
             out["carry"][i] = row.position >= 0

@@ -1,14 +1,19 @@
 """Training and evaluating the biLM: `train_and_evaluate(config, workdir)`, which `train.py` calls.
 
-The loop: take the next window of both directions from the batch stream, run the jitted
-`train_step`, read the previous step's metrics (one step late, so the host never waits on the
-device), log, evaluate and checkpoint on schedule. Re-running the same command resumes from the
-newest complete checkpoint — parameters, optimiser, RNG, carried LSTM state and the stream's
-position — and continues exactly as if never stopped.
+The loop: take the next window of both directions from the batch stream, run the train step
+(jitted for the device mesh, `sharding.jit_steps`), read the previous step's metrics (one step late,
+so the host never waits on the device), log, evaluate and checkpoint on schedule. Re-running the same
+command resumes from the newest complete checkpoint — parameters, optimiser, RNG, carried LSTM state
+and the stream's position — and continues exactly as if never stopped, on any mesh and any number of
+processes.
+
+With several processes (`multihost`), each reads and feeds only its own rows of the global batch;
+process 0 alone writes logs, metrics and the export; checkpoints are written by all of them (orbax).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -21,7 +26,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from elmo_jax import weights_hdf5
+from elmo_jax import multihost, sharding, weights_hdf5
 from elmo_jax.char_cnn import content_bucket
 from elmo_jax.checkpoint import Checkpoints
 from elmo_jax.config import BiLMConfig
@@ -30,8 +35,8 @@ from elmo_jax.flops import char_cnn_flops_per_token, lstm_flops_per_token
 from elmo_jax.lstm import zero_state
 from elmo_jax.metrics_log import MetricsLog
 from elmo_jax.params import BiLMParams, count_parameters
-from elmo_jax.train_step import (StepConfig, TrainState, eval_step, init_train_state, make_optimizer,
-                                 train_step)
+from elmo_jax.softmax import padded_vocab_size
+from elmo_jax.train_step import StepConfig, eval_step, init_train_state, make_optimizer
 from elmo_jax.training_data import open_training_data
 from elmo_jax.vocab import Vocab
 
@@ -66,23 +71,43 @@ def device_batch(window: dict[str, dict[str, np.ndarray]], max_chars: int) -> tu
 
 
 def evaluate(params: dict, cfg: StepConfig, sentences, vocab: Vocab, batch_size: int,
-             max_batches: int = 0) -> dict[str, float]:
+             max_batches: int = 0, *, steps: sharding.Steps | None = None) -> dict[str, float]:
     """Full-softmax perplexities over a heldout corpus (one in-order pass).
+
+    Args:
+      steps: the jitted steps of the training mesh (params sharded as they say; with several processes
+        each feeds its own rows); None runs on the device `params` are on.
 
     Returns: forward_perplexity, backward_perplexity, perplexity (exp of the mean of the two
     cross-entropies, as bilm-tf reports it), and tokens (targets scored per direction).
     """
+    if steps is not None and steps.batch_size != batch_size:
+        raise ValueError(f"evaluate: batch_size {batch_size} differs from the {steps.batch_size} rows the steps "
+                         "were built for")
+    block, blocks = sharding.process_rows(steps.batch, batch_size) if steps is not None else (0, 1)
     stream = BiLMBatchStream(sentences, vocab, batch_size=batch_size, unroll_steps=cfg.unroll_steps, seed=None,
-                             repeat=False, max_characters_per_token=cfg.model.max_characters_per_token)
-    lstm = zero_state(cfg.model, batch_size)
+                             repeat=False, process_index=block, process_count=blocks,
+                             max_characters_per_token=cfg.model.max_characters_per_token)
+    lstm = zero_state(cfg.model, batch_size) if steps is None else steps.zero_lstm()
+    several = jax.process_count() > 1
     sums, counts = np.zeros(2), np.zeros(2)
-    for i, window in enumerate(stream):
-        if max_batches and i >= max_batches:
+    for i in itertools.count():
+        window = next(stream, None)
+        if (max_batches and i >= max_batches) or (window is None and not several):
             break
-        batch, positions = device_batch(window, cfg.model.max_characters_per_token)
-        s, c, lstm = eval_step(params, lstm, batch, cfg=cfg, content_positions=positions)
+        # Every process takes part in every step: one whose rows are done feeds empty windows until
+        # no process has tokens left.
+        batch, positions = device_batch(window or stream.empty_window(), cfg.model.max_characters_per_token)
+        if steps is None:
+            s, c, lstm = eval_step(params, lstm, batch, cfg=cfg, content_positions=positions)
+        else:
+            global_batch = multihost.global_batch(batch, steps.batch, batch_size)
+            s, c, lstm = steps.eval(params, lstm, global_batch, multihost.agree_max(positions))
+        c = np.asarray(c, np.float64)
+        if several and not c.any():
+            break
         sums += np.asarray(s, np.float64)
-        counts += np.asarray(c, np.float64)
+        counts += c
     ce = sums / np.maximum(counts, 1.0)
     return {"forward_perplexity": float(np.exp(ce[0])), "backward_perplexity": float(np.exp(ce[1])),
             "perplexity": float(np.exp(ce.mean())), "cross_entropy": float(ce.mean()), "tokens": float(counts[0])}
@@ -111,8 +136,11 @@ def _check_resume(meta: dict, expected: dict, directory: str) -> None:
                          "another --workdir (the existing checkpoints are left untouched).")
 
 
-def _initial_weights(config, cfg: StepConfig, vocab: Vocab) -> tuple[BiLMParams | None, dict | None]:
-    """Fine-tuning start: (biLM, softmax) from `init_from`, or (None, None) for a fresh model."""
+def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMParams | None, dict | None]:
+    """Fine-tuning start: (biLM, softmax) from `init_from`, or (None, None) for a fresh model.
+
+    A checkpoint's arrays are restored directly into their shards on `mesh`.
+    """
     source = config.init_from
     if not source:
         return None, None
@@ -140,7 +168,9 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab) -> tuple[BiLMParams 
     abstract = jax.eval_shape(lambda: init_train_state(
         jax.random.key(0), StepConfig(model=cfg.model, vocab_size=meta["vocab_size"], unroll_steps=1),
         optimizer, meta["batch_size"]))
-    state, _, _ = checkpoints.restore(step, abstract)
+    # That run's carried LSTM state is not used; replicated, its batch need not divide this mesh.
+    shardings = sharding.state_shardings(mesh, abstract, optimizer, replicate_lstm=True)
+    state, _, _ = checkpoints.restore(step, sharding.with_shardings(abstract, shardings))
     checkpoints.close()
     source_vocab = os.path.join(source, "vocab.txt")
     same_vocab = os.path.exists(source_vocab) and Vocab.load(source_vocab).words == vocab.words
@@ -149,7 +179,10 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab) -> tuple[BiLMParams 
 
 
 def export_model(params: dict, cfg: StepConfig, vocab: Vocab, directory: str) -> None:
-    """Writes options.json + weights.hdf5 (the published format) and vocab.txt."""
+    """Writes options.json + weights.hdf5 (the published format) and vocab.txt.
+
+    `params["bilm"]` must be addressable here (one process, or `multihost.fetch` of the weights).
+    """
     os.makedirs(directory, exist_ok=True)
     bilm = BiLMParams(weights=jax.device_get(params["bilm"]), config=cfg.model)
     weights_hdf5.save_hdf5(bilm, os.path.join(directory, "options.json"), os.path.join(directory, "weights.hdf5"))
@@ -180,37 +213,43 @@ class _Progress:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     """Trains (or resumes training) in `workdir`; returns the final heldout metrics (empty without heldout)."""
+    # A mesh or batch that cannot work is reported before anything is written or compiled.
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
+    sharding.check_training_mesh(mesh, config.batch_size, jax.process_count())
     os.makedirs(workdir, exist_ok=True)
     is_main = jax.process_index() == 0
-    data = open_training_data(config.data, workdir, write_files=is_main)
+    data = _open_data(config, workdir, is_main)
     cfg = step_config(config, len(data.vocab))
     optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
     meta = _run_meta(config, cfg)
+    steps = sharding.jit_steps(mesh, cfg, optimizer, config.batch_size)
     checkpoints = Checkpoints(workdir, keep=config.keep_checkpoints)
+    block, blocks = sharding.process_rows(steps.batch, config.batch_size)
     stream = BiLMBatchStream(data.train, data.vocab, batch_size=config.batch_size, unroll_steps=config.unroll_steps,
-                             seed=config.seed, process_index=jax.process_index(),
-                             process_count=jax.process_count(),
+                             seed=config.seed, process_index=block, process_count=blocks,
                              max_characters_per_token=cfg.model.max_characters_per_token,
                              reset_probability=config.state_reset_probability)
     latest = checkpoints.latest_step()
     if latest is not None:
         _check_resume(checkpoints.restore_meta(latest), meta, workdir)
-        abstract = jax.eval_shape(lambda: init_train_state(jax.random.key(0), cfg, optimizer, config.batch_size))
-        state, data_state, _ = checkpoints.restore(latest, abstract)
+        state, data_state, _ = checkpoints.restore(latest, steps.abstract_state)
         stream.set_state(data_state)
         logging.info("resumed from %s at step %d", checkpoints.directory, latest)
     else:
-        bilm, softmax = _initial_weights(config, cfg, data.vocab)
-        state = init_train_state(jax.random.key(config.seed), cfg, optimizer, config.batch_size, bilm, softmax)
-    _log_run(config, cfg)
+        bilm, softmax = _initial_weights(config, cfg, data.vocab, mesh)
+        state = steps.init(jax.random.key(config.seed), bilm, softmax)
+    _log_run(config, cfg, mesh)
 
     log = MetricsLog(workdir, enabled=is_main)
     progress = _Progress(int(state.step), config.num_train_steps, sampled=not config.full_softmax)
+    heldout = lambda: evaluate(state.params, cfg, data.heldout, data.vocab, config.batch_size,
+                               config.eval_max_batches, steps=steps)
     pending = None  # (step, metrics on device) of the previous step, read one step late
     try:
         for step in range(int(state.step), config.num_train_steps):
-            batch, positions = device_batch(next(stream), cfg.model.max_characters_per_token)
-            state, metrics = train_step(state, batch, cfg=cfg, optimizer=optimizer, content_positions=positions)
+            local, positions = device_batch(next(stream), cfg.model.max_characters_per_token)
+            batch = multihost.global_batch(local, steps.batch, config.batch_size)
+            state, metrics = steps.train(state, batch, multihost.agree_max(positions))
             if pending is not None:
                 _report(*pending, log, progress, config)
             pending = (step + 1, metrics)
@@ -218,28 +257,35 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps:
                 _report(*pending, log, progress, config)  # never checkpoint a non-finite state
                 pending = None
-                checkpoints.save(done, state, stream.get_state(), meta)
+                checkpoints.save(done, state, multihost.gather_stream_state(stream.get_state()), meta)
             if data.heldout is not None and config.eval_every_steps and done % config.eval_every_steps == 0 \
                     and done != config.num_train_steps:
-                log.write(done, evaluate(state.params, cfg, data.heldout, data.vocab, config.batch_size,
-                                         config.eval_max_batches), kind="eval")
+                log.write(done, heldout(), kind="eval")
         if pending is not None:
             _report(*pending, log, progress, config)
         final = {}
         if data.heldout is not None:
-            final = evaluate(state.params, cfg, data.heldout, data.vocab, config.batch_size, config.eval_max_batches)
+            final = heldout()
             log.write(int(state.step), final, kind="eval")
             logging.info("heldout after step %d: perplexity %.2f (forward %.2f, backward %.2f) on %d tokens",
                          int(state.step), final["perplexity"], final["forward_perplexity"],
                          final["backward_perplexity"], final["tokens"])
+        weights = multihost.fetch(state.params["bilm"])  # every process takes part
         if is_main:
-            export_model(state.params, cfg, data.vocab, os.path.join(workdir, "export"))
+            export_model({"bilm": weights}, cfg, data.vocab, os.path.join(workdir, "export"))
             logging.info("exported the biLM to %s (options.json, weights.hdf5, vocab.txt)",
                          os.path.join(workdir, "export"))
         return final
     finally:
         checkpoints.close()
         log.close()
+
+
+def _open_data(config, workdir: str, is_main: bool):
+    """The corpus and vocabulary: process 0 prepares them (and writes vocab.txt) before the others read."""
+    data = open_training_data(config.data, workdir, write_files=True) if is_main else None
+    multihost.barrier("elmo_jax.trainer: training data prepared")
+    return data or open_training_data(config.data, workdir, write_files=False)
 
 
 def _report(step: int, metrics, log: MetricsLog, progress: _Progress, config) -> None:
@@ -254,11 +300,14 @@ def _report(step: int, metrics, log: MetricsLog, progress: _Progress, config) ->
         logging.info(line)
 
 
-def _log_run(config, cfg: StepConfig) -> None:
+def _log_run(config, cfg: StepConfig, mesh) -> None:
     n = count_parameters(cfg.model)
     per_token = char_cnn_flops_per_token(cfg.model) + lstm_flops_per_token(cfg.model)
-    logging.info("biLM: %s parameters + softmax %d x %d; %.1f MFLOP per token forward", f"{n:,}", cfg.vocab_size,
-                 cfg.model.projection_dim, per_token / 1e6)
-    logging.info("batch: %d rows x %d steps global, %d rows per process on %d processes, %d devices",
+    logging.info("biLM: %s parameters + softmax %d x %d (%d rows with padding); %.1f MFLOP per token forward",
+                 f"{n:,}", cfg.vocab_size, cfg.model.projection_dim, padded_vocab_size(cfg.vocab_size),
+                 per_token / 1e6)
+    logging.info("mesh: data %d x model %d on %d devices, %d processes", mesh.shape["data"], mesh.shape["model"],
+                 jax.device_count(), jax.process_count())
+    logging.info("batch: %d rows x %d steps global, %d rows per process, %d per data shard",
                  config.batch_size, config.unroll_steps, config.batch_size // jax.process_count(),
-                 jax.process_count(), jax.device_count())
+                 config.batch_size // mesh.shape["data"])
