@@ -2,9 +2,17 @@
 
 Config values are overridden with --config.KEY=VALUE (e.g. --config.num_train_steps=500); a key that
 does not exist is an error. Re-running the same command resumes from the newest checkpoint in WORKDIR.
+
+Several processes (hosts) run the same command, each with its own --process_id (BUILD.md has the
+commands for TPU pod slices and GPU machines):
+    python train.py ... --coordinator_address=10.0.0.1:1234 --num_processes=2 --process_id=0   # host 0
+    python train.py ... --coordinator_address=10.0.0.1:1234 --num_processes=2 --process_id=1   # host 1
+On a Cloud TPU pod slice (or under SLURM / Open MPI) --distributed alone lets JAX find the others;
+JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID work as the flags do.
 """
 
 import logging as std_logging
+import os
 import sys
 
 from absl import app, flags, logging
@@ -15,6 +23,12 @@ config_flags.DEFINE_config_file("config", None, "Training config file (see confi
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, the vocabulary and the export.")
 flags.mark_flags_as_required(["config", "workdir"])
+flags.DEFINE_bool("distributed", False, "Run as one of several processes: jax.distributed.initialize() with "
+                  "the flags below, the JAX_* variables, or the cluster JAX detects (TPU pod slices, SLURM).")
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (implies --distributed).")
+flags.DEFINE_integer("num_processes", None, "How many processes take part (implies --distributed).")
+flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes) (implies --distributed).")
+flags.DEFINE_list("local_device_ids", None, "Devices this process uses (default: all it sees).")
 
 
 class _QuietLibraries:
@@ -37,11 +51,26 @@ def main(argv):
         print(f"error: --config: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(1)
     try:
+        _start_distributed()
         train_and_evaluate(config, FLAGS.workdir)
     except (ValueError, OSError, TrainingError) as e:  # a person's mistake or a stopped run: one line
         logging.error("%s", e)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+
+
+def _start_distributed() -> None:
+    """`jax.distributed.initialize()` when this is one of several processes (before any device use)."""
+    explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    if not (FLAGS.distributed or any(v is not None for v in explicit) or "JAX_COORDINATOR_ADDRESS" in os.environ):
+        return
+    if any(v is not None for v in explicit) and any(v is None for v in explicit):
+        raise ValueError("--coordinator_address, --num_processes and --process_id go together; found "
+                         f"{FLAGS.coordinator_address!r}, {FLAGS.num_processes!r}, {FLAGS.process_id!r}")
+    from elmo_jax import multihost
+
+    multihost.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                         [int(i) for i in FLAGS.local_device_ids] if FLAGS.local_device_ids else None)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
