@@ -65,7 +65,10 @@ class _Direction:
     ~30x slower than a batch of them.
     """
 
-    READ_AHEAD = 16
+    # Sentences read ahead per row. One refill reads the upcoming positions of every local row that
+    # runs low in a single `__getitems__` call: ArrayRecord's cost per call grows with the records of
+    # each shard it touches (and TFDS starts a thread pool per call), so calls must be few and large.
+    READ_AHEAD = 256
 
     def __init__(self, source: Sequence[Any], seed: int | None, direction: int, repeat: bool, rows: range,
                  batch_size: int):
@@ -92,17 +95,31 @@ class _Direction:
         return grain.experimental.index_shuffle(index, max_index=self.n_sentences - 1, seed=seed, rounds=4)
 
     def text(self, row: int, position: int) -> str:
-        """The sentence at `position`, which is the row's next position (read ahead) or any position."""
+        """The sentence at `position`: the row's next position (read ahead) or, after a restore, any."""
         ahead = self._ahead[row]
-        if not ahead or ahead[0][0] != position:
+        if ahead and ahead[0][0] != position:
             ahead.clear()
-            positions = [position + i * self.batch_size for i in range(self.READ_AHEAD)]
-            positions = [p for p in positions if not self.exhausted(p)]
-            indices = [self.source_index(p) for p in positions]
-            getitems = getattr(self.source, "__getitems__", None)
-            records = getitems(indices) if getitems else [self.source[i] for i in indices]
-            ahead.extend(zip(positions, records))
+        if not ahead:
+            self._refill(row, position)
         return sentence_text(ahead.popleft()[1])
+
+    def _refill(self, row: int, position: int) -> None:
+        """Tops up `row` (from `position`) and every other row below half its read-ahead, in one read."""
+        wanted: list[tuple[int, int]] = []  # (row, stream position)
+        for r, ahead in self._ahead.items():
+            if r != row and len(ahead) >= self.READ_AHEAD // 2:
+                continue
+            start = position if r == row else (ahead[-1][0] + self.batch_size if ahead else None)
+            if start is None:  # a row that has not started reads from its own first position later
+                continue
+            count = self.READ_AHEAD - len(ahead)
+            wanted.extend((r, p) for p in range(start, start + count * self.batch_size, self.batch_size)
+                          if not self.exhausted(p))
+        indices = [self.source_index(p) for _, p in wanted]
+        getitems = getattr(self.source, "__getitems__", None)
+        records = getitems(indices) if getitems else [self.source[i] for i in indices]
+        for (r, p), record in zip(wanted, records):
+            self._ahead[r].append((p, record))
 
 
 class BiLMBatchStream:
@@ -164,7 +181,9 @@ class BiLMBatchStream:
         # not mirror the forward one.
         self._directions = {d: _Direction(sentences, seed, i, repeat, self.rows, batch_size)
                             for i, d in enumerate(DIRECTIONS)}
-        self._char_cache: dict[str, np.ndarray] = {}
+        # word -> (vocabulary id, row of its raw char ids in _char_table): one dict lookup per token.
+        self._words: dict[str, tuple[int, int]] = {}
+        self._char_table = np.zeros((1024, max_characters_per_token), np.int16)
         self.windows = 0
 
     def __iter__(self):
@@ -190,17 +209,26 @@ class BiLMBatchStream:
             words = [EOS_TOKEN] + words[::-1] + [BOS_TOKEN]
         else:
             words = [BOS_TOKEN] + words + [EOS_TOKEN]
-        ids = self.vocab.encode(words)
-        chars = np.stack([self._chars(w) for w in words])
-        return ids, chars
+        entries = [self._word_entry(w) for w in words]
+        ids = np.fromiter((e[0] for e in entries), np.int32, len(entries))
+        rows = np.fromiter((e[1] for e in entries), np.int64, len(entries))
+        if rows.min() < 0:  # a word past the cache limit: its characters are computed on the spot
+            return ids, np.stack([self._char_table[r] if r >= 0 else token_to_raw_ids(w, self.max_chars)
+                                  for w, r in zip(words, rows)]).astype(np.int16)
+        return ids, self._char_table[rows]
 
-    def _chars(self, word: str) -> np.ndarray:
-        ids = self._char_cache.get(word)
-        if ids is None:
-            ids = token_to_raw_ids(word, self.max_chars).astype(np.int16)
-            if len(self._char_cache) < CHAR_CACHE_LIMIT:
-                self._char_cache[word] = ids
-        return ids
+    def _word_entry(self, word: str) -> tuple[int, int]:
+        """(vocabulary id, row of its characters in the char table, or -1 past the cache limit)."""
+        entry = self._words.get(word)
+        if entry is None:
+            n = len(self._words)
+            if n >= CHAR_CACHE_LIMIT:
+                return self.vocab.word_to_id(word), -1
+            if n == len(self._char_table):
+                self._char_table = np.concatenate([self._char_table, np.zeros_like(self._char_table)])
+            self._char_table[n] = token_to_raw_ids(word, self.max_chars)
+            entry = self._words[word] = (self.vocab.word_to_id(word), n)
+        return entry
 
     def empty_window(self) -> dict[str, dict[str, np.ndarray]]:
         """A window of both directions with no token (all masked), shaped like `next(stream)`'s.

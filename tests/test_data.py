@@ -141,3 +141,16 @@ def test_bad_settings_are_reported(vocab):
     other = BiLMBatchStream(SENTENCES, vocab, batch_size=2, unroll_steps=4, seed=1)
     with pytest.raises(ValueError, match="unroll_steps"):
         other.set_state(stream.get_state())
+
+
+def test_words_past_the_char_cache_limit_encode_the_same(vocab, monkeypatch):
+    """The per-word character cache is bounded; words beyond it are encoded on the spot, identically."""
+    sentences = ["a bb ccc", "dddd a eeeee ffffff", "c b a"] * 3
+    cached = take(BiLMBatchStream(sentences, vocab, batch_size=2, unroll_steps=7, seed=None), 5)
+    monkeypatch.setattr("elmo_jax.data.CHAR_CACHE_LIMIT", 2)
+    uncached = take(BiLMBatchStream(sentences, vocab, batch_size=2, unroll_steps=7, seed=None), 5)
+    for x, y in zip(cached, uncached):
+        for d in ("forward", "backward"):
+            for k in x[d]:
+                np.testing.assert_array_equal(x[d][k], y[d][k])
+    np.testing.assert_array_equal(cached[0]["forward"]["char_ids"][0, 2], token_to_raw_ids("bb"))  # <S> a bb
