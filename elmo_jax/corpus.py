@@ -25,8 +25,10 @@ random access requires.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import operator
 import os
@@ -141,12 +143,35 @@ def prepare_local_corpus(train_files: text_files.Files, heldout_files: text_file
                                    train_files=train, test_files=test, max_line_chars=max_line_chars,
                                    invalid_utf8=invalid_utf8)
     builder = LocalTextCorpus(config=config, data_dir=data_dir, file_format="array_record")
-    builder.download_and_prepare(
-        # Statistics would need TensorFlow; the counts that matter are in read_stats(builder).
-        download_config=tfds.download.DownloadConfig(compute_stats=tfds.download.ComputeStatsMode.SKIP))
+    with _in_memory_shuffle_without_tensorflow():
+        builder.download_and_prepare(
+            # Statistics would need TensorFlow; the counts that matter are in read_stats(builder).
+            download_config=tfds.download.DownloadConfig(compute_stats=tfds.download.ComputeStatsMode.SKIP))
     for split, stats in read_stats(builder).items():
         logging.info("%s %s: %s", tfds_name(builder), split, stats.summary())
     return builder
+
+
+@contextlib.contextmanager
+def _in_memory_shuffle_without_tensorflow():
+    """Keeps every split in memory while TFDS writes it, when TensorFlow is not installed.
+
+    TFDS (4.9) spills a split larger than `shuffle.MAX_MEM_BUFFER_SIZE` (1000 MiB) to temporary files
+    through `tf.io.gfile`, which needs TensorFlow, so a 1B-Word-sized corpus could not be prepared
+    without it. Raising the limit keeps the split in memory instead: preparation then needs about the
+    split's size in RAM (the 1B Word Benchmark: ~5 GB), once.
+    """
+    if importlib.util.find_spec("tensorflow") is not None:
+        yield
+        return
+    from tensorflow_datasets.core import shuffle
+
+    limit = shuffle.MAX_MEM_BUFFER_SIZE
+    shuffle.MAX_MEM_BUFFER_SIZE = 1 << 62
+    try:
+        yield
+    finally:
+        shuffle.MAX_MEM_BUFFER_SIZE = limit
 
 
 def tfds_name(builder: tfds.core.DatasetBuilder) -> str:

@@ -221,3 +221,17 @@ def test_default_corpus_names_missing_modules(tmp_path):
     assert json.loads((tmp_path / "manifest.json").read_text())["missing_modules"] == ["no_such_module"]
     with pytest.raises(FileNotFoundError, match=r"none of the modules \['no_such_module'\] has source"):
         default_corpus.build_default_corpus(tmp_path / "x", modules=("no_such_module",))
+
+
+def test_a_split_over_the_in_memory_limit_prepares_without_tensorflow(files, tmp_path, monkeypatch):
+    """TFDS spills splits over 1000 MiB through tf.io.gfile; without TensorFlow they must stay in memory.
+
+    The limit is lowered to 64 bytes so the tiny corpus counts as "large"."""
+    from tensorflow_datasets.core import shuffle
+
+    monkeypatch.setattr(shuffle, "MAX_MEM_BUFFER_SIZE", 64)
+    builder = corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "big", max_line_chars=40)
+    train = corpus.open_sentences("train", builder=builder)
+    assert [train[i] for i in range(len(train))] == TRAIN_EXPECTED
+    assert shuffle.MAX_MEM_BUFFER_SIZE == 64  # restored afterwards
+    assert "tensorflow" not in sys.modules
