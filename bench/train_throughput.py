@@ -1,0 +1,206 @@
+"""Training throughput of the jitted `train_step`, and how close it runs to the machine's matmul speed.
+
+    python bench/train_throughput.py                                   # demo, small, large at the configs' batches
+    python bench/train_throughput.py --shape=32x20                     # a small CPU: 32 x 20 windows for all
+    python bench/train_throughput.py --models=large --compute_dtype=bfloat16
+
+For each training config (configs/demo.py; the published small shape, configs/bilm_small.py; the original
+shape, configs/bilm_large.py) it builds the config's `StepConfig` (`trainer.step_config`: model, sampled
+softmax with the config's n_negative_samples, dropout, ...) and a fresh train state, and times
+`train_step` on one window of both directions that `data.BiLMBatchStream` makes of random sentences
+(lowercase words of 1-10 letters, English-like lengths, so the char CNN's content bucket is a real
+one), already on the device: compile excluded, --warmup steps, then the best of --repeats steps. It runs on the default
+device (`jax.devices()[0]`; `train_step` is not sharded, so one device of several is used).
+
+tokens/s counts the target tokens of both directions, 2 x B x T per step, as the trainer's progress line
+does. Model FLOPs per step (`elmo_jax.flops.train_flops`; forward + backward ≈ 3 x forward):
+
+    3 x [ 2·B·T · char_cnn + B·T · lstm + 2·B·T · 2·P·(n_negative_samples + 1) ]
+
+with char_cnn and lstm the nominal forward FLOPs per token of `elmo_jax.flops` (lstm sums both
+directions; every convolution start counted, whatever the content bucket skips) and the sampled softmax's
+logits for the true class and the candidates (V instead of n_negative_samples + 1 for a full softmax).
+The achieved model FLOP/s is shown as a fraction of the float32 matmul throughput measured in the same
+run (and of the bfloat16 one with --compute_dtype=bfloat16), before and after the models; the better
+of the two is the reference, so a machine that was busy for one of them does not inflate the fraction.
+"peak GiB" is the device's peak memory in use so far in this process (where the backend reports it:
+GPU, TPU), so run one model for its own.
+
+Vocabulary: the softmax is V x P, and every step updates all of it (the gradient of the gathered rows
+is scattered into a dense V x P array, then clipped and fed to Adagrad): memory traffic the FLOP count
+does not see. --vocab_size=0 uses configs/demo.py's max_vocab_size for demo and, for small and large,
+bilm-tf's 1B Word vocabulary (793,471) on GPU/TPU but 50,000 on CPU, where the full one would dominate.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import importlib
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: bench/, configs/
+
+from absl import app, flags, logging
+
+import jax
+import numpy as np
+
+from bench.common import matmul_throughput, platform_line
+from elmo_jax.data import BiLMBatchStream
+from elmo_jax.flops import train_flops
+from elmo_jax.train_step import init_train_state, make_optimizer, train_step
+from elmo_jax.trainer import device_batch, step_config
+from elmo_jax.vocab import build_vocab
+
+CONFIGS = {"demo": "configs.demo", "small": "configs.bilm_small", "medium": "configs.bilm_medium",
+           "large": "configs.bilm_large"}
+LM1B_VOCAB_SIZE = 793_471  # bilm-tf's vocabulary file for the 1B Word Benchmark
+CPU_VOCAB_SIZE = 50_000
+SHORT_DTYPE = {"float32": "f32", "bfloat16": "bf16"}
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("models", ["demo", "small", "large"], f"Training configs to time: {', '.join(CONFIGS)}.")
+flags.DEFINE_string("shape", "", "Window BxT for every model, e.g. 32x20 ('' = each config's batch_size x "
+                    "unroll_steps).")
+flags.DEFINE_integer("vocab_size", 0, "Softmax vocabulary V for small/medium/large (0 = 793,471 on GPU/TPU, "
+                     "50,000 on CPU); demo always uses its config's max_vocab_size.")
+flags.DEFINE_integer("n_negative_samples", -1, "Sampled-softmax negatives (-1 = each config's).")
+flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "train_step's matmul dtype.")
+flags.DEFINE_integer("warmup", 1, "Steps after the compiling one, before timing.")
+flags.DEFINE_integer("repeats", 3, "Timed steps per model; the best is reported.")
+flags.DEFINE_integer("matmul_size", 4096, "n of the n x n x n matmul whose throughput is the reference.")
+
+
+def synthetic_window(batch_size: int, unroll_steps: int, max_chars: int, vocab_size: int,
+                     seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
+    """One window of both directions from `BiLMBatchStream` over random sentences, as training feeds it.
+
+    Words of 1-10 random lowercase letters (English-like lengths), drawn Zipf-like from min(V - 3, 5000)
+    types, in sentences of about 27 tokens; the vocabulary holds them all, so ids stay below V.
+    """
+    rng = np.random.default_rng(seed)
+    n_types = max(1, min(vocab_size - 3, 5000))
+    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", np.uint8)
+    types = list({rng.choice(letters, rng.integers(1, 11)).tobytes().decode(): None for _ in range(n_types)})
+    p = 1.0 / (np.arange(len(types)) + 2.7)
+    lengths = 1 + rng.negative_binomial(3, 3.0 / (3.0 + 26.0), 4 * batch_size)
+    ids = rng.choice(len(types), size=int(lengths.sum()), p=p / p.sum())
+    words = [types[i] for i in ids]
+    ends = np.cumsum(lengths)
+    sentences = [" ".join(words[end - n : end]) for n, end in zip(lengths, ends)]
+    vocab = build_vocab(collections.Counter(words))
+    stream = BiLMBatchStream(sentences, vocab, batch_size=batch_size, unroll_steps=unroll_steps, seed=seed,
+                             max_characters_per_token=max_chars)
+    return next(stream)
+
+
+def parse_shape(shape: str) -> tuple[int, int]:
+    """"32x20" -> (32, 20)."""
+    try:
+        B, T = (int(v) for v in shape.lower().split("x"))
+        if B < 1 or T < 1:
+            raise ValueError
+    except ValueError:
+        raise app.UsageError(f"--shape={shape!r}: expected BxT with positive integers, e.g. 32x20") from None
+    return B, T
+
+
+def resolve(name: str):
+    """(config, StepConfig, B, T) of one model, with the flags' overrides."""
+    config = importlib.import_module(CONFIGS[name]).get_config()
+    if name == "demo":
+        vocab_size = config.data.max_vocab_size
+    elif FLAGS.vocab_size:
+        vocab_size = FLAGS.vocab_size
+    else:
+        vocab_size = CPU_VOCAB_SIZE if jax.default_backend() == "cpu" else LM1B_VOCAB_SIZE
+    cfg = step_config(config, vocab_size)
+    overrides = {"compute_dtype": FLAGS.compute_dtype}
+    if FLAGS.n_negative_samples >= 0:
+        overrides["n_negative_samples"] = FLAGS.n_negative_samples
+    cfg = dataclasses.replace(cfg, **overrides)
+    B, T = parse_shape(FLAGS.shape) if FLAGS.shape else (config.batch_size, config.unroll_steps)
+    return config, dataclasses.replace(cfg, unroll_steps=T), B, T
+
+
+def time_train_step(config, cfg, B: int, T: int) -> dict[str, float]:
+    """Compile seconds, best step seconds, tokens, content bucket and peak device memory of `train_step`."""
+    optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
+    state = init_train_state(jax.random.key(0), cfg, optimizer, B)
+    batch, positions = device_batch(synthetic_window(B, T, cfg.model.max_characters_per_token, cfg.vocab_size),
+                                    cfg.model.max_characters_per_token)
+    tokens = int(batch["mask"].sum())
+    batch = jax.device_put(batch)
+
+    def step(state):
+        state, metrics = train_step(state, batch, cfg=cfg, optimizer=optimizer, content_positions=positions)
+        jax.block_until_ready((state, metrics))
+        return state
+
+    start = time.perf_counter()
+    state = step(state)
+    first = time.perf_counter() - start
+    for _ in range(FLAGS.warmup):
+        state = step(state)
+    best = float("inf")
+    for _ in range(FLAGS.repeats):
+        start = time.perf_counter()
+        state = step(state)
+        best = min(best, time.perf_counter() - start)
+    stats = jax.devices()[0].memory_stats() or {}
+    return {"compile_s": first - best, "step_s": best, "positions": positions, "tokens": tokens,
+            "peak_bytes": stats.get("peak_bytes_in_use")}
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    unknown = sorted(set(FLAGS.models) - set(CONFIGS))
+    if unknown:
+        raise app.UsageError(f"--models: unknown {unknown}; expected some of {', '.join(CONFIGS)}")
+    if FLAGS.shape:
+        parse_shape(FLAGS.shape)  # a bad flag fails before the matmul and the compiles
+    print(f"{platform_line()}; train_step on {jax.devices()[0]}, compute_dtype={FLAGS.compute_dtype}")
+    dtypes = ["float32"] + (["bfloat16"] if FLAGS.compute_dtype == "bfloat16" else [])
+    before = {d: matmul_throughput(FLAGS.matmul_size, dtype=d) for d in dtypes}
+    rows = []
+    for name in FLAGS.models:
+        config, cfg, B, T = resolve(name)
+        r = time_train_step(config, cfg, B, T)
+        r.update(name=name, cfg=cfg, B=B, T=T, flops=train_flops(
+            cfg.model, B, T, vocab_size=cfg.vocab_size,
+            n_negative_samples=None if cfg.full_softmax else cfg.n_negative_samples))
+        rows.append(r)
+        print(f"  {name}: {1e3 * r['step_s']:.1f} ms per step, {r['tokens'] / r['step_s']:,.0f} tokens/s", flush=True)
+    after = {d: matmul_throughput(FLAGS.matmul_size, dtype=d) for d in dtypes}
+    print_table(rows, before, after)
+
+
+def print_table(rows: list[dict], before: dict[str, float], after: dict[str, float]) -> None:
+    """The results, with model FLOP/s against the better of the matmul figures taken before and after."""
+    peaks = {d: max(before[d], after[d]) for d in before}
+    n = FLAGS.matmul_size
+    print(f"\nmeasured matmul throughput, {n}^3, before / after the models: " + "; ".join(
+        f"{d} {before[d] / 1e9:,.1f} / {after[d] / 1e9:,.1f} GFLOP/s" for d in before)
+          + " (the better one is the reference); tokens = target tokens of both directions (2 x B x T per step)\n")
+    of_peaks = "".join(f"{'of ' + SHORT_DTYPE[d]:>9}" for d in peaks)
+    header = (f"{'model':7}{'BxT':>8}{'V':>9}{'neg':>6}{'S':>4}{'compile s':>10}{'step ms':>9}{'tokens/s':>10}"
+              f"{'GFLOP/step':>11}{'GFLOP/s':>9}{of_peaks}{'peak GiB':>9}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        cfg, achieved = r["cfg"], r["flops"] / r["step_s"]
+        negatives = "full" if cfg.full_softmax else str(cfg.n_negative_samples)
+        memory = f"{r['peak_bytes'] / 2**30:.2f}" if r["peak_bytes"] else "-"
+        fractions = "".join(f"{achieved / peak:>9.1%}" for peak in peaks.values())
+        shape = f"{r['B']}x{r['T']}"
+        print(f"{r['name']:7}{shape:>8}{cfg.vocab_size:>9,}{negatives:>6}{r['positions']:>4}"
+              f"{r['compile_s']:>10.1f}{1e3 * r['step_s']:>9.1f}{r['tokens'] / r['step_s']:>10,.0f}"
+              f"{r['flops'] / 1e9:>11.1f}{achieved / 1e9:>9.1f}{fractions}{memory:>9}")
+
+
+if __name__ == "__main__":
+    app.run(main)
