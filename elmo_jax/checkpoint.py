@@ -40,8 +40,15 @@ class Checkpoints:
         return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict, dict]:
-        """(state shaped like `abstract_state`, data stream state, meta) of a step."""
-        target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+        """(state shaped like `abstract_state`, data stream state, meta) of a step.
+
+        Leaves of `abstract_state` that carry a sharding (`sharding.with_shardings`) are restored into
+        it, whatever mesh or process count wrote the checkpoint; the others onto this process's first
+        device (the writer's sharding may name devices that do not exist here).
+        """
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree.map(lambda a: ocp.utils.to_shape_dtype_struct(a) if getattr(a, "sharding", None) is not None
+                              else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract_state)
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
         return restored["state"], restored["data"], restored["meta"]

@@ -119,7 +119,7 @@ def full_softmax_loss(W: jax.Array, b: jax.Array, h: jax.Array, targets: jax.Arr
     Returns:
       float32 (N,) losses.
     """
-    chunk = min(chunk, vocab_size)
+    chunk = min(chunk, W.shape[0])  # one chunk of all rows (padding masked) keeps a sharded W whole
     n_chunks = -(-vocab_size // chunk)
     pad = n_chunks * chunk - W.shape[0]
     # Strided chunks: chunk i holds rows i, i + n_chunks, i + 2 n_chunks, ... A vocabulary-sharded W

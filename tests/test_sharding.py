@@ -1,0 +1,260 @@
+"""Sharding on the 8 CPU devices that tests/conftest.py forces: parameter shardings follow the rules table,
+a train step gives the same loss and parameters on every mesh as on one device, the vocabulary-sharded
+softmax equals the unsharded one, checkpoints move between meshes, and bad meshes are refused clearly.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from elmo_jax import sharding
+from elmo_jax.checkpoint import Checkpoints
+from elmo_jax.config import BiLMConfig
+from elmo_jax.lm import lm_losses
+from elmo_jax.params import init_params
+from elmo_jax.softmax import VOCAB_PAD_MULTIPLE, padded_vocab_size
+from elmo_jax.train_step import StepConfig, make_optimizer
+
+ATOL = 1e-5
+MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
+B, T, C = 8, 5, 50
+VOCAB = 300  # padded to 512 rows: 64 per shard on 8 model shards
+MODEL = BiLMConfig(char_embed_dim=4, filters=((1, 4), (2, 8), (3, 8)), n_highway=1, activation="relu",
+                   max_characters_per_token=C, lstm_dim=16, projection_dim=8, n_layers=2, cell_clip=3.0,
+                   proj_clip=3.0, use_skip_connections=True)
+CFG = StepConfig(model=MODEL, vocab_size=VOCAB, unroll_steps=T, n_negative_samples=16)
+OPTIMIZER = make_optimizer(0.2, 1.0, 10.0)
+
+
+def random_batch(seed: int, carry: bool) -> dict[str, np.ndarray]:
+    """A window of both directions: short words (position bucket 8), a few masked positions and resets."""
+    rng = np.random.default_rng(seed)
+    char_ids = np.full((2, B, T, C), 260, np.int32)  # PAD
+    char_ids[..., 0], char_ids[..., 1:5], char_ids[..., 5] = 258, rng.integers(0, 256, (2, B, T, 4)), 259
+    mask = np.ones((2, B, T), bool)
+    mask[:, 3, 3:] = False
+    return {"char_ids": char_ids, "targets": rng.integers(0, VOCAB, (2, B, T)).astype(np.int32), "mask": mask,
+            "carry": np.full((2, B), carry), "reset": rng.random((2, B, T)) < 0.1}
+
+
+def two_steps(mesh):
+    """(loss of step 1, state after step 1, state after step 2) of a fresh model on `mesh`."""
+    steps = sharding.jit_steps(mesh, CFG, OPTIMIZER, B)
+    state = steps.init(jax.random.key(0), None, None)
+    losses, states = [], []
+    for i in range(2):
+        batch = {k: jax.device_put(v, steps.batch) for k, v in random_batch(i, carry=i > 0).items()}
+        state, metrics = steps.train(state, batch, 8)
+        losses.append(float(metrics["loss"]))
+        states.append(jax.device_get(state))
+    return losses, states
+
+
+@pytest.fixture(scope="module")
+def single_device():
+    """The reference: the same steps on a 1 x 1 mesh of one device."""
+    return two_steps(sharding.make_mesh(1, 1, devices=jax.devices()[:1]))
+
+
+def assert_trees_close(a, b):
+    leaves_a, tree_a = jax.tree.flatten(a)
+    leaves_b, tree_b = jax.tree.flatten(b)
+    assert tree_a == tree_b
+    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], leaves_b):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=ATOL, rtol=0,
+                                   err_msg=jax.tree_util.keystr(path))
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+def test_parameter_shardings_follow_the_rules_table():
+    """On a (2, 4) mesh: the softmax is split over the vocabulary on "model" (64 of 512 rows per device),
+    everything of the biLM is replicated (RULES maps its axes to None), Adagrad's accumulators are
+    sharded like their parameters, step and key are replicated, the carried state is split on rows."""
+    mesh = sharding.make_mesh(2, 4)
+    assert mesh.axis_names == ("data", "model") and dict(mesh.shape) == {"data": 2, "model": 4}
+    assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+    state = sharding.jit_steps(mesh, CFG, OPTIMIZER, B).init(jax.random.key(0), None, None)
+    rules = dict(sharding.RULES)
+    assert rules["vocab"] == "model" and rules["batch"] == "data"
+
+    W, b = state.params["softmax"]["W"], state.params["softmax"]["b"]
+    assert W.shape == (512, 8) and W.sharding.spec == P("model", None) and b.sharding.spec == P("model")
+    assert {s.data.shape for s in W.addressable_shards} == {(128, 8)}
+    flat = jax.tree_util.tree_flatten_with_path(state.params["bilm"])[0]
+    # 4 LSTM cells x (W_0, B, W_P_0), 3 convolutions x (W, b), highway (2 W, 2 b), CNN projection, char_embed
+    assert len(flat) == 4 * 3 + 3 * 2 + 4 + 2 + 1
+    for path, leaf in flat:
+        assert leaf.sharding.is_fully_replicated, jax.tree_util.keystr(path)
+    bilm_axes = jax.tree.leaves(sharding.param_logical_axes(state.params)["bilm"],
+                                is_leaf=lambda x: isinstance(x, tuple))
+    assert len(bilm_axes) == len(flat) and all(rules[a] is None for axes in bilm_axes for a in axes)
+    accumulators = [s for s in jax.tree.leaves(state.opt_state) if s.ndim == 2 and s.shape == (512, 8)]
+    assert len(accumulators) == 1 and accumulators[0].sharding.spec == P("model", None)
+    assert state.step.sharding.is_fully_replicated and state.key.sharding.is_fully_replicated
+    assert state.lstm.c.sharding.spec == P(None, None, "data", None) == state.lstm.h.sharding.spec
+    assert {s.data.shape for s in state.lstm.c.addressable_shards} == {(2, 2, 4, 16)}
+
+
+def test_changing_the_rules_table_changes_the_parallelism():
+    """Mapping the LSTM gate axis to "model" (not what RULES does, see its comment) shards every LSTM kernel
+    and gate bias over its 4H columns, and their accumulators with them; nothing else changes."""
+    mesh = sharding.make_mesh(2, 4)
+    rules = tuple((name, "model" if name == "gates" else axis) for name, axis in sharding.RULES)
+    abstract = sharding.jit_steps(mesh, CFG, OPTIMIZER, B).abstract_state
+    shardings = sharding.state_shardings(mesh, abstract, OPTIMIZER, rules)
+    cell = shardings.params["bilm"]["RNN_0"]["RNN"]["MultiRNNCell"]["Cell1"]["LSTMCell"]
+    assert cell["W_0"].spec == P(None, "model") and cell["B"].spec == P("model")
+    assert cell["W_P_0"].spec == P(None, None)
+    assert shardings.params["softmax"]["W"].spec == P("model", None)
+    specs = [s.spec for s in jax.tree.leaves(shardings.opt_state)]
+    assert specs.count(P(None, "model")) == 4 and specs.count(P("model")) == 4 + 1  # 4 biases + softmax b
+
+
+def test_every_published_weight_has_logical_axes():
+    """The original model's weight layout (2 highway layers, CNN projection, LSTM projection)."""
+    original = BiLMConfig(lstm_dim=4096, projection_dim=512, n_highway=2)
+    abstract = jax.eval_shape(lambda: {"bilm": init_params(original, jax.random.key(0)).weights,
+                                       "softmax": {"W": jnp.zeros((padded_vocab_size(793_471), 512)),
+                                                   "b": jnp.zeros((padded_vocab_size(793_471),))}})
+    shardings = sharding.param_shardings(sharding.make_mesh(1, 8), abstract)
+    assert shardings["softmax"]["W"].spec == P("model", None)
+    assert shardings["bilm"]["CNN_high_1"]["W_carry"].spec == P(None, None)
+    assert padded_vocab_size(793_471) == 793_600 == 3100 * VOCAB_PAD_MULTIPLE
+
+
+# ----------------------------------------------------------------------------- equivalence
+
+
+@pytest.mark.parametrize("shape", MESHES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_train_steps_on_a_mesh_equal_the_single_device_steps(shape, single_device):
+    """Step 1 (fresh state) and step 2 (carried LSTM state): the same loss, parameters, Adagrad state and
+    carried state as one device, within 1e-5."""
+    (loss_1, loss_2), (state_1, state_2) = two_steps(sharding.make_mesh(*shape))
+    (ref_1, ref_2), (ref_state_1, ref_state_2) = single_device
+    assert abs(loss_1 - ref_1) <= ATOL and abs(loss_2 - ref_2) <= ATOL, (loss_1, ref_1, loss_2, ref_2)
+    assert_trees_close(state_1.params, ref_state_1.params)
+    assert_trees_close(state_2, ref_state_2)
+    assert np.max(np.abs(state_2.params["softmax"]["W"] - ref_state_1.params["softmax"]["W"])) > 1e-3
+
+
+def sharded(mesh, x, spec):
+    return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+@pytest.mark.parametrize("num_sampled", [16, None], ids=["sampled", "full"])
+def test_vocab_sharded_softmax_equals_the_unsharded_one(num_sampled):
+    """Loss sums and the gradient of W, b and the outputs: W split over the vocabulary on "model" and the
+    outputs over rows on "data" (2 x 4) against one device. The padding rows hold huge values: were a
+    padded id ever sampled or scored, the losses would be far off."""
+    rng = np.random.default_rng(0)
+    V, rows = VOCAB, padded_vocab_size(VOCAB)
+    W = rng.normal(size=(rows, 8)).astype(np.float32)
+    W[V:] = 50.0
+    b = np.zeros(rows, np.float32)
+    b[V:] = 1e3
+    outputs = rng.normal(size=(2, B, T, 8)).astype(np.float32)
+    targets = rng.integers(0, V, (2, B, T)).astype(np.int32)
+    mask = rng.random((2, B, T)) < 0.9
+
+    def loss(softmax, outputs):
+        sums, counts = lm_losses(softmax, outputs, targets, mask, vocab_size=V, num_sampled=num_sampled,
+                                 key=jax.random.key(1), chunk=128)
+        return jnp.sum(sums), (sums, counts)
+
+    run = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+    (_, (ref_sums, ref_counts)), ref_grads = run(jax.device_put({"W": W, "b": b}, jax.devices()[0]),
+                                                 jax.device_put(outputs, jax.devices()[0]))
+    mesh = sharding.make_mesh(2, 4)
+    softmax = {"W": sharded(mesh, W, P("model", None)), "b": sharded(mesh, b, P("model"))}
+    (_, (sums, counts)), grads = run(softmax, sharded(mesh, outputs, P(None, "data")))
+    np.testing.assert_allclose(np.asarray(sums), np.asarray(ref_sums), atol=ATOL, rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(counts), np.asarray(ref_counts))
+    assert_trees_close(grads, ref_grads)
+    assert np.all(np.asarray(grads[0]["W"])[V:] == 0.0) and np.all(np.asarray(grads[0]["b"])[V:] == 0.0)
+    per_token = np.asarray(ref_sums) / np.asarray(ref_counts)
+    assert np.all(per_token < 30.0), per_token  # a scored padding row (b = 1000) would dominate
+
+
+def test_sharded_steps_never_gather_the_softmax_or_the_batch():
+    """The compiled train and eval steps on a 2 x 4 mesh contain no all-gather: each device works on its
+    own rows of the batch and of the softmax (only reductions cross devices)."""
+    steps = sharding.jit_steps(sharding.make_mesh(2, 4), CFG, OPTIMIZER, B)
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=steps.batch) for k, v in random_batch(0, True).items()}
+    state = steps.abstract_state
+    for compiled in (steps.train.lower(state, batch, 8).compile(),
+                     steps.eval.lower(state.params, state.lstm, batch, 8).compile()):
+        text = compiled.as_text()
+        assert "all-reduce" in text
+        assert not re.search(r"\ball-gather(-start)?\(", text), "a sharded array is gathered whole"
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def test_a_checkpoint_written_on_one_mesh_restores_on_another(tmp_path):
+    """Saved from (8, 1), restored into the shardings of (1, 8): the same values, the new layout."""
+    state = sharding.jit_steps(sharding.make_mesh(8, 1), CFG, OPTIMIZER, B).init(jax.random.key(0), None, None)
+    checkpoints = Checkpoints(str(tmp_path), async_save=False)
+    checkpoints.save(1, state, {"rows": 1}, {"meta": 1})
+    target = sharding.jit_steps(sharding.make_mesh(1, 8), CFG, OPTIMIZER, B).abstract_state
+    restored, data_state, _ = checkpoints.restore(1, target)
+    checkpoints.close()
+    assert data_state == {"rows": 1}
+    assert restored.params["softmax"]["W"].sharding.spec == P("model", None)
+    assert restored.params["softmax"]["W"].sharding.mesh.shape["model"] == 8
+    assert restored.lstm.c.sharding.mesh.shape["data"] == 1
+    assert_trees_close(jax.device_get(restored), jax.device_get(state))
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("data,model,named", [
+    (3, -1, "8 devices do not split into groups of 3"),
+    (4, 4, "4 x 4 = 16 devices but there are 8"),
+    (1, 1, "1 x 1 = 1 devices but there are 8"),
+    (-1, -1, "at most one of them -1"),
+    (0, 8, "positive integers"),
+], ids=["no_split", "too_many", "too_few", "two_free", "zero"])
+def test_a_mesh_that_does_not_fit_the_devices_is_refused(data, model, named):
+    with pytest.raises(ValueError) as error:
+        sharding.make_mesh(data, model)
+    message = str(error.value)
+    assert named in message and f"--config.mesh.data={data}" in message and f"--config.mesh.model={model}" in message
+
+
+def test_a_batch_or_vocabulary_that_does_not_split_is_refused():
+    mesh = sharding.make_mesh(8, 1)
+    with pytest.raises(ValueError, match=r"--config.batch_size=12 is not divisible by the 8 shards of mesh axis "
+                                         r"'data'"):
+        sharding.check_training_mesh(mesh, 12, process_count=1)
+    with pytest.raises(ValueError, match=r"--config.batch_size=12 is not divisible by the 8 processes"):
+        sharding.check_training_mesh(sharding.make_mesh(1, 8), 12, process_count=8)
+    with pytest.raises(ValueError, match=r"mesh.model=3.*size 3 must divide 256"):
+        sharding.check_training_mesh(sharding.make_mesh(1, 3, devices=jax.devices()[:3]), 12, process_count=1)
+    sharding.check_training_mesh(sharding.make_mesh(2, 4), 8, process_count=2)  # fits
+
+
+def test_the_cli_refuses_a_bad_mesh_in_one_line_before_writing_anything(tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(repo), JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "train.py", "--config=configs/default.py", f"--workdir={tmp_path / 'w'}",
+                             "--config.batch_size=6", "--config.mesh.model=2"],
+                            cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.rstrip().splitlines()[-1] == (
+        "error: --config.batch_size=6 is not divisible by the 4 shards of mesh axis 'data' (--config.mesh.data=4 "
+        "--config.mesh.model=2); use a batch size that is a multiple of 4")
+    assert not (tmp_path / "w").exists()
