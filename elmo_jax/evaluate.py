@@ -1,0 +1,108 @@
+"""Heldout perplexity of a trained biLM, with the full softmax.
+
+    python -m elmo_jax.evaluate --workdir=DIR --files='heldout/*.txt'
+    python -m elmo_jax.evaluate --workdir=DIR --tfds_name=lm1b --split=test [--tfds_data_dir=...]
+    python -m elmo_jax.evaluate --workdir=DIR                       # the run's own heldout data
+
+Reads the newest checkpoint of a training workdir (its config and vocabulary come with it) and prints
+one JSON line: forward_perplexity, backward_perplexity, perplexity (exp of the mean of the two
+cross-entropies, as bilm-tf reports it), cross_entropy and tokens. Each of the `--batch_size` rows
+reads its share of the sentences in order, from a zero LSTM state carried across windows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import jax
+import ml_collections
+from absl import app, flags
+
+from elmo_jax import corpus, text_files
+from elmo_jax.checkpoint import Checkpoints
+from elmo_jax.vocab import Vocab
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    flags.DEFINE_string("workdir", None, "Training workdir with checkpoints and vocab.txt.")
+    flags.DEFINE_list("files", None, "Glob(s) of heldout text, one tokenized sentence per line.")
+    flags.DEFINE_string("tfds_name", None, "A prepared TFDS dataset with a 'text' feature, e.g. lm1b.")
+    flags.DEFINE_string("split", "test", "TFDS split with --tfds_name.")
+    flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir with --tfds_name.")
+    flags.DEFINE_integer("batch_size", 0, "Rows per window (0: the training batch size).")
+    flags.DEFINE_integer("max_batches", 0, "Stop after this many windows (0: all).")
+
+
+def load_trained(workdir: str):
+    """(params, step config, training config, vocab, step) of a workdir's newest checkpoint."""
+    from elmo_jax import trainer
+    from elmo_jax.train_step import init_train_state, make_optimizer
+
+    if not os.path.isdir(workdir):
+        raise FileNotFoundError(f"--workdir={workdir}: not a directory")
+    if not os.path.isdir(os.path.join(workdir, "checkpoints")):  # checked first: opening would create it
+        raise FileNotFoundError(f"--workdir={workdir}: no checkpoint (no checkpoints/ directory)")
+    checkpoints = Checkpoints(workdir, async_save=False)
+    try:
+        step = checkpoints.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"--workdir={workdir}: no checkpoint in {checkpoints.directory}")
+        meta = checkpoints.restore_meta(step)
+        config = ml_collections.ConfigDict(meta["config"])
+        vocab = Vocab.load(os.path.join(workdir, "vocab.txt") if not config.data.vocab_file else config.data.vocab_file)
+        cfg = trainer.step_config(config, len(vocab))
+        optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
+        abstract = jax.eval_shape(lambda: init_train_state(jax.random.key(0), cfg, optimizer, config.batch_size))
+        state, _, _ = checkpoints.restore(step, abstract)
+    finally:
+        checkpoints.close()
+    return state.params, cfg, config, vocab, step
+
+
+def heldout_sentences(config, workdir: str):
+    """The sentences named by the flags, or the training run's own heldout set."""
+    if FLAGS.files and FLAGS.tfds_name:
+        raise ValueError("pass --files or --tfds_name, not both")
+    if FLAGS.files:
+        return [" ".join(tokens) for tokens in text_files.iter_sentences(FLAGS.files)]
+    if FLAGS.tfds_name:
+        return corpus.open_sentences(FLAGS.split, tfds_name=FLAGS.tfds_name, data_dir=FLAGS.tfds_data_dir)
+    from elmo_jax.training_data import open_training_data
+
+    heldout = open_training_data(config.data, workdir, write_files=False).heldout
+    if heldout is None:
+        raise ValueError(f"the run in {workdir} has no heldout data; pass --files or --tfds_name")
+    return heldout
+
+
+def run() -> dict:
+    from elmo_jax.trainer import evaluate
+
+    if not FLAGS.workdir:
+        raise ValueError("--workdir is required")
+    params, cfg, config, vocab, step = load_trained(FLAGS.workdir)
+    sentences = heldout_sentences(config, FLAGS.workdir)
+    batch_size = FLAGS.batch_size or config.batch_size
+    result = {"step": step, **evaluate(params, cfg, sentences, vocab, batch_size, FLAGS.max_batches)}
+    print(json.dumps(result))
+    return result
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
+        sys.exit(1)
+    try:
+        run()
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
