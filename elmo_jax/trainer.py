@@ -229,15 +229,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                              seed=config.seed, process_index=block, process_count=blocks,
                              max_characters_per_token=cfg.model.max_characters_per_token,
                              reset_probability=config.state_reset_probability)
-    latest = checkpoints.latest_step()
-    if latest is not None:
-        _check_resume(checkpoints.restore_meta(latest), meta, workdir)
-        state, data_state, _ = checkpoints.restore(latest, steps.abstract_state)
-        stream.set_state(data_state)
-        logging.info("resumed from %s at step %d", checkpoints.directory, latest)
-    else:
-        bilm, softmax = _initial_weights(config, cfg, data.vocab, mesh)
-        state = steps.init(jax.random.key(config.seed), bilm, softmax)
+    state = _resume_or_start(config, cfg, data.vocab, steps, checkpoints, stream, meta)
     _log_run(config, cfg, mesh)
 
     log = MetricsLog(workdir, enabled=is_main)
@@ -279,6 +271,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     finally:
         checkpoints.close()
         log.close()
+
+
+def _resume_or_start(config, cfg: StepConfig, vocab: Vocab, steps: sharding.Steps, checkpoints: Checkpoints,
+                     stream: BiLMBatchStream, meta: dict):
+    """The newest checkpoint's state (and the stream moved to its position), else a fresh sharded state."""
+    latest = checkpoints.latest_step()
+    if latest is None:
+        bilm, softmax = _initial_weights(config, cfg, vocab, steps.mesh)
+        return steps.init(jax.random.key(config.seed), bilm, softmax)
+    _check_resume(checkpoints.restore_meta(latest), meta, os.path.dirname(checkpoints.directory))
+    state, data_state, _ = checkpoints.restore(latest, steps.abstract_state)
+    stream.set_state(data_state)
+    logging.info("resumed from %s at step %d", checkpoints.directory, latest)
+    return state
 
 
 def _open_data(config, workdir: str, is_main: bool):
