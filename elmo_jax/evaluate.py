@@ -16,12 +16,10 @@ import json
 import os
 import sys
 
-import jax
 import ml_collections
 from absl import app, flags
 
 from elmo_jax import corpus, text_files
-from elmo_jax.checkpoint import Checkpoints
 from elmo_jax.vocab import Vocab
 
 FLAGS = flags.FLAGS
@@ -40,27 +38,13 @@ def define_flags() -> None:
 def load_trained(workdir: str):
     """(params, step config, training config, vocab, step) of a workdir's newest checkpoint."""
     from elmo_jax import trainer
-    from elmo_jax.train_step import init_train_state, make_optimizer
 
     if not os.path.isdir(workdir):
         raise FileNotFoundError(f"--workdir={workdir}: not a directory")
-    if not os.path.isdir(os.path.join(workdir, "checkpoints")):  # checked first: opening would create it
-        raise FileNotFoundError(f"--workdir={workdir}: no checkpoint (no checkpoints/ directory)")
-    checkpoints = Checkpoints(workdir, async_save=False)
-    try:
-        step = checkpoints.latest_step()
-        if step is None:
-            raise FileNotFoundError(f"--workdir={workdir}: no checkpoint in {checkpoints.directory}")
-        meta = checkpoints.restore_meta(step)
-        config = ml_collections.ConfigDict(meta["config"])
-        vocab = Vocab.load(os.path.join(workdir, "vocab.txt") if not config.data.vocab_file else config.data.vocab_file)
-        cfg = trainer.step_config(config, len(vocab))
-        optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
-        abstract = jax.eval_shape(lambda: init_train_state(jax.random.key(0), cfg, optimizer, config.batch_size))
-        state, _, _ = checkpoints.restore(step, abstract)
-    finally:
-        checkpoints.close()
-    return state.params, cfg, config, vocab, step
+    state, _, meta = trainer.restore_checkpoint(workdir)
+    config = ml_collections.ConfigDict(meta["config"])
+    vocab = Vocab.load(config.data.vocab_file or os.path.join(workdir, "vocab.txt"))
+    return state.params, trainer.step_config(config, len(vocab)), config, vocab, int(state.step)
 
 
 def heldout_sentences(config, workdir: str):

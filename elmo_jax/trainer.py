@@ -164,10 +164,7 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
     if meta["model_options"]["lstm"] != cfg.model.to_options()["lstm"] or \
             meta["model_options"]["char_cnn"] != cfg.model.to_options()["char_cnn"]:
         raise ValueError(f"--config.init_from={source}: its checkpoint is of a different model than config.model")
-    optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
-    abstract = jax.eval_shape(lambda: init_train_state(
-        jax.random.key(0), StepConfig(model=cfg.model, vocab_size=meta["vocab_size"], unroll_steps=1),
-        optimizer, meta["batch_size"]))
+    abstract, optimizer = abstract_state(meta)
     # That run's carried LSTM state is not used; replicated, its batch need not divide this mesh.
     shardings = sharding.state_shardings(mesh, abstract, optimizer, replicate_lstm=True)
     state, _, _ = checkpoints.restore(step, sharding.with_shardings(abstract, shardings))
@@ -176,6 +173,34 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
     same_vocab = os.path.exists(source_vocab) and Vocab.load(source_vocab).words == vocab.words
     logging.info("initialising from %s step %d (softmax %s)", source, step, "kept" if same_vocab else "fresh")
     return BiLMParams(weights=state.params["bilm"], config=cfg.model), (state.params["softmax"] if same_vocab else None)
+
+
+def abstract_state(meta: dict) -> tuple[TrainState, Any]:
+    """The shapes of the `TrainState` a checkpoint holds (from its meta), and its run's optimiser."""
+    config = ml_collections.ConfigDict(meta["config"])
+    model = BiLMConfig.from_options(meta["model_options"], source="checkpoint meta")
+    optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
+    cfg = StepConfig(model=model, vocab_size=meta["vocab_size"], unroll_steps=meta["unroll_steps"])
+    return jax.eval_shape(lambda: init_train_state(jax.random.key(0), cfg, optimizer, meta["batch_size"])), optimizer
+
+
+def restore_checkpoint(workdir: str, step: int | None = None) -> tuple[TrainState, dict, dict]:
+    """(state, data stream state, meta) of a workdir's checkpoint (default: the newest), on one device.
+
+    Raises FileNotFoundError when the workdir has no checkpoint (and creates nothing there).
+    """
+    if not os.path.isdir(os.path.join(workdir, "checkpoints")):  # checked first: opening would create it
+        raise FileNotFoundError(f"{workdir}: no checkpoint (no checkpoints/ directory)")
+    checkpoints = Checkpoints(workdir, async_save=False)
+    try:
+        step = checkpoints.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"{workdir}: no checkpoint in {checkpoints.directory}")
+        meta = checkpoints.restore_meta(step)
+        state, data_state, meta = checkpoints.restore(step, abstract_state(meta)[0])
+    finally:
+        checkpoints.close()
+    return state, data_state, meta
 
 
 def export_model(params: dict, cfg: StepConfig, vocab: Vocab, directory: str) -> None:

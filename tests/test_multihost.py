@@ -23,9 +23,7 @@ import pytest
 
 from configs import default
 from elmo_jax import trainer
-from elmo_jax.checkpoint import Checkpoints
 from elmo_jax.data import BiLMBatchStream
-from elmo_jax.train_step import init_train_state, make_optimizer
 from elmo_jax.vocab import Vocab
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,16 +95,9 @@ def read_metrics(workdir, kind):
         return [r for r in map(json.loads, f) if r["kind"] == kind]
 
 
-def restore(workdir, config, step):
-    vocab = Vocab.load(os.path.join(workdir, "vocab.txt"))
-    cfg = trainer.step_config(config, len(vocab))
-    optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
-    abstract = jax.eval_shape(lambda: init_train_state(jax.random.key(0), cfg, optimizer, config.batch_size))
-    checkpoints = Checkpoints(workdir, async_save=False)
-    try:
-        state, data_state, _ = checkpoints.restore(step, abstract)
-    finally:
-        checkpoints.close()
+def restore(workdir, config=None, step=None):
+    """(TrainState on the host, data stream state) of a workdir's checkpoint (default: the newest)."""
+    state, data_state, _ = trainer.restore_checkpoint(workdir, step)
     return jax.device_get(state), data_state
 
 

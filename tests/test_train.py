@@ -86,19 +86,10 @@ def tiny_config(corpus, **overrides):
     return config
 
 
-def restore(workdir, config, step=None):
-    """(TrainState, data stream state) of a workdir's checkpoint (default: the newest)."""
-    vocab = Vocab.load(os.path.join(workdir, "vocab.txt"))
-    cfg = trainer.step_config(config, len(vocab))
-    optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
-    abstract = jax.eval_shape(lambda: init_train_state(jax.random.key(0), cfg, optimizer, config.batch_size))
-    checkpoints = Checkpoints(workdir, async_save=False)
-    try:
-        step = checkpoints.latest_step() if step is None else step
-        state, data_state, _ = checkpoints.restore(step, abstract)
-    finally:
-        checkpoints.close()
-    return state, data_state
+def restore(workdir, config=None, step=None):
+    """(TrainState on the host, data stream state) of a workdir's checkpoint (default: the newest)."""
+    state, data_state, _ = trainer.restore_checkpoint(workdir, step)
+    return jax.device_get(state), data_state
 
 
 def read_metrics(workdir, kind="train"):
