@@ -268,17 +268,17 @@ def time_demo_training(config, vocab_size: int, window, steps: int) -> dict[str,
 
 # (label, depth, file suffix or "~" for builtins, function name, "cum" or "own")
 PROFILE_ROWS = (
-    ("reading sentences (_Direction.text)", 0, "elmo_jax/data.py", "text", "cum"),
+    ("reading sentences (_Direction.text; refills read up to 256 sentences per low row at once)", 0,
+     "elmo_jax/data.py", "text", "cum"),
     ("ArrayRecord __getitems__ (a new Python thread pool per call, around the C++ read)", 1,
      "array_record_data_source.py", "__getitems__", "cum"),
     ("TFDS record decoding (_deserialize)", 1, "data_sources/base.py", "_deserialize", "cum"),
     ("grain index_shuffle", 1, "~", "index_shuffle", "cum"),
     ("encoding sentences (BiLMBatchStream._encode, without the read)", 0, "elmo_jax/data.py", "_encode", "cum-text"),
     ("str.split", 1, "~", "<method 'split' of 'str' objects>", "cum"),
-    ("vocabulary ids (Vocab.encode, a generator of dict lookups)", 1, "elmo_jax/vocab.py", "encode", "cum"),
-    ("char ids per token (BiLMBatchStream._chars, cache lookups)", 1, "elmo_jax/data.py", "_chars", "cum"),
-    ("of which token_to_raw_ids (char-cache misses)", 2, "elmo_jax/chars.py", "token_to_raw_ids", "cum"),
-    ("np.stack of per-token char rows", 1, "numpy/_core/shape_base.py", "stack", "cum"),
+    ("(vocabulary id, char row) per token (BiLMBatchStream._word_entry, one cached lookup)", 1,
+     "elmo_jax/data.py", "_word_entry", "cum"),
+    ("of which token_to_raw_ids (cache misses)", 2, "elmo_jax/chars.py", "token_to_raw_ids", "cum"),
     ("window assembly (BiLMBatchStream._window, own time: per-row loop, slice copies)", 0,
      "elmo_jax/data.py", "_window", "own"),
 )
