@@ -11,9 +11,7 @@ For whole files, AllenNLP-style HDF5 output and length bucketing, see the featur
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 
 import numpy as np
 from absl import app, flags
@@ -34,17 +32,9 @@ def read_sentences(argv: list[str]) -> list[list[str]]:
 
 
 def write_npz(path: str, **arrays) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"--output={path}: directory {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(suffix=".npz.tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    from elmo_jax import atomic_write
+
+    atomic_write.write(path, lambda f: np.savez(f, **arrays))
 
 
 def run(argv: list[str]) -> None:

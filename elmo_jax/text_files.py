@@ -30,8 +30,9 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
+
+from elmo_jax import atomic_write
 
 DEFAULT_MAX_LINE_CHARS = 10_000  # far above real sentences; bounds the memory one line can take
 INVALID_UTF8_POLICIES = ("replace", "skip")
@@ -251,25 +252,5 @@ def _discard_rest_of_line(f) -> None:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Writes UTF-8 `text` to a temporary file next to `path`, then renames it over `path`."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"cannot write {path}: directory {directory} does not exist")
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"cannot write {path}: it is a directory")
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.chmod(tmp, _new_file_mode())  # mkstemp makes it owner-only; give it what open() would
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def _new_file_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+    """Writes UTF-8 `text` so that `path` is only ever the old file or the complete new one."""
+    atomic_write.write_text(path, text)

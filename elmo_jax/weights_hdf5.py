@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 import h5py
 import jax.numpy as jnp
 import numpy as np
 
+from elmo_jax import atomic_write
 from elmo_jax.config import BiLMConfig, read_options
 from elmo_jax.params import BiLMParams, from_flat, iter_flat, weight_shapes
 
@@ -99,41 +99,12 @@ def save_hdf5(params: BiLMParams, options_file: str | os.PathLike, weight_file: 
 
     # Both files are complete on disk before either replaces an existing one, so a failure (a bad path,
     # a full disk) never pairs new options with old weights.
-    staged = [_stage(weight_file, write_weights)]
+    staged = [(atomic_write.stage(weight_file, write_weights), weight_file)]
     try:
-        staged.append(_stage(options_file, lambda f: f.write(options_text.encode("utf-8"))))
+        staged.append((atomic_write.stage(options_file, lambda f: f.write(options_text.encode("utf-8"))),
+                       options_file))
     except BaseException:
         os.unlink(staged[0][0])
         raise
     for tmp, path in staged:
         os.replace(tmp, path)
-
-
-def _stage(path: str | os.PathLike, write) -> tuple[str, str]:
-    """Calls write(binary file object) on a temporary file next to `path`; returns (temporary, path).
-
-    The caller renames the temporary file onto `path` (atomic on POSIX) once everything is staged.
-    """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"{path}: is a directory, expected a file path to write")
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"{path}: directory {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        os.chmod(tmp, 0o666 & ~_current_umask())  # mkstemp's 0600 would make the output private
-        with os.fdopen(fd, "w+b") as f:  # h5py needs a readable, seekable file object
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return tmp, path
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

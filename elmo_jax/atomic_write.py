@@ -1,0 +1,54 @@
+"""Writing files so that a reader only ever sees the old file or the complete new one.
+
+A file is written to a temporary name in its own directory (so the rename stays on one file system),
+flushed to disk, then renamed over the target; a failure removes the temporary file and leaves the
+target untouched. `stage` lets a caller write several files before renaming any of them.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import BinaryIO, Callable
+
+
+def stage(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> str:
+    """Calls `write` on a new temporary file next to `path` and returns its name (not yet renamed).
+
+    The file object is opened "w+b" (readable and seekable, as h5py needs). Raises FileNotFoundError
+    or IsADirectoryError, naming `path`, before anything is written.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"cannot write {path}: directory {directory} does not exist")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"cannot write {path}: it is a directory")
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        os.chmod(tmp, _new_file_mode())  # mkstemp makes it owner-only; give it what open() would
+        with os.fdopen(fd, "w+b") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def write(path: str | os.PathLike, write_fn: Callable[[BinaryIO], object]) -> None:
+    """`write_fn(file)` into a temporary file, then renamed over `path`."""
+    os.replace(stage(path, write_fn), path)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """UTF-8 `text` (newlines as given) written atomically to `path`."""
+    data = text.encode("utf-8")  # encoded first: an unencodable string fails before any file exists
+    write(path, lambda f: f.write(data))
+
+
+def _new_file_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
