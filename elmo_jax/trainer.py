@@ -136,6 +136,12 @@ def _check_resume(meta: dict, expected: dict, directory: str) -> None:
                          "another --workdir (the existing checkpoints are left untouched).")
 
 
+def _same_architecture(options: dict, model: BiLMConfig) -> bool:
+    """Whether an options dict describes `model` (training keys aside)."""
+    expected = model.to_options()
+    return all(options.get(section) == expected[section] for section in ("lstm", "char_cnn"))
+
+
 def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMParams | None, dict | None]:
     """Fine-tuning start: (biLM, softmax) from `init_from`, or (None, None) for a fresh model.
 
@@ -150,8 +156,7 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
     options, weights = os.path.join(source, "options.json"), os.path.join(source, "weights.hdf5")
     if os.path.exists(weights):  # a published or exported model: the softmax starts fresh
         bilm = weights_hdf5.load_hdf5(options, weights)
-        if bilm.config.to_options()["lstm"] != cfg.model.to_options()["lstm"] or \
-                bilm.config.to_options()["char_cnn"] != cfg.model.to_options()["char_cnn"]:
+        if not _same_architecture(bilm.config.to_options(), cfg.model):
             raise ValueError(f"--config.init_from={source}: its options describe a different model than "
                              "config.model; set config.model to match the options file")
         logging.info("initialising the biLM from %s (fresh softmax)", weights)
@@ -161,8 +166,7 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
     if step is None:
         raise FileNotFoundError(f"--config.init_from={source}: no weights.hdf5 and no checkpoint in it")
     meta = checkpoints.restore_meta(step)
-    if meta["model_options"]["lstm"] != cfg.model.to_options()["lstm"] or \
-            meta["model_options"]["char_cnn"] != cfg.model.to_options()["char_cnn"]:
+    if not _same_architecture(meta["model_options"], cfg.model):
         raise ValueError(f"--config.init_from={source}: its checkpoint is of a different model than config.model")
     abstract, optimizer = abstract_state(meta)
     # That run's carried LSTM state is not used; replicated, its batch need not divide this mesh.
