@@ -285,6 +285,7 @@ class BiLMBatchStream:
             "version": STATE_VERSION, "seed": -1 if self.seed is None else self.seed, "repeat": self.repeat,
             "batch_size": self.batch_size, "unroll_steps": self.unroll_steps,
             "n_sentences": self._directions["forward"].n_sentences, "windows": self.windows,
+            "reset_threshold": self.reset_threshold,
             **{d: {str(r): [row.position, row.offset] for r, row in self._directions[d].rows.items()}
                for d in DIRECTIONS},
         }
@@ -293,7 +294,8 @@ class BiLMBatchStream:
         """Continues exactly where `get_state` was taken (the same windows, bit for bit)."""
         expected = {"version": STATE_VERSION, "seed": -1 if self.seed is None else self.seed,
                     "repeat": self.repeat, "batch_size": self.batch_size, "unroll_steps": self.unroll_steps,
-                    "n_sentences": self._directions["forward"].n_sentences}
+                    "n_sentences": self._directions["forward"].n_sentences,
+                    "reset_threshold": self.reset_threshold}  # the reset flags are part of the stream
         for key, value in expected.items():
             if state.get(key) != value:
                 raise ValueError(f"data stream state: {key} is {state.get(key)!r} in the saved state but "

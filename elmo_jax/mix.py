@@ -26,7 +26,7 @@ def masked_layer_norm(layer: jax.Array, mask: jax.Array) -> jax.Array:
     mask: bool (B, T). Statistics are scalars over B*T'*D elements (T' the true tokens), not per token.
     """
     m = mask[..., None].astype(layer.dtype)
-    count = jnp.sum(m) * layer.shape[-1]
+    count = jnp.maximum(jnp.sum(m) * layer.shape[-1], 1.0)  # an all-padding batch: zeros, not 0/0
     mean = jnp.sum(layer * m) / count
     variance = jnp.sum(((layer - mean) * m) ** 2) / count
     return (layer - mean) / jnp.sqrt(variance + LAYER_NORM_EPSILON)

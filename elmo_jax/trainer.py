@@ -240,9 +240,20 @@ class _Progress:
                 f"  {tokens_per_s:,.0f} tokens/s  {steps_per_s:.2f} steps/s  ETA {eta / 60:.1f} min")
 
 
+def _check_schedule(config) -> None:
+    for key in ("num_train_steps", "batch_size", "unroll_steps", "checkpoint_every_steps", "log_every_steps",
+                "keep_checkpoints"):
+        if config[key] < 1:
+            raise ValueError(f"--config.{key} must be at least 1, found {config[key]}")
+    for key in ("eval_every_steps", "eval_max_batches"):
+        if config[key] < 0:
+            raise ValueError(f"--config.{key} must be 0 (off) or positive, found {config[key]}")
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     """Trains (or resumes training) in `workdir`; returns the final heldout metrics (empty without heldout)."""
-    # A mesh or batch that cannot work is reported before anything is written or compiled.
+    # A mesh, batch or schedule that cannot work is reported before anything is written or compiled.
+    _check_schedule(config)
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
     sharding.check_training_mesh(mesh, config.batch_size, jax.process_count())
     os.makedirs(workdir, exist_ok=True)
@@ -262,6 +273,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     _log_run(config, cfg, mesh)
 
     log = MetricsLog(workdir, enabled=is_main)
+    if int(state.step) > 0:
+        # Steps logged after this checkpoint by the interrupted run are logged again: a reader keeps, for
+        # each step, the record after the last "resume" marker at or below it.
+        log.write(int(state.step), {}, kind="resume")
     progress = _Progress(int(state.step), config.num_train_steps, sampled=not config.full_softmax)
     heldout = lambda: evaluate(state.params, cfg, data.heldout, data.vocab, config.batch_size,
                                config.eval_max_batches, steps=steps)

@@ -124,3 +124,15 @@ def test_workdir_of_a_different_model_is_refused_and_left_untouched(corpus, trai
     assert "lstm.dim" in line and "16" in line and "24" in line, line
     assert str(trained) in line
     assert tree_digest(trained / "checkpoints") == before
+
+
+def test_schedule_settings_below_one_are_refused_before_training(tmp_path):
+    """checkpoint_every_steps=0 used to divide by zero after the first (compiled) step."""
+    for key in ("checkpoint_every_steps", "log_every_steps", "num_train_steps"):
+        result = subprocess.run([sys.executable, "train.py", "--config=configs/demo.py",
+                                 f"--workdir={tmp_path / key}", f"--config.{key}=0"], cwd=REPO,
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 1
+        assert "Traceback" not in result.stderr
+        assert result.stderr.strip().splitlines()[-1] == f"error: --config.{key} must be at least 1, found 0"
+        assert not (tmp_path / key).exists()
