@@ -16,10 +16,8 @@ import jax.numpy as jnp
 
 from elmo_jax.char_cnn import token_embedding
 from elmo_jax.lstm import LSTMState, lstm_stack
-from elmo_jax.params import N_DIRECTIONS, BiLMParams
+from elmo_jax.params import BiLMParams
 from elmo_jax.softmax import full_softmax_loss, sample_candidates, sampled_softmax_loss
-
-DIRECTIONS = ("forward", "backward")
 
 
 def dropout(key: jax.Array, rate: float, x: jax.Array) -> jax.Array:
@@ -107,8 +105,3 @@ def lm_losses(softmax: dict[str, jax.Array], outputs: jax.Array, targets: jax.Ar
         sums.append(jnp.sum(jnp.where(m, token_losses, 0.0)))
         counts.append(jnp.sum(m).astype(jnp.float32))
     return jnp.stack(sums), jnp.stack(counts)
-
-
-def stack_directions(batch: dict[str, dict[str, jax.Array]], key: str) -> jax.Array:
-    """batch["forward"][key] and batch["backward"][key] stacked on a leading D axis."""
-    return jnp.stack([batch[d][key] for d in DIRECTIONS[:N_DIRECTIONS]])
