@@ -118,7 +118,8 @@ def token_embedding(weights, config: BiLMConfig, char_ids: jax.Array, compute_dt
         return _conv_max(vectors, kernel, last_start, S, compute_dtype)
 
     N = char_ids.shape[0]
-    if token_block is None or N <= token_block:
+    # A symbolic N (a `jax.export` with symbolic batch/length) cannot be compared: take the blocked path.
+    if token_block is None or (isinstance(N, int) and N <= token_block):
         pooled = block(char_ids)
     else:  # blocks of padding tokens fill the last block; their rows are dropped
         n_blocks = -(-N // token_block)
