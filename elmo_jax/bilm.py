@@ -73,7 +73,7 @@ def reverse_within_length(x: jax.Array, lengths: jax.Array) -> jax.Array:
 def bilm_layers(params: BiLMParams, char_ids: jax.Array, initial_state: LSTMState, *,
                 compute_dtype=jnp.float32, unroll: int = 1,
                 content_positions: int | None = None) -> tuple[jax.Array, jax.Array, LSTMState]:
-    """All biLM layers, boundary tokens included.
+    """All biLM layers, boundary tokens included, from character ids.
 
     Args:
       params: the biLM.
@@ -91,9 +91,30 @@ def bilm_layers(params: BiLMParams, char_ids: jax.Array, initial_state: LSTMStat
     config, weights = params.config, params.weights
     B, T, C = char_ids.shape
     ids, mask = add_boundaries(char_ids, token_mask(char_ids))
-    T2 = T + 2
-    tokens = token_embedding(weights, config, ids.reshape(B * T2, C), compute_dtype,
-                             content_positions).reshape(B, T2, -1)
+    tokens = token_embedding(weights, config, ids.reshape(B * (T + 2), C), compute_dtype,
+                             content_positions).reshape(B, T + 2, -1)
+    return contextual_layers(params, tokens, mask, initial_state, compute_dtype=compute_dtype, unroll=unroll)
+
+
+def contextual_layers(params: BiLMParams, tokens: jax.Array, mask: jax.Array, initial_state: LSTMState, *,
+                      compute_dtype=jnp.float32, unroll: int = 1) -> tuple[jax.Array, jax.Array, LSTMState]:
+    """All biLM layers from token vectors that already hold `<S>`/`</S>`: the LSTM half of `bilm_layers`.
+
+    The one code path for the LSTM stacks, whether the token vectors come from the char CNN
+    (`bilm_layers`) or from a precomputed vocabulary (`token_cache`).
+
+    Args:
+      params: the biLM.
+      tokens: float32 (B, T2, P) char-CNN outputs, `<S>` first and `</S>` right after each row's tokens;
+        values at padding positions are ignored.
+      mask: bool (B, T2), a prefix of each row (its tokens and both boundaries).
+      initial_state, compute_dtype, unroll: as for `bilm_layers`.
+
+    Returns:
+      as `bilm_layers`.
+    """
+    config, weights = params.config, params.weights
+    B, T2, _ = tokens.shape
     tokens = tokens * mask[..., None]  # AllenNLP's layer 0 is exactly zero at padding
     lengths = jnp.sum(mask, axis=1)
 

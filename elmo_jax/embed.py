@@ -13,12 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.bilm import bilm_layers, remove_boundaries
-from elmo_jax.char_cnn import content_bucket
+from elmo_jax.bilm import bilm_layers, contextual_layers, remove_boundaries
+from elmo_jax.char_cnn import content_bucket, token_embedding
 from elmo_jax.config import N_SHIFTED_CHARACTERS
 from elmo_jax.lstm import LSTMState, zero_state
 from elmo_jax.params import N_DIRECTIONS, BiLMParams
 from elmo_jax.precision import check_compute_dtype
+from elmo_jax.token_cache import TokenCache, check_token_cache, lookup
 
 # Measured on a 2-core CPU with the original model (bench/embed_throughput.py): unrolling the
 # time loop a little lets XLA overlap consecutive steps' elementwise work.
@@ -77,6 +78,64 @@ def _embed_jit(params, chars, initial_state, *, return_state, keep_boundaries, c
                content_positions):
     layers, mask, state = bilm_layers(params, chars, initial_state, compute_dtype=jnp.dtype(compute_dtype),
                                       unroll=unroll, content_positions=content_positions)
+    if not keep_boundaries:
+        layers, mask = remove_boundaries(layers, mask)
+    return (layers, mask, state) if return_state else (layers, mask)
+
+
+def embed_tokens(params: BiLMParams, cache: TokenCache, sentences, *, initial_state: LSTMState | None = None,
+                 return_state: bool = False, keep_boundaries: bool = False, compute_dtype="float32",
+                 unroll: int = DEFAULT_UNROLL):
+    """`embed` for tokenized sentences, with the char CNN replaced by `cache` lookups for known words.
+
+    Tokens missing from the cache (and `<S>`/`</S>` if it lacks them) go through the char CNN, so
+    the result equals `embed(params, batch_to_ids(sentences))` whatever the vocabulary covers (up to
+    float32 rounding of the char CNN in another batch shape). Only the char CNN is skipped: the LSTMs
+    run exactly as in `embed`.
+
+    Args:
+      params: the biLM the cache was built from (`build_token_cache` / `load_token_cache(params=)`;
+        only its width and C are checked here, the weights digest at load time).
+      cache: a `TokenCache`.
+      sentences: B lists of str tokens (as for `batch_to_ids`), at least one token in all.
+      initial_state, return_state, keep_boundaries, unroll: as for `embed`.
+      compute_dtype: as for `embed`; cached vectors are float32 whatever it is.
+
+    Returns:
+      as `embed`: layers float32 (B, L+1, T, 2P), mask bool (B, T)[, final state].
+    """
+    if not isinstance(params, BiLMParams):
+        raise ValueError(f"params must be BiLMParams (from load_hdf5, init_params or load), "
+                         f"found {type(params).__name__}")
+    if not isinstance(cache, TokenCache):
+        raise ValueError(f"cache must be a TokenCache (from build_token_cache or load_token_cache), "
+                         f"found {type(cache).__name__}")
+    check_token_cache(cache, params, weights=False)  # the weights digest is checked at load time
+    batch = lookup(cache, sentences)
+    B = batch.mask.shape[0]
+    if initial_state is None:
+        initial_state = zero_state(params.config, B)
+    else:
+        _check_state(initial_state, params, B)
+    if not isinstance(unroll, int) or unroll < 1:
+        raise ValueError(f"unroll must be a positive integer, found {unroll!r}")
+    return _embed_tokens_jit(params, batch.known, batch.oov_index, batch.oov_chars, batch.mask, initial_state,
+                             return_state=bool(return_state), keep_boundaries=bool(keep_boundaries),
+                             compute_dtype=check_compute_dtype(compute_dtype).name, unroll=unroll,
+                             content_positions=batch.content_positions)
+
+
+@functools.partial(jax.jit, static_argnames=("return_state", "keep_boundaries", "compute_dtype", "unroll",
+                                             "content_positions"))
+def _embed_tokens_jit(params, known, oov_index, oov_chars, mask, initial_state, *, return_state, keep_boundaries,
+                      compute_dtype, unroll, content_positions):
+    """known (B, T2, P), oov_index (B, T2), oov_chars (U, C), mask (B, T2): see `token_cache.CachedBatch`."""
+    compute_dtype = jnp.dtype(compute_dtype)
+    oov = token_embedding(params.weights, params.config, oov_chars, compute_dtype, content_positions)  # (U, P)
+    computed = jnp.take(oov, jnp.maximum(oov_index, 0), axis=0)  # (B, T2, P)
+    tokens = jnp.where((oov_index >= 0)[..., None], computed, known)
+    layers, mask, state = contextual_layers(params, tokens, mask, initial_state, compute_dtype=compute_dtype,
+                                            unroll=unroll)
     if not keep_boundaries:
         layers, mask = remove_boundaries(layers, mask)
     return (layers, mask, state) if return_state else (layers, mask)
