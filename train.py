@@ -1,7 +1,9 @@
 """Train an ELMo biLM: python train.py --config=configs/demo.py --workdir=/tmp/elmo_demo
 
 Config values are overridden with --config.KEY=VALUE (e.g. --config.num_train_steps=500); a key that
-does not exist is an error. Re-running the same command resumes from the newest checkpoint in WORKDIR.
+does not exist is an error. Re-running the same command resumes from the newest checkpoint in
+WORKDIR: after SIGTERM (preemption) or Ctrl-C, which finish the step, save a checkpoint and exit 0,
+and after a crash or `kill -9`, which lose at most the steps since the last checkpoint.
 
 Several processes (hosts) run the same command, each with its own --process_id (BUILD.md has the
 commands for TPU pod slices and GPU machines):
@@ -42,7 +44,8 @@ class _QuietLibraries:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from elmo_jax.trainer import TrainingError, train_and_evaluate  # after flag parsing: --help stays fast
+    from elmo_jax.preemption import Stopped  # after flag parsing: --help stays fast
+    from elmo_jax.trainer import TrainingError, train_and_evaluate
 
     logging.get_absl_handler().addFilter(_QuietLibraries())
     try:
@@ -53,6 +56,9 @@ def main(argv):
     try:
         _start_distributed()
         train_and_evaluate(config, FLAGS.workdir)
+    except Stopped as e:  # preemption (SIGTERM) or Ctrl-C: the checkpoint is saved, a re-run resumes
+        logging.warning("%s", e)
+        print(str(e), file=sys.stderr)
     except (ValueError, OSError, TrainingError) as e:  # a person's mistake or a stopped run: one line
         logging.error("%s", e)
         print(f"error: {e}", file=sys.stderr)

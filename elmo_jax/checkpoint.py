@@ -1,40 +1,121 @@
 """Training checkpoints with orbax: the train state, the data stream's position and the run's metadata.
 
-One orbax step directory holds three items written together (orbax commits a step atomically: a
-directory without its commit marker is never listed, so a crash mid-write leaves the previous
-checkpoint as the newest):
+One orbax step directory holds three items written together:
   state  the `TrainState` pytree (parameters, Adagrad accumulators, step, RNG key, carried LSTM state);
   data   the batch stream's row positions (JSON), so the stream resumes bit for bit;
   meta   the resolved config and what the state was built for (JSON), to refuse incompatible resumes.
 Saving is asynchronous: the arrays are copied off the device before `save` returns, then written in
-the background; `close` waits for the last write.
+the background; `wait` and `close` wait for the last write.
+
+What can go wrong on disk, and what happens:
+- A process killed mid-write leaves `<step>.orbax-checkpoint-tmp`: orbax writes there and renames it
+  to `<step>` only when complete, so it is never listed or restored; the training manager removes it
+  on start and says so.
+- A write that fails (disk full, quota) raises `CheckpointWriteError` naming the step and the newest
+  complete checkpoint, which is untouched.
+- A complete checkpoint damaged later (a truncated or deleted file) fails to restore: `restore_newest`
+  says which one and why, and falls back to the previous one that restores, moving the bad one aside
+  to `<step>.corrupt` (never deleted) when asked; with no good one it refuses, naming them all.
 """
 
 from __future__ import annotations
 
+import glob
 import os
-from typing import Any
+import shutil
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
+from absl import logging
+
+from elmo_jax import multihost
+
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a step directory being written
+CORRUPT_SUFFIX = ".corrupt"  # a step moved aside; no underscore: orbax would read "x_5" as step 5
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written; the message names it and the newest complete one."""
+
+
+class CheckpointCorruptError(ValueError):
+    """No checkpoint of a workdir can be restored; the message names each one and why."""
+
+
+def _brief(error: BaseException) -> str:
+    """The first line of an error (orbax and TensorStore append pages of spec), at most 300 characters."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {text[:300]}"
 
 
 class Checkpoints:
-    """The checkpoints of one workdir (`WORKDIR/checkpoints/<step>`)."""
+    """The checkpoints of one workdir (`WORKDIR/checkpoints/<step>`).
 
-    def __init__(self, workdir: str, keep: int = 3, async_save: bool = True):
+    Args:
+      keep: newest complete checkpoints kept.
+      async_save: write in the background (training); False for readers and one-off saves.
+      writer: the training run's manager, which removes incomplete writes of killed runs on start
+        (a reader must not: a run may be writing in the same workdir).
+    """
+
+    def __init__(self, workdir: str, keep: int = 3, async_save: bool = True, writer: bool = False):
         self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+        if writer and jax.process_index() == 0:
+            for tmp in sorted(glob.glob(os.path.join(glob.escape(self.directory), "*" + TMP_SUFFIX + "*"))):
+                logging.warning("removing %s: an incomplete checkpoint write (the run writing it was killed "
+                                "or its write failed); it was never restorable", tmp)
+                shutil.rmtree(tmp, ignore_errors=True)
+        if writer:
+            multihost.barrier("elmo_jax.checkpoint: incomplete writes removed")
+        self._async = async_save
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                create=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
+        self._writing: int | None = None  # the step of a save not yet known to be complete
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
     def save(self, step: int, state: Any, data_state: dict, meta: dict) -> None:
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                        data=ocp.args.JsonSave(data_state),
-                                                        meta=ocp.args.JsonSave(meta)))
+        """Starts writing checkpoint `step` (first waiting for the previous write, which may fail).
+
+        Raises CheckpointWriteError when this or the previous write fails.
+        """
+        self.wait()
+        self._writing = step
+        try:
+            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                            data=ocp.args.JsonSave(data_state),
+                                                            meta=ocp.args.JsonSave(meta)))
+        except Exception as e:
+            self._failed(e)
+        if not self._async:  # a synchronous save is complete here
+            self._writing = None
+
+    def wait(self) -> None:
+        """Waits for the last write. Raises CheckpointWriteError when it failed."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:
+            self._failed(e)
+        self._writing = None
+
+    def _failed(self, error: Exception):
+        step, self._writing = self._writing, None
+        try:
+            self.manager.reload()
+            latest = self.manager.latest_step()
+        except Exception:  # the disk may be in no state to list it; the message says so
+            latest = None
+        if jax.process_index() == 0:  # the partial write is no checkpoint: free its space now
+            for tmp in glob.glob(os.path.join(glob.escape(self.directory), f"{step}{TMP_SUFFIX}*")):
+                shutil.rmtree(tmp, ignore_errors=True)
+        kept = (f"the newest complete checkpoint, {os.path.join(self.directory, str(latest))}, is intact"
+                if latest is not None else "there is no earlier complete checkpoint")
+        raise CheckpointWriteError(f"could not write checkpoint {os.path.join(self.directory, str(step))} "
+                                   f"({_brief(error)}); {kept}. Free space (or fix the file system) and re-run "
+                                   "the same command to resume from it") from error
 
     def restore_meta(self, step: int) -> dict:
         return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
@@ -53,9 +134,68 @@ class Checkpoints:
             state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
         return restored["state"], restored["data"], restored["meta"]
 
-    def wait(self) -> None:
-        self.manager.wait_until_finished()
+    def restore_newest(self, target: Callable[[dict], Any], check_meta: Callable[[dict], None] = lambda m: None,
+                       move_aside: bool = False) -> tuple[int, Any, dict, dict] | None:
+        """(step, state, data stream state, meta) of the newest checkpoint that restores; None if there
+        is no checkpoint at all.
+
+        Args:
+          target: meta -> the abstract state to restore into (see `restore`).
+          check_meta: raises (ValueError) when a checkpoint is of another run; that is no corruption
+            and ends the search.
+          move_aside: rename each newer checkpoint that failed to `<step>.corrupt` once an older one
+            restored (so the run saves those steps again); readers leave them where they are.
+
+        Raises CheckpointCorruptError when checkpoints exist but none restores.
+        """
+        bad: list[tuple[int, str]] = []
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                meta = self.restore_meta(step)
+                error = None
+            except Exception as e:
+                error = e
+            if error is None:
+                check_meta(meta)
+                try:
+                    restored = self.restore(step, target(meta))
+                except Exception as e:
+                    error = e
+            # Every process must take the same branch (they all read the same files, but say so).
+            if multihost.agree_max(int(error is not None)):
+                bad.append((step, _brief(error) if error else "failed on another process"))
+                logging.error("checkpoint %s cannot be restored (%s)", os.path.join(self.directory, str(step)),
+                              bad[-1][1])
+                continue
+            if bad:
+                self._report_fallback(bad, step, move_aside)
+            return (step, *restored)
+        if bad:
+            listed = "; ".join(f"{os.path.join(self.directory, str(s))}: {why}" for s, why in bad)
+            raise CheckpointCorruptError(f"no checkpoint in {self.directory} can be restored ({listed}). They are "
+                                         "left as they are; move the directory aside to start from scratch")
+        return None
+
+    def _report_fallback(self, bad: list[tuple[int, str]], step: int, move_aside: bool) -> None:
+        names = ", ".join(os.path.join(self.directory, str(s)) for s, _ in bad)
+        if move_aside:
+            if jax.process_index() == 0:
+                for s, _ in bad:
+                    path = os.path.join(self.directory, str(s))
+                    aside = path + CORRUPT_SUFFIX
+                    n = 1
+                    while os.path.exists(aside):
+                        n, aside = n + 1, f"{path}{CORRUPT_SUFFIX}{n + 1}"
+                    os.rename(path, aside)
+                    logging.warning("moved the unrestorable checkpoint %s aside to %s (not deleted)", path, aside)
+            multihost.barrier("elmo_jax.checkpoint: corrupt checkpoints moved aside")
+            self.manager.reload()
+        logging.warning("USING THE OLDER CHECKPOINT %s: the newer %s cannot be restored (see above); the steps "
+                        "after %d are done again", os.path.join(self.directory, str(step)), names, step)
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        """Waits for the last write (raising CheckpointWriteError when it failed), then closes."""
+        try:
+            self.wait()
+        finally:
+            self.manager.close()

@@ -18,6 +18,7 @@ import functools
 from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -243,11 +244,12 @@ class Steps:
 
 @functools.lru_cache(maxsize=16)  # the same jitted functions (and their compile cache) for the same run
 def jit_steps(mesh: Mesh, cfg: StepConfig, optimizer: optax.GradientTransformation, batch_size: int,
-              rules=RULES) -> Steps:
+              rules=RULES, skip_nonfinite: bool = False) -> Steps:
     """`init_train_state`, `train_step_fn` and `eval_step_fn` jitted with the shardings of `rules` on `mesh`.
 
     The state's shapes come from `jax.eval_shape` (no allocation); `init` then creates every array
-    directly in its shards, so no device ever holds the whole softmax.
+    directly in its shards, so no device ever holds the whole softmax. With `skip_nonfinite` the train
+    step is wrapped by `skip_nonfinite_step`.
     """
     def init(key, bilm, softmax):
         return init_train_state(key, cfg, optimizer, batch_size, bilm, softmax)
@@ -257,7 +259,8 @@ def jit_steps(mesh: Mesh, cfg: StepConfig, optimizer: optax.GradientTransformati
     batch = batch_sharding(mesh, rules)
     replicated = NamedSharding(mesh, PartitionSpec())
     def train(state, batch, content_positions):
-        return train_step_fn(state, batch, cfg=cfg, optimizer=optimizer, content_positions=content_positions)
+        step = functools.partial(train_step_fn, cfg=cfg, optimizer=optimizer, content_positions=content_positions)
+        return skip_nonfinite_step(step, state, batch) if skip_nonfinite else step(state, batch)
 
     def evaluate(params, lstm, batch, content_positions):
         return eval_step_fn(params, lstm, batch, cfg=cfg, content_positions=content_positions)
@@ -270,3 +273,22 @@ def jit_steps(mesh: Mesh, cfg: StepConfig, optimizer: optax.GradientTransformati
     zero_lstm = jax.jit(lambda: zero_state(cfg.model, batch_size), out_shardings=shardings.lstm)
     return Steps(mesh=mesh, batch_size=batch_size, state=shardings, batch=batch, abstract_state=with_shardings(abstract, shardings),
                  init=jax.jit(init, out_shardings=shardings), train=train, eval=evaluate, zero_lstm=zero_lstm)
+
+
+def skip_nonfinite_step(step_fn, state, batch):
+    """`step_fn(state, batch)`, except that a step whose loss or gradient norm is not finite leaves the
+    parameters and optimiser state as they were (to be traced inside the jitted step).
+
+    The choice is made on the device (`jnp.where`), so the host need not read the loss before the next
+    step is dispatched; metrics gain "skipped" (1.0 for a skipped step, else 0.0), which the trainer
+    counts when it reads them. A skipped step still advances the step counter (and so the RNG) and the
+    data stream (its window is dropped), and its rows start the next window from a zero LSTM state,
+    since the carried one may be what overflowed.
+    """
+    new, metrics = step_fn(state, batch)
+    ok = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+    keep = lambda updated, previous: jnp.where(ok, updated, previous)
+    new = new.replace(params=jax.tree.map(keep, new.params, state.params),
+                      opt_state=jax.tree.map(keep, new.opt_state, state.opt_state),
+                      lstm=jax.tree.map(lambda carried: jnp.where(ok, carried, jnp.zeros_like(carried)), new.lstm))
+    return new, {**metrics, "skipped": jnp.where(ok, 0.0, 1.0).astype(jnp.float32)}

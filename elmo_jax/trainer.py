@@ -7,26 +7,31 @@ command resumes from the newest complete checkpoint — parameters, optimiser, R
 and the stream's position — and continues exactly as if never stopped, on any mesh and any number of
 processes.
 
+Faults: SIGTERM/SIGINT finish the step, checkpoint it and raise `preemption.Stopped`; after `kill -9`
+the newest complete checkpoint is used (orbax never lists a half-written one) and the log says how
+many steps are done again; a checkpoint that no longer restores is reported, moved aside and the one
+before it used (`Checkpoints.restore_newest`); a failed checkpoint write stops training with the
+previous checkpoint intact; non-finite steps stop training or are skipped (`step_report`). BUILD.md
+has the table.
+
 With several processes (`multihost`), each reads and feeds only its own rows of the global batch;
 process 0 alone writes logs, metrics and the export; checkpoints are written by all of them (orbax).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
-import math
 import os
-import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
 
-from elmo_jax import multihost, sharding, weights_hdf5
+from elmo_jax import multihost, preemption, sharding, weights_hdf5
 from elmo_jax.char_cnn import content_bucket
 from elmo_jax.checkpoint import Checkpoints
 from elmo_jax.config import BiLMConfig
@@ -36,13 +41,10 @@ from elmo_jax.lstm import zero_state
 from elmo_jax.metrics_log import MetricsLog
 from elmo_jax.params import BiLMParams, count_parameters
 from elmo_jax.softmax import padded_vocab_size
-from elmo_jax.train_step import StepConfig, eval_step, init_train_state, make_optimizer
+from elmo_jax.step_report import StepReport, TrainingError, log_resume  # noqa: F401 (TrainingError: API)
+from elmo_jax.train_step import StepConfig, TrainState, eval_step, init_train_state, make_optimizer
 from elmo_jax.training_data import open_training_data
 from elmo_jax.vocab import Vocab
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (e.g. a non-finite loss); the message says why and what is kept."""
 
 
 def model_config(config: ml_collections.ConfigDict) -> BiLMConfig:
@@ -161,18 +163,25 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
                              "config.model; set config.model to match the options file")
         logging.info("initialising the biLM from %s (fresh softmax)", weights)
         return bilm, None
+
+    def check(meta):
+        if not _same_architecture(meta["model_options"], cfg.model):
+            raise ValueError(f"--config.init_from={source}: its checkpoint is of a different model than config.model")
+
+    def target(meta):
+        abstract, optimizer = abstract_state(meta)
+        # That run's carried LSTM state is not used; replicated, its batch need not divide this mesh.
+        return sharding.with_shardings(abstract, sharding.state_shardings(mesh, abstract, optimizer,
+                                                                          replicate_lstm=True))
+
     checkpoints = Checkpoints(source, async_save=False)
-    step = checkpoints.latest_step()
-    if step is None:
+    try:
+        found = checkpoints.restore_newest(target, check)
+    finally:
+        checkpoints.close()
+    if found is None:
         raise FileNotFoundError(f"--config.init_from={source}: no weights.hdf5 and no checkpoint in it")
-    meta = checkpoints.restore_meta(step)
-    if not _same_architecture(meta["model_options"], cfg.model):
-        raise ValueError(f"--config.init_from={source}: its checkpoint is of a different model than config.model")
-    abstract, optimizer = abstract_state(meta)
-    # That run's carried LSTM state is not used; replicated, its batch need not divide this mesh.
-    shardings = sharding.state_shardings(mesh, abstract, optimizer, replicate_lstm=True)
-    state, _, _ = checkpoints.restore(step, sharding.with_shardings(abstract, shardings))
-    checkpoints.close()
+    step, state = found[:2]
     source_vocab = os.path.join(source, "vocab.txt")
     same_vocab = os.path.exists(source_vocab) and Vocab.load(source_vocab).words == vocab.words
     logging.info("initialising from %s step %d (softmax %s)", source, step, "kept" if same_vocab else "fresh")
@@ -189,22 +198,26 @@ def abstract_state(meta: dict) -> tuple[TrainState, Any]:
 
 
 def restore_checkpoint(workdir: str, step: int | None = None) -> tuple[TrainState, dict, dict]:
-    """(state, data stream state, meta) of a workdir's checkpoint (default: the newest), on one device.
+    """(state, data stream state, meta) of a workdir's checkpoint, on one device.
 
-    Raises FileNotFoundError when the workdir has no checkpoint (and creates nothing there).
+    Without `step`, the newest one that restores: a newer one that does not (a truncated or deleted
+    file) is named in an error log line and left where it is.
+
+    Raises FileNotFoundError when the workdir has no checkpoint (and creates nothing there), and
+    `CheckpointCorruptError` (a ValueError naming each one) when none restores.
     """
     if not os.path.isdir(os.path.join(workdir, "checkpoints")):  # checked first: opening would create it
         raise FileNotFoundError(f"{workdir}: no checkpoint (no checkpoints/ directory)")
     checkpoints = Checkpoints(workdir, async_save=False)
     try:
-        step = checkpoints.latest_step() if step is None else step
-        if step is None:
+        if step is not None:
+            return checkpoints.restore(step, abstract_state(checkpoints.restore_meta(step))[0])
+        found = checkpoints.restore_newest(lambda meta: abstract_state(meta)[0])
+        if found is None:
             raise FileNotFoundError(f"{workdir}: no checkpoint in {checkpoints.directory}")
-        meta = checkpoints.restore_meta(step)
-        state, data_state, meta = checkpoints.restore(step, abstract_state(meta)[0])
+        return found[1:]
     finally:
         checkpoints.close()
-    return state, data_state, meta
 
 
 def export_model(params: dict, cfg: StepConfig, vocab: Vocab, directory: str) -> None:
@@ -218,40 +231,25 @@ def export_model(params: dict, cfg: StepConfig, vocab: Vocab, directory: str) ->
     vocab.save(os.path.join(directory, "vocab.txt"))
 
 
-class _Progress:
-    """The console line: step, loss, perplexity, tokens/s, steps/s, ETA."""
-
-    def __init__(self, start_step: int, total_steps: int, sampled: bool):
-        self.total = total_steps
-        # exp(sampled-softmax loss) is what bilm-tf logs as train perplexity; it is not the model's
-        # perplexity (the sampled loss underestimates the full one), so the line says which it is.
-        self.ppl_label = "ppl(sampled)" if sampled else "ppl"
-        self.last_time, self.last_step, self.tokens = time.perf_counter(), start_step, 0.0
-
-    def line(self, step: int, metrics: dict[str, float]) -> str:
-        now = time.perf_counter()
-        steps_per_s = (step - self.last_step) / max(now - self.last_time, 1e-9)
-        tokens_per_s = self.tokens / max(now - self.last_time, 1e-9)
-        eta = (self.total - step) / max(steps_per_s, 1e-9)
-        self.last_time, self.last_step, self.tokens = now, step, 0.0
-        metrics.update(tokens_per_s=tokens_per_s, steps_per_s=steps_per_s)
-        return (f"step {step}/{self.total}  loss {metrics['loss']:.4f}  "
-                f"{self.ppl_label} {math.exp(min(metrics['loss'], 700)):.1f}"
-                f"  {tokens_per_s:,.0f} tokens/s  {steps_per_s:.2f} steps/s  ETA {eta / 60:.1f} min")
-
-
 def _check_schedule(config) -> None:
     for key in ("num_train_steps", "batch_size", "unroll_steps", "checkpoint_every_steps", "log_every_steps",
                 "keep_checkpoints"):
         if config[key] < 1:
             raise ValueError(f"--config.{key} must be at least 1, found {config[key]}")
-    for key in ("eval_every_steps", "eval_max_batches"):
+    for key in ("eval_every_steps", "eval_max_batches", "max_nonfinite_steps"):
         if config[key] < 0:
             raise ValueError(f"--config.{key} must be 0 (off) or positive, found {config[key]}")
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-    """Trains (or resumes training) in `workdir`; returns the final heldout metrics (empty without heldout)."""
+    """Trains (or resumes training) in `workdir`; returns the final heldout metrics (empty without heldout).
+
+    Raises:
+      preemption.Stopped: SIGTERM or SIGINT arrived; the step was finished and checkpointed first.
+      TrainingError: a non-finite loss or gradient (beyond `max_nonfinite_steps` skipped steps).
+      CheckpointWriteError (an OSError): a checkpoint could not be written; the previous one is intact.
+      CheckpointCorruptError (a ValueError): checkpoints exist but none restores.
+    """
     # A mesh, batch or schedule that cannot work is reported before anything is written or compiled.
     _check_schedule(config)
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
@@ -262,73 +260,128 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     cfg = step_config(config, len(data.vocab))
     optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
     meta = _run_meta(config, cfg)
-    steps = sharding.jit_steps(mesh, cfg, optimizer, config.batch_size)
-    checkpoints = Checkpoints(workdir, keep=config.keep_checkpoints)
+    steps = sharding.jit_steps(mesh, cfg, optimizer, config.batch_size, skip_nonfinite=config.max_nonfinite_steps > 0)
     block, blocks = sharding.process_rows(steps.batch, config.batch_size)
     stream = BiLMBatchStream(data.train, data.vocab, batch_size=config.batch_size, unroll_steps=config.unroll_steps,
                              seed=config.seed, process_index=block, process_count=blocks,
                              max_characters_per_token=cfg.model.max_characters_per_token,
                              reset_probability=config.state_reset_probability)
-    state = _resume_or_start(config, cfg, data.vocab, steps, checkpoints, stream, meta)
-    _log_run(config, cfg, mesh)
-
-    log = MetricsLog(workdir, enabled=is_main)
-    if int(state.step) > 0:
-        # Steps logged after this checkpoint by the interrupted run are logged again: a reader keeps, for
-        # each step, the record after the last "resume" marker at or below it.
-        log.write(int(state.step), {}, kind="resume")
-    progress = _Progress(int(state.step), config.num_train_steps, sampled=not config.full_softmax)
-    heldout = lambda: evaluate(state.params, cfg, data.heldout, data.vocab, config.batch_size,
-                               config.eval_max_batches, steps=steps)
-    pending = None  # (step, metrics on device) of the previous step, read one step late
-    try:
-        for step in range(int(state.step), config.num_train_steps):
-            local, positions = device_batch(next(stream), cfg.model.max_characters_per_token)
-            batch = multihost.global_batch(local, steps.batch, config.batch_size)
-            state, metrics = steps.train(state, batch, multihost.agree_max(positions))
-            if pending is not None:
-                _report(*pending, log, progress, config)
-            pending = (step + 1, metrics)
-            done = step + 1
-            if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps:
-                _report(*pending, log, progress, config)  # never checkpoint a non-finite state
-                pending = None
-                checkpoints.save(done, state, multihost.gather_stream_state(stream.get_state()), meta)
-            if data.heldout is not None and config.eval_every_steps and done % config.eval_every_steps == 0 \
-                    and done != config.num_train_steps:
-                log.write(done, heldout(), kind="eval")
-        if pending is not None:
-            _report(*pending, log, progress, config)
+    heldout = None if data.heldout is None else (
+        lambda params: evaluate(params, cfg, data.heldout, data.vocab, config.batch_size, config.eval_max_batches,
+                                steps=steps))
+    checkpoints = Checkpoints(workdir, keep=config.keep_checkpoints, writer=True)
+    log = None
+    with preemption.StopSignals() as signals, _closing(checkpoints, lambda: log):
+        state, skipped = _resume_or_start(config, cfg, data.vocab, steps, checkpoints, stream, meta)
+        _log_run(config, cfg, mesh)
+        log = MetricsLog(workdir, enabled=is_main)
+        start = int(state.step)
+        if start > 0:
+            # Steps logged after this checkpoint by the interrupted run are logged again: a reader keeps, for
+            # each step, the record after the last "resume" marker at or below it.
+            lost = log_resume(workdir, start, is_main)
+            log.write(start, {} if lost is None else {"lost_steps": lost}, kind="resume")
+            if _eval_due(config, start, heldout):  # the interrupted run may have stopped before it
+                log.write(start, heldout(state.params), kind="eval")
+        report = StepReport(config, log, start, skipped)
+        state = _train_loop(config, cfg, state, stream, steps, checkpoints, meta, report, heldout, signals)
+        checkpoints.wait()  # a failed last write is reported before the export
+        _stop_if_signalled(signals, int(state.step), checkpoints)
         final = {}
-        if data.heldout is not None:
-            final = heldout()
+        if heldout is not None:
+            final = heldout(state.params)
             log.write(int(state.step), final, kind="eval")
             logging.info("heldout after step %d: perplexity %.2f (forward %.2f, backward %.2f) on %d tokens",
                          int(state.step), final["perplexity"], final["forward_perplexity"],
                          final["backward_perplexity"], final["tokens"])
+        _stop_if_signalled(signals, int(state.step), checkpoints)
         weights = multihost.fetch(state.params["bilm"])  # every process takes part
         if is_main:
             export_model({"bilm": weights}, cfg, data.vocab, os.path.join(workdir, "export"))
             logging.info("exported the biLM to %s (options.json, weights.hdf5, vocab.txt)",
                          os.path.join(workdir, "export"))
         return final
-    finally:
+
+
+def _train_loop(config, cfg: StepConfig, state, stream: BiLMBatchStream, steps: sharding.Steps,
+                checkpoints: Checkpoints, meta: dict, report: StepReport, heldout, signals: preemption.StopSignals):
+    """Steps from `state.step` to `num_train_steps`, checkpointing and evaluating on schedule; returns
+    the final state. After SIGTERM/SIGINT it finishes the step, checkpoints it and raises `Stopped`."""
+    pending = None  # (step, metrics on device) of the previous step, read one step late
+    for step in range(int(state.step), config.num_train_steps):
+        local, positions = device_batch(next(stream), cfg.model.max_characters_per_token)
+        positions, stop = preemption.agree(positions, signals.received is not None)
+        batch = multihost.global_batch(local, steps.batch, config.batch_size)
+        state, metrics = steps.train(state, batch, positions)
+        if pending is not None:
+            report(*pending)
+        pending, done = (step + 1, metrics), step + 1
+        # One process stops after the step it was in; several after the step they agreed on.
+        stop = stop or (jax.process_count() == 1 and signals.received is not None)
+        if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps or stop:
+            report(*pending)  # never checkpoint a non-finite state
+            pending = None
+            checkpoints.save(done, state, multihost.gather_stream_state(stream.get_state()),
+                             {**meta, "progress": {"nonfinite_skipped": report.skipped}})
+        if stop:  # the evaluation due here, if any, runs when training resumes
+            _stop_if_signalled(signals, done, checkpoints, agreed=True)
+        if _eval_due(config, done, heldout):
+            report.log.write(done, heldout(state.params), kind="eval")
+    if pending is not None:
+        report(*pending)
+    return state
+
+
+def _eval_due(config, step: int, heldout) -> bool:
+    """Whether a heldout evaluation is logged after `step` (the one after the last step is the final one)."""
+    return (heldout is not None and config.eval_every_steps > 0 and step % config.eval_every_steps == 0
+            and 0 < step < config.num_train_steps)
+
+
+def _stop_if_signalled(signals: preemption.StopSignals, step: int, checkpoints: Checkpoints,
+                       agreed: bool = False) -> None:
+    """Raises `Stopped` once checkpoint `step` is on disk, if a signal asked to stop (on any process:
+    all of them call this at the same points; `agreed` when they already agreed)."""
+    if agreed or preemption.agree(0, signals.received is not None)[1]:
+        checkpoints.wait()
+        raise preemption.Stopped(signals.received or "a signal to another process", step, checkpoints.directory)
+
+
+@contextlib.contextmanager
+def _closing(checkpoints: Checkpoints, log):
+    """Closes the checkpoints (waiting for the last write) and the metrics log (`log()`, maybe None)
+    however training ends; an error while closing does not hide the one that ended training."""
+    try:
+        yield
+    except BaseException:
+        try:
+            checkpoints.close()
+        except Exception as e:  # e.g. the last write failed too: say so, but report the first error
+            logging.error("%s", e)
+        if log() is not None:
+            log().close()
+        raise
+    try:
         checkpoints.close()
-        log.close()
+    finally:
+        if log() is not None:
+            log().close()
 
 
 def _resume_or_start(config, cfg: StepConfig, vocab: Vocab, steps: sharding.Steps, checkpoints: Checkpoints,
                      stream: BiLMBatchStream, meta: dict):
-    """The newest checkpoint's state (and the stream moved to its position), else a fresh sharded state."""
-    latest = checkpoints.latest_step()
-    if latest is None:
+    """(state, non-finite steps skipped so far): the newest checkpoint that restores, with the stream
+    moved to its position (an unrestorable newer one is reported and moved aside), else a fresh
+    sharded state."""
+    directory = os.path.dirname(checkpoints.directory)
+    found = checkpoints.restore_newest(lambda _: steps.abstract_state, lambda m: _check_resume(m, meta, directory),
+                                       move_aside=True)
+    if found is None:
         bilm, softmax = _initial_weights(config, cfg, vocab, steps.mesh)
-        return steps.init(jax.random.key(config.seed), bilm, softmax)
-    _check_resume(checkpoints.restore_meta(latest), meta, os.path.dirname(checkpoints.directory))
-    state, data_state, _ = checkpoints.restore(latest, steps.abstract_state)
+        return steps.init(jax.random.key(config.seed), bilm, softmax), 0
+    _, state, data_state, saved_meta = found
     stream.set_state(data_state)
-    logging.info("resumed from %s at step %d", checkpoints.directory, latest)
-    return state
+    return state, int(saved_meta.get("progress", {}).get("nonfinite_skipped", 0))
 
 
 def _open_data(config, workdir: str, is_main: bool):
@@ -336,18 +389,6 @@ def _open_data(config, workdir: str, is_main: bool):
     data = open_training_data(config.data, workdir, write_files=True) if is_main else None
     multihost.barrier("elmo_jax.trainer: training data prepared")
     return data or open_training_data(config.data, workdir, write_files=False)
-
-
-def _report(step: int, metrics, log: MetricsLog, progress: _Progress, config) -> None:
-    values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-    progress.tokens += values["tokens"]
-    if not math.isfinite(values["loss"]) or not math.isfinite(values["grad_norm"]):
-        raise TrainingError(f"non-finite loss or gradient at step {step} (loss {values['loss']}, grad norm "
-                            f"{values['grad_norm']}); stopped without saving it, the last checkpoint is kept")
-    if step % config.log_every_steps == 0 or step == config.num_train_steps:
-        line = progress.line(step, values)
-        log.write(step, values)
-        logging.info(line)
 
 
 def _log_run(config, cfg: StepConfig, mesh) -> None:

@@ -1,0 +1,71 @@
+"""Stopping training cleanly on SIGTERM (what TPU/GPU preemption sends) or SIGINT (Ctrl-C).
+
+The handlers only record the request. The training loop looks at it after every step: it finishes the
+step, saves a checkpoint (unless that step was just saved), waits for the write and raises `Stopped`,
+which `train.py` reports before exiting 0; re-running the same command resumes from that checkpoint.
+Handlers are installed only while the loop runs and the previous ones are put back afterwards; a
+second Ctrl-C aborts at once (KeyboardInterrupt) for a person who does not want to wait.
+
+With several processes every one must stop after the same step (each saves its part of the same
+checkpoint): `agree` makes the request global in the one host collective each step already makes.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import jax
+import numpy as np
+from absl import logging
+from jax.experimental import multihost_utils
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Stopped(Exception):
+    """Training stopped on a signal after saving a checkpoint; the message says how to resume."""
+
+    def __init__(self, signal_name: str, step: int, directory: str):
+        super().__init__(f"stopped by {signal_name} at step {step}; checkpoint saved in {directory}; re-run the "
+                         "same command to resume")
+        self.signal_name, self.step, self.directory = signal_name, step, directory
+
+
+class StopSignals:
+    """Context manager: while active, SIGTERM and SIGINT set `received` (the signal's name) instead of
+    killing the process. Outside the main thread (where Python cannot install handlers) it does nothing."""
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for s in SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt(f"second {name}: stopping without saving")
+        if self.received is None:
+            self.received = name
+            logging.warning("%s received: stopping after this step, once a checkpoint is saved (send SIGINT "
+                            "again to stop at once without saving)", name)
+
+
+def agree(positions: int, stop: bool) -> tuple[int, bool]:
+    """(the largest char CNN bucket, whether any process must stop) over all processes: one host
+    collective for both, so the processes compile the same program and stop after the same step."""
+    if jax.process_count() == 1:
+        return positions, stop
+    gathered = np.asarray(multihost_utils.process_allgather(np.array([positions, int(stop)], np.int32)))
+    largest = gathered.reshape(-1, 2).max(axis=0)
+    return int(largest[0]), bool(largest[1])

@@ -1,0 +1,130 @@
+"""What the training loop does with each step's metrics, read one step late (so the host never waits
+on the device): the console line, `metrics.jsonl` / TensorBoard, and the non-finite policy.
+
+Non-finite policy: a NaN or Inf loss or gradient norm stops training with a `TrainingError` naming the
+step; the state of that step is never checkpointed (the loop reads a step's metrics before saving it),
+so the last checkpoint is the last good one. With `max_nonfinite_steps` = N > 0 the jitted step skips
+such steps itself (`sharding.skip_nonfinite`: parameters and optimiser state unchanged, decided on the
+device) and this counts them: up to N are logged as warnings (and as `nonfinite_skipped` in every
+metrics record), the N+1-th stops training as above. The count is saved with each checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import jax
+from absl import logging
+
+from elmo_jax.metrics_log import MetricsLog
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. a non-finite loss); the message says why and what is kept."""
+
+
+class Progress:
+    """The console line: step, loss, perplexity, tokens/s, steps/s, ETA."""
+
+    def __init__(self, start_step: int, total_steps: int, sampled: bool):
+        self.total = total_steps
+        # exp(sampled-softmax loss) is what bilm-tf logs as train perplexity; it is not the model's
+        # perplexity (the sampled loss underestimates the full one), so the line says which it is.
+        self.ppl_label = "ppl(sampled)" if sampled else "ppl"
+        self.last_time, self.last_step, self.tokens = time.perf_counter(), start_step, 0.0
+
+    def line(self, step: int, metrics: dict[str, float]) -> str:
+        now = time.perf_counter()
+        steps_per_s = (step - self.last_step) / max(now - self.last_time, 1e-9)
+        tokens_per_s = self.tokens / max(now - self.last_time, 1e-9)
+        eta = (self.total - step) / max(steps_per_s, 1e-9)
+        self.last_time, self.last_step, self.tokens = now, step, 0.0
+        metrics.update(tokens_per_s=tokens_per_s, steps_per_s=steps_per_s)
+        return (f"step {step}/{self.total}  loss {metrics['loss']:.4f}  "
+                f"{self.ppl_label} {math.exp(min(metrics['loss'], 700)):.1f}"
+                f"  {tokens_per_s:,.0f} tokens/s  {steps_per_s:.2f} steps/s  ETA {eta / 60:.1f} min")
+
+
+class StepReport:
+    """Reads, checks and logs each step's metrics.
+
+    Args:
+      config: the run's config (log_every_steps, num_train_steps, max_nonfinite_steps, full_softmax).
+      log: where records go (disabled on processes other than 0).
+      start_step: the step training starts or resumes from.
+      skipped: non-finite steps skipped before `start_step` (from the checkpoint).
+    """
+
+    def __init__(self, config, log: MetricsLog, start_step: int, skipped: int = 0):
+        self.config, self.log, self.skipped = config, log, skipped
+        self.progress = Progress(start_step, config.num_train_steps, sampled=not config.full_softmax)
+
+    def __call__(self, step: int, metrics) -> None:
+        """`metrics` of step `step` (device arrays): raises TrainingError for a non-finite step beyond
+        the policy, logs on schedule (and every skipped step)."""
+        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        self.progress.tokens += values["tokens"]
+        was_skipped = values.pop("skipped", 0.0) > 0
+        finite = math.isfinite(values["loss"]) and math.isfinite(values["grad_norm"])
+        limit = self.config.max_nonfinite_steps
+        if not finite:
+            what = f"non-finite loss or gradient at step {step} (loss {values['loss']}, grad norm {values['grad_norm']})"
+            if not (was_skipped and self.skipped < limit):
+                beyond = f"; {self.skipped} such steps skipped already, the most --config.max_nonfinite_steps allows" \
+                    if limit else ""
+                raise TrainingError(f"{what}{beyond}; stopped without saving it, the last checkpoint is kept")
+            self.skipped += 1
+            logging.warning("%s: skipped, parameters and optimiser state unchanged (%d of at most %d skipped)",
+                            what, self.skipped, limit)
+        if limit:
+            values["nonfinite_skipped"] = self.skipped
+        if step % self.config.log_every_steps == 0 or step == self.config.num_train_steps or not finite:
+            line = self.progress.line(step, values)
+            self.log.write(step, values)
+            logging.info(line)
+
+
+def last_logged_step(workdir: str) -> int | None:
+    """The highest step of a train record in `WORKDIR/metrics.jsonl` (None without one).
+
+    A last line cut short (the disk filled mid-write) is removed first, with a warning, so the file
+    stays one JSON object per line.
+    """
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            logging.warning("%s: removing its last line, cut short by an interrupted write (%d bytes)", path,
+                            len(data) - keep)
+            f.truncate(keep)
+            data = data[:keep]
+    steps = []
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # not ours to judge here; readers of the file report it
+        if isinstance(record, dict) and record.get("kind") == "train":
+            steps.append(int(record.get("step", 0)))
+    return max(steps, default=None)
+
+
+def log_resume(workdir: str, start: int, is_main: bool) -> int | None:
+    """Logs where training resumes and how many steps the interrupted run had done past it (its last
+    logged step; metrics are logged one step late and every log_every_steps, so a few more may have
+    run). Returns that count (None where unknown: no metrics, or not process 0)."""
+    last = last_logged_step(workdir) if is_main else None
+    where = os.path.join(workdir, "checkpoints", str(start))
+    if last is None:
+        logging.info("resumed from step %d (%s)", start, where)
+        return None
+    lost = max(0, last - start)
+    logging.info("resumed from step %d (%s); %d steps since it were lost (the interrupted run had logged up to "
+                 "step %d) and are done again", start, where, lost, last)
+    return lost
