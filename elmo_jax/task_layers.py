@@ -1,0 +1,103 @@
+"""ELMo as a layer of a task model: character ids in, `num_output_representations` learned mixes out.
+
+    elmo = ElmoTaskLayers(bilm=elmo_jax.load_hdf5(options, weights), num_output_representations=2,
+                          dropout=0.5, l2_coef=0.001)
+    variables = elmo.init(key, chars)                       # only the mixes' s and gamma (unless finetune_bilm)
+    (reps, mask), state = elmo.apply(variables, chars, deterministic=False, rngs={"dropout": k},
+                                     mutable=["losses"])
+    loss = task_loss(reps, ...) + elmo_penalty(state)       # reps: list of (B, T, 2P); mask (B, T)
+
+The biLM runs inside the module with its weights behind `jax.lax.stop_gradient`, so a task model's
+optimiser never sees them and their gradient is exactly zero (the paper's recipe: the biLM is frozen,
+only s and gamma are learned). `finetune_bilm=True` instead makes the weights a Flax parameter
+("bilm", initialised from the given ones), so they train with the task (AllenNLP's `requires_grad`).
+
+The mixes are taken with `<S>`/`</S>` present and the boundaries removed afterwards, as AllenNLP's
+`Elmo` does, so layer normalisation sees the same elements (one mean and variance per layer over all
+unmasked positions, boundaries included).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from elmo_jax.bilm import bilm_layers, remove_boundaries, token_mask
+from elmo_jax.embed import check_char_ids
+from elmo_jax.lstm import zero_state
+from elmo_jax.mix import ElmoRepresentations
+from elmo_jax.params import BiLMParams
+from elmo_jax.precision import check_compute_dtype
+
+
+class ElmoTaskLayers(nn.Module):
+    """A frozen (or fine-tuned) biLM followed by independent scalar mixes of its layers.
+
+    Attributes:
+      bilm: the biLM (`load_hdf5`, `init_params`, `load`); a static attribute, not a variable, unless
+        `finetune_bilm`.
+      num_output_representations: how many independent mixes (2 in the paper for SQuAD/SNLI: at the
+        input and the output of the task RNN).
+      do_layer_norm: normalise each layer before mixing (AllenNLP's statistics).
+      dropout: dropout rate on each mix (needs a "dropout" rng when not deterministic).
+      l2_coef: lambda of `lambda * ||s||^2` per mix, sown into the "losses" collection (see `elmo_penalty`).
+      finetune_bilm: train the biLM weights too, as a Flax parameter "bilm" initialised from `bilm`.
+      compute_dtype: "float32" or "bfloat16" matrix products in the biLM.
+    """
+
+    bilm: BiLMParams
+    num_output_representations: int = 1
+    do_layer_norm: bool = False
+    dropout: float = 0.0
+    l2_coef: float = 0.0
+    finetune_bilm: bool = False
+    compute_dtype: str = "float32"
+
+    @nn.compact
+    def __call__(self, char_ids: jax.Array, *, deterministic: bool = True) -> tuple[list[jax.Array], jax.Array]:
+        """Shifted character ids int (B, T, C) from `batch_to_ids` -> ([(B, T, 2P)] * n, bool mask (B, T)).
+
+        Representations are exact zeros at padding. Ids are checked on the host when concrete (outside
+        jit); under jit only their shape and dtype can be.
+        """
+        if not isinstance(self.bilm, BiLMParams):
+            raise ValueError(f"ElmoTaskLayers.bilm must be BiLMParams (from load_hdf5, init_params or load), "
+                             f"found {type(self.bilm).__name__}")
+        if not isinstance(self.num_output_representations, int) or self.num_output_representations < 1:
+            raise ValueError(f"ElmoTaskLayers.num_output_representations must be a positive integer, found "
+                             f"{self.num_output_representations!r}")
+        config = self.bilm.config
+        chars = check_char_ids(char_ids, config.max_characters_per_token)
+        weights = self._weights()
+        layers, mask, _ = bilm_layers(BiLMParams(weights, config), chars, zero_state(config, chars.shape[0]),
+                                      compute_dtype=check_compute_dtype(self.compute_dtype))
+        mixes = ElmoRepresentations(num_output_representations=self.num_output_representations,
+                                    num_layers=config.n_output_layers, layer_norm=self.do_layer_norm,
+                                    dropout=self.dropout, l2_coef=self.l2_coef, name="mixes")(
+            layers, mask, deterministic=deterministic)
+        outputs = [remove_boundaries(mix, mask)[0] for mix in mixes]  # (B, T2, 2P) -> (B, T, 2P)
+        return outputs, token_mask(chars)
+
+    def _weights(self) -> Any:
+        if self.finetune_bilm:
+            return self.param("bilm", lambda _: jax.tree.map(jnp.asarray, self.bilm.weights))
+        return jax.lax.stop_gradient(self.bilm.weights)
+
+
+def elmo_penalty(state: Any) -> jax.Array:
+    """The sum of every L2 term sown into the "losses" collection (the mixes' `lambda * ||s||^2`).
+
+    Args:
+      state: the mutated variables returned by `apply(..., mutable=["losses"])` (a dict with a "losses"
+        entry, or the "losses" collection itself); may hold other modules' losses, which are summed too.
+
+    Returns:
+      float32 scalar, 0.0 when nothing was sown (l2_coef == 0).
+    """
+    losses = state.get("losses", state) if hasattr(state, "get") else state
+    leaves = jax.tree.leaves(losses)
+    return sum((jnp.sum(leaf) for leaf in leaves), jnp.zeros((), jnp.float32))
+
