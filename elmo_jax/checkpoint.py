@@ -44,9 +44,12 @@ class CheckpointCorruptError(ValueError):
 
 
 def _brief(error: BaseException) -> str:
-    """The first line of an error (orbax and TensorStore append pages of spec), at most 300 characters."""
+    """The first line of an error (orbax and TensorStore append pages of spec), at most ~300 characters:
+    its start and its end, where TensorStore puts the cause ("File too large [os_error_code='27']")."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{type(error).__name__}: {text[:300]}"
+    if len(text) > 300:
+        text = f"{text[:140]} ... {text[-160:]}"
+    return f"{type(error).__name__}: {text}"
 
 
 class Checkpoints:

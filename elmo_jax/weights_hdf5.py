@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import h5py
 import jax.numpy as jnp
@@ -40,6 +41,9 @@ def read_weights(weight_file: str | os.PathLike, config: BiLMConfig) -> dict[str
         raise IsADirectoryError(f"{path}: expected an HDF5 weight file, found a directory")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: weight file not found")
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{path}: empty file (expected an ELMo weights .hdf5 as written by bilm-tf; an "
+                         "interrupted copy or download?)")
     if not h5py.is_hdf5(path):
         raise ValueError(f"{path}: not an HDF5 file (expected an ELMo weights .hdf5 as written by bilm-tf)")
     expected = weight_shapes(config)
@@ -66,6 +70,10 @@ def read_weights(weight_file: str | os.PathLike, config: BiLMConfig) -> dict[str
                 out[key] = np.asarray(dataset[...], dtype=np.float32)
             unexpected = sorted(set(found) - set(expected))
     except OSError as e:  # truncated or otherwise unreadable HDF5
+        truncated = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", str(e))
+        if truncated:
+            raise ValueError(f"{path}: truncated HDF5 weight file ({truncated.group(1)} of its "
+                             f"{truncated.group(2)} bytes; an interrupted copy or download?)") from None
         raise ValueError(f"{path}: cannot read the HDF5 weight file ({e})") from None
     if unexpected:
         raise ValueError(f"{path}: datasets {unexpected} are not described by the options (check n_highway, "

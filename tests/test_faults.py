@@ -1,0 +1,315 @@
+"""`python train.py` under faults, as a person or a cluster inflicts them: SIGKILL at random moments
+(during start-up, mid-training, inside a checkpoint write), SIGTERM and SIGINT (preemption, Ctrl-C),
+and a file system that refuses writes (disk full, simulated with RLIMIT_FSIZE: every write past the
+limit fails with EFBIG, in Python and in orbax's TensorStore alike).
+
+Each recovered run is compared with one uninterrupted run of the same command: every metrics record
+any attempt logged, the final checkpoint (parameters, Adagrad accumulators, RNG key, carried LSTM
+state, data stream position) and the exported weights, bit for bit.
+
+The processes run on one CPU device with a shared JAX compilation cache, so each costs a JAX import
+and little compilation (the uninterrupted run fills the cache; cached executables are the same code).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import elmo_jax
+from elmo_jax import trainer
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS, EVERY, EVAL_EVERY = 80, 5, 20  # training steps, checkpoint and evaluation intervals
+TIMING_KEYS = ("tokens_per_s", "steps_per_s")
+
+CONFIG = '''
+from configs import default
+
+
+def get_config():
+    config = default.get_config()
+    config.model.char_embed_dim = 4
+    config.model.filters = [[1, 4], [2, 8], [3, 8]]
+    config.model.n_highway = 1
+    config.model.lstm_dim = 16
+    config.model.projection_dim = 8
+    config.data.train_files = "{root}/train.txt"
+    config.data.heldout_files = "{root}/heldout.txt"
+    config.data.cache_dir = "{root}/prepared"
+    config.batch_size = 8
+    config.unroll_steps = 5
+    config.n_negative_samples = 8
+    config.num_train_steps = {steps}
+    config.checkpoint_every_steps = {every}
+    config.eval_every_steps = {eval_every}
+    config.eval_max_batches = 2
+    config.log_every_steps = 1
+    return config
+'''
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """{"config": path of a tiny config file, "env": the processes' environment}."""
+    root = tmp_path_factory.mktemp("faults")
+    rng = np.random.default_rng(0)
+    words = ["the", "cat", "dog", "sat", "ran", "on", "a", "mat", "log", "and", "big", "small"]
+    for split, n in (("train", 300), ("heldout", 20)):
+        lines = [" ".join(rng.choice(words, int(rng.integers(2, 9)))) for _ in range(n)]
+        (root / f"{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    config = root / "tiny_config.py"
+    config.write_text(CONFIG.format(root=root, steps=STEPS, every=EVERY, eval_every=EVAL_EVERY), encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=1",
+               JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    return {"config": config, "env": env, "root": root}
+
+
+def start(setup, workdir, log_path, *args, preexec_fn=None) -> subprocess.Popen:
+    """train.py on the tiny config, stderr appended to `log_path`."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, "train.py", f"--config={setup['config']}", f"--workdir={workdir}",
+                                 *args], cwd=REPO, env=setup["env"], stdout=subprocess.DEVNULL, stderr=log,
+                                preexec_fn=preexec_fn)
+
+
+def finish(proc: subprocess.Popen, log_path, timeout=240) -> tuple[int, str]:
+    code = proc.wait(timeout=timeout)
+    return code, Path(log_path).read_text(encoding="utf-8", errors="replace")
+
+
+def records(workdir, kind="train") -> list[dict]:
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def max_logged_step(workdir) -> int:
+    """The highest train step in metrics.jsonl (0 without one); tolerant of a line being written."""
+    try:
+        with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return 0
+    steps = [0]
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record["kind"] == "train":
+            steps.append(record["step"])
+    return max(steps)
+
+
+def wait_until(condition, proc: subprocess.Popen, timeout=120.0) -> bool:
+    """Polls `condition()` every millisecond; False if the process ended (or time ran out) first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        if proc.poll() is not None:
+            return bool(condition())
+        time.sleep(0.001)
+    return False
+
+
+def tmp_checkpoints(workdir) -> list[str]:
+    return glob.glob(os.path.join(workdir, "checkpoints", "*.orbax-checkpoint-tmp*"))
+
+
+def without_timing(record):
+    return {k: v for k, v in record.items() if k not in TIMING_KEYS}
+
+
+def assert_trees_equal(a, b):
+    leaves_a, tree_a = jax.tree.flatten(a)
+    leaves_b, tree_b = jax.tree.flatten(b)
+    assert tree_a == tree_b
+    for x, y in zip(leaves_a, leaves_b):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def tree_digest(directory) -> str:
+    digest = hashlib.sha256()
+    for root, dirs, files in sorted(os.walk(directory)):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            digest.update(os.path.relpath(path, directory).encode())
+            digest.update(Path(path).read_bytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(setup, tmp_path_factory):
+    """The reference: the same command run once, never interrupted."""
+    workdir = tmp_path_factory.mktemp("uninterrupted")
+    code, log = finish(start(setup, workdir, workdir / "stderr.txt"), workdir / "stderr.txt")
+    assert code == 0, log[-5000:]
+    return workdir
+
+
+def assert_same_run(workdir, reference, other_evals=()):
+    """Every record any attempt logged equals the uninterrupted run's record of that step, every step
+    and evaluation is there, and the final checkpoint and export are the reference's, bit for bit.
+    `other_evals`: steps where an attempt with fewer num_train_steps made its final evaluation."""
+    want = {r["step"]: without_timing(r) for r in records(reference)}
+    got = records(workdir)
+    assert sorted({r["step"] for r in got}) == list(range(1, STEPS + 1))
+    for r in got:
+        assert without_timing(r) == want[r["step"]], f"step {r['step']} differs from the uninterrupted run"
+    want_eval = {r["step"]: r for r in records(reference, "eval")}
+    got_eval = [r for r in records(workdir, "eval") if r["step"] not in other_evals]
+    assert {r["step"] for r in got_eval} == set(want_eval) == {*range(EVAL_EVERY, STEPS, EVAL_EVERY), STEPS}
+    for r in got_eval:
+        assert r == want_eval[r["step"]]
+
+    state, data, _ = trainer.restore_checkpoint(str(workdir), STEPS)
+    state_ref, data_ref, _ = trainer.restore_checkpoint(str(reference), STEPS)
+    assert int(state.step) == STEPS
+    assert_trees_equal(jax.device_get(state), jax.device_get(state_ref))
+    assert data == data_ref
+    export, export_ref = Path(workdir) / "export", Path(reference) / "export"
+    loaded = elmo_jax.load_hdf5(export / "options.json", export / "weights.hdf5")
+    loaded_ref = elmo_jax.load_hdf5(export_ref / "options.json", export_ref / "weights.hdf5")
+    assert_trees_equal(loaded.weights, loaded_ref.weights)
+    assert not tmp_checkpoints(workdir)
+
+
+def _stop_inside_a_checkpoint_write(proc: subprocess.Popen, workdir, before: int) -> None:
+    """Freezes `proc` (SIGSTOP) while one of its checkpoint writes is under way: its orbax tmp
+    directory exists (any from an earlier kill are removed before training starts) and still exists
+    once every thread is stopped; a write that completed in between is let go and the next one tried."""
+    assert wait_until(lambda: max_logged_step(workdir) > before, proc), "training never started"
+    while True:
+        assert wait_until(lambda: bool(tmp_checkpoints(workdir)), proc), "no checkpoint write seen"
+        proc.send_signal(signal.SIGSTOP)
+        if tmp_checkpoints(workdir):
+            return
+        proc.send_signal(signal.SIGCONT)
+
+
+def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(setup, uninterrupted, tmp_path):
+    """Six `kill -9`s (seeded): two at a random time in start-up (import, data, compilation, restore:
+    before the first step is logged), two when training has passed a random step, two inside a
+    checkpoint write (the process frozen while its orbax tmp directory exists, then killed). Each time
+    the same command is re-run; it removes the half-written checkpoint, resumes from the newest
+    complete one and logs how many steps are done again. The recovered run equals the uninterrupted
+    one bit for bit."""
+    workdir, log_path = tmp_path / "w", tmp_path / "stderr.txt"
+    rng = np.random.default_rng(1234)
+    plan = ["start", "step", "checkpoint_write", "start", "step", "checkpoint_write"]
+    kills = []
+    for attempt, moment in enumerate(plan):
+        before = max_logged_step(workdir)
+        proc = start(setup, workdir, log_path)
+        if moment == "start":  # a random moment before the first step is logged
+            delay = float(rng.uniform(0.2, 4.0))
+            wait_until(lambda: max_logged_step(workdir) > before, proc, timeout=delay)
+        elif moment == "step":
+            target = before + int(rng.integers(3, 20))
+            assert wait_until(lambda: max_logged_step(workdir) >= target, proc), log_path.read_text()[-3000:]
+        else:
+            _stop_inside_a_checkpoint_write(proc, workdir, before)
+        assert proc.poll() is None, f"attempt {attempt} ({moment}) ended before its kill: {log_path.read_text()[-3000:]}"
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        kills.append((moment, max_logged_step(workdir), [os.path.basename(p) for p in tmp_checkpoints(workdir)]))
+    for moment, _, tmps in kills:
+        if moment == "checkpoint_write":
+            assert tmps, f"a checkpoint-write kill did not land inside the write: {kills}"
+    assert max(step for _, step, _ in kills) < STEPS, kills
+
+    code, log = finish(start(setup, workdir, log_path), log_path)
+    assert code == 0, log[-5000:]
+    assert "an incomplete checkpoint write" in log  # the killed writes were found and removed
+    assert "steps since it were lost" in log
+    resumes = records(workdir, "resume")
+    assert resumes and all(r["step"] % EVERY == 0 for r in resumes)
+    assert any(r.get("lost_steps", 0) > 0 for r in resumes), resumes
+    assert_same_run(workdir, uninterrupted)
+
+
+def test_sigterm_and_sigint_checkpoint_exit_0_and_resume_exactly(setup, uninterrupted, tmp_path):
+    """SIGTERM mid-training: the step is finished and checkpointed (not on the checkpoint schedule),
+    the process exits 0 with a message naming the signal and step; the same command resumes. Then
+    SIGINT likewise. The run ends equal to the uninterrupted one."""
+    workdir, log_path = tmp_path / "w", tmp_path / "stderr.txt"
+    stopped = []
+    for sig, target in ((signal.SIGTERM, 12), (signal.SIGINT, 43)):
+        proc = start(setup, workdir, log_path)
+        assert wait_until(lambda: max_logged_step(workdir) >= target, proc), log_path.read_text()[-3000:]
+        proc.send_signal(sig)
+        code, log = finish(proc, log_path)
+        assert code == 0, log[-5000:]
+        last = log.rstrip().splitlines()[-1]
+        prefix = f"stopped by {sig.name} at step "
+        assert last.startswith(prefix) and last.endswith("re-run the same command to resume"), last
+        step = int(last[len(prefix):].split(";")[0])
+        assert target <= step < STEPS
+        assert str(workdir / "checkpoints") in last
+        assert max(int(n) for n in os.listdir(workdir / "checkpoints") if n.isdigit()) == step
+        assert max_logged_step(workdir) == step  # the stopped step's metrics were read and logged
+        stopped.append(step)
+    code, log = finish(start(setup, workdir, log_path), log_path)
+    assert code == 0, log[-5000:]
+    assert [r["step"] for r in records(workdir, "resume")] == stopped
+    assert all(r.get("lost_steps") == 0 for r in records(workdir, "resume"))
+    assert_same_run(workdir, uninterrupted)
+
+
+def _limit_file_size(limit: int):
+    def preexec():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return preexec
+
+
+def test_disk_full_checkpoint_write_fails_cleanly_and_the_run_resumes(setup, uninterrupted, tmp_path):
+    """A run trained to step 10 (checkpoints 5 and 10, an export) is continued with every file
+    limited to 24 kB: writing the step-15 checkpoint (its arrays are larger) fails. The command exits
+    1 with one error line naming the failed checkpoint and the intact one; the older checkpoints and
+    the export are untouched and no partial checkpoint is left. Without the limit the same command
+    resumes from step 10 and ends equal to the uninterrupted run."""
+    workdir, log_path = tmp_path / "w", tmp_path / "stderr.txt"
+    code, log = finish(start(setup, workdir, log_path, "--config.num_train_steps=10"), log_path)
+    assert code == 0, log[-5000:]
+    sizes = {p: os.path.getsize(p) for p in glob.glob(str(workdir / "checkpoints" / "10" / "**"), recursive=True)
+             if os.path.isfile(p)}
+    assert max(sizes.values()) > 24_000, sizes  # the limit must bite on the checkpoint's arrays
+    before = {"checkpoints": tree_digest(workdir / "checkpoints"), "export": tree_digest(workdir / "export")}
+
+    # stderr to a pipe: a log file would hit the limit too.
+    limited = subprocess.run([sys.executable, "train.py", f"--config={setup['config']}", f"--workdir={workdir}"],
+                             cwd=REPO, env=setup["env"], capture_output=True, text=True, timeout=240,
+                             preexec_fn=_limit_file_size(24_000))
+    assert limited.returncode == 1, limited.stderr[-5000:]
+    errors = [line for line in limited.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [limited.stderr.rstrip().splitlines()[-1]], limited.stderr[-5000:]
+    assert errors[0].startswith(f"error: could not write checkpoint {workdir / 'checkpoints' / '15'} ("), errors
+    assert "File too large" in errors[0] and f"{workdir / 'checkpoints' / '10'}, is intact" in errors[0], errors
+    assert sorted(os.listdir(workdir / "checkpoints")) == ["10", "5"]
+    assert tree_digest(workdir / "checkpoints") == before["checkpoints"]
+    assert tree_digest(workdir / "export") == before["export"]
+
+    code, log = finish(start(setup, workdir, log_path), log_path)
+    assert code == 0, log[-5000:]
+    assert_same_run(workdir, uninterrupted, other_evals={10})
