@@ -11,6 +11,7 @@ from elmo_jax.config import BiLMConfig, read_options
 from elmo_jax.embed import embed, embed_tokens
 from elmo_jax.lstm import LSTMState, zero_state
 from elmo_jax.mix import ElmoRepresentations, ScalarMix, mix_l2_penalty, scalar_mix
+from elmo_jax.model_dir import load
 from elmo_jax.params import BiLMParams, count_parameters, init_params
 from elmo_jax.task_layers import ElmoTaskLayers, elmo_penalty
 from elmo_jax.token_cache import TokenCache, build_token_cache, load_token_cache, save_token_cache
@@ -18,7 +19,7 @@ from elmo_jax.weights_hdf5 import load_hdf5, save_hdf5
 
 __all__ = [
     "BiLMConfig", "BiLMParams", "ElmoRepresentations", "ElmoTaskLayers", "LSTMState", "ScalarMix", "TokenCache", "add_boundaries",
-    "batch_to_ids", "build_token_cache", "count_parameters", "elmo_penalty", "embed", "embed_tokens", "init_params", "load_hdf5",
+    "batch_to_ids", "build_token_cache", "count_parameters", "elmo_penalty", "embed", "embed_tokens", "init_params", "load", "load_hdf5",
     "load_token_cache", "mix_l2_penalty", "read_options", "remove_boundaries", "save_hdf5", "save_token_cache",
     "scalar_mix", "token_to_raw_ids", "tokens_to_raw_ids", "zero_state",
 ]

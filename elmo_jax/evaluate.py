@@ -35,16 +35,17 @@ def define_flags() -> None:
     flags.DEFINE_integer("max_batches", 0, "Stop after this many windows (0: all).")
 
 
-def load_trained(workdir: str):
-    """(params, step config, training config, vocab, step) of a workdir's newest checkpoint."""
+def load_trained(workdir: str, step: int | None = None):
+    """(params, step config, training config, vocab file, step) of a workdir's checkpoint (default newest)."""
     from elmo_jax import trainer
 
     if not os.path.isdir(workdir):
         raise FileNotFoundError(f"--workdir={workdir}: not a directory")
-    state, _, meta = trainer.restore_checkpoint(workdir)
+    state, _, meta = trainer.restore_checkpoint(workdir, step)
     config = ml_collections.ConfigDict(meta["config"])
-    vocab = Vocab.load(config.data.vocab_file or os.path.join(workdir, "vocab.txt"))
-    return state.params, trainer.step_config(config, len(vocab)), config, vocab, int(state.step)
+    vocab_file = config.data.vocab_file or os.path.join(workdir, "vocab.txt")
+    vocab = Vocab.load(vocab_file)
+    return state.params, trainer.step_config(config, len(vocab)), config, vocab_file, int(state.step)
 
 
 def heldout_sentences(config, workdir: str):
@@ -68,7 +69,8 @@ def run() -> dict:
 
     if not FLAGS.workdir:
         raise ValueError("--workdir is required")
-    params, cfg, config, vocab, step = load_trained(FLAGS.workdir)
+    params, cfg, config, vocab_file, step = load_trained(FLAGS.workdir)
+    vocab = Vocab.load(vocab_file)
     sentences = heldout_sentences(config, FLAGS.workdir)
     batch_size = FLAGS.batch_size or config.batch_size
     result = {"step": step, **evaluate(params, cfg, sentences, vocab, batch_size, FLAGS.max_batches)}

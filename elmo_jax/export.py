@@ -1,0 +1,92 @@
+"""Make a model directory (see `elmo_jax.model_dir`) from a training run or a published HDF5 model.
+
+    python -m elmo_jax.export --workdir=runs/demo --output=models/demo            # newest checkpoint
+    python -m elmo_jax.export --workdir=runs/demo --step=400 --output=models/demo-400
+    python -m elmo_jax.export --options=elmo_options.json --weights=elmo_weights.hdf5 --output=models/elmo
+
+The directory holds the published-format options.json + weights.hdf5, the frozen parameters
+(params.npz), the vocabulary of a training run, and `extractor.jax`: the feature extractor as a
+`jax.export` StableHLO program that runs with jax alone. `elmo_jax.load(MODEL_DIR)` reads it back;
+`python -m elmo_jax.embed_file --model=MODEL_DIR` embeds files with it. An existing directory is
+replaced only with --overwrite, and only once the new one is complete.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    flags.DEFINE_string("output", None, "The model directory to write.")
+    flags.DEFINE_string("workdir", None, "A training workdir: export its newest checkpoint (or --step).")
+    flags.DEFINE_integer("step", None, "With --workdir: the checkpoint step to export (default: the newest).")
+    flags.DEFINE_string("options", None, "A published-format options JSON (with --weights).")
+    flags.DEFINE_string("weights", None, "A published-format HDF5 weight file (with --options).")
+    flags.DEFINE_string("vocab", None, "With --options/--weights: a bilm-tf vocabulary file to include.")
+    flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"],
+                      "Matmul precision of the exported extractor (float32: the same numbers on every backend).")
+    flags.DEFINE_bool("overwrite", False, "Replace an existing --output directory.")
+
+
+def run() -> dict:
+    from elmo_jax import model_dir
+
+    if not FLAGS.output:
+        raise ValueError("--output is required: the model directory to write")
+    if bool(FLAGS.workdir) == bool(FLAGS.options or FLAGS.weights):
+        raise ValueError("pass either --workdir=DIR or --options=FILE --weights=FILE")
+    # Fail on an unwritable target before loading anything (a large model takes a while to load).
+    model_dir.check_target(os.path.abspath(FLAGS.output), FLAGS.overwrite)
+    params, vocab_file, source = _from_workdir() if FLAGS.workdir else _from_hdf5()
+    manifest = model_dir.write_model_dir(params, FLAGS.output, vocab_file=vocab_file, source=source,
+                                         compute_dtype=FLAGS.compute_dtype, overwrite=FLAGS.overwrite)
+    total = sum(entry["bytes"] for entry in manifest["files"].values())
+    print(f"wrote {FLAGS.output} ({total / 2**20:.1f} MiB: {', '.join(sorted(manifest['files']))}) from {source}")
+    return manifest
+
+
+def _from_workdir():
+    from elmo_jax.evaluate import load_trained
+    from elmo_jax.params import BiLMParams
+
+    if FLAGS.vocab:
+        raise ValueError("--vocab goes with --options/--weights; a workdir's own vocabulary is exported")
+    if not os.path.isdir(FLAGS.workdir):
+        raise FileNotFoundError(f"--workdir={FLAGS.workdir}: not a directory")
+    params, cfg, config, vocab_file, step = load_trained(FLAGS.workdir, FLAGS.step)
+    return BiLMParams(weights=params["bilm"], config=cfg.model), vocab_file, f"{FLAGS.workdir} step {step}"
+
+
+def _from_hdf5():
+    from elmo_jax.vocab import Vocab
+    from elmo_jax.weights_hdf5 import load_hdf5
+
+    if not (FLAGS.options and FLAGS.weights):
+        raise ValueError("--options and --weights go together")
+    if FLAGS.step is not None:
+        raise ValueError("--step goes with --workdir")
+    if FLAGS.vocab:
+        Vocab.load(FLAGS.vocab)  # checked before it is copied in
+    return load_hdf5(FLAGS.options, FLAGS.weights), FLAGS.vocab, f"{FLAGS.options} + {FLAGS.weights}"
+
+
+def main(argv) -> None:
+    if len(argv) > 1:
+        print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
+        sys.exit(1)
+    try:
+        run()
+    except (ValueError, OSError) as e:  # a person's mistake or a broken file: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    define_flags()
+    logging.set_verbosity(logging.WARNING)
+    app.run(main)

@@ -1,0 +1,264 @@
+"""Model directories: a trained biLM as one self-contained, checkable folder.
+
+    MODEL_DIR/
+      options.json    the architecture, in the published format (bilm-tf, AllenNLP)
+      weights.hdf5    the weights, in the published format
+      params.npz      the same weights as the frozen parameter pytree: float32 arrays keyed by weight-file
+                      path, readable with NumPy alone (`BiLMParams.weights` is `from_flat` of it)
+      extractor.jax   `jax.export` StableHLO of the feature extractor, symbolic (batch, time), for CPU,
+                      CUDA and TPU; runs with jax alone (see USAGE.md and `elmo_jax.extractor`)
+      vocab.txt       the training vocabulary, when there is one (bilm-tf format)
+      USAGE.md        how to run the extractor without elmo_jax
+      manifest.json   format version, versions used, and the size and SHA-256 of every file above
+
+The directory is built under a temporary name next to the target and renamed into place, so a crash
+never leaves a half-written model under the target name. `load` checks the manifest before trusting
+any file: a missing, truncated or altered file is reported by name instead of giving garbage vectors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from elmo_jax.config import BiLMConfig, read_options
+from elmo_jax.params import BiLMParams, from_flat, iter_flat, weight_shapes
+
+FORMAT = "elmo-jax model directory"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+OPTIONS, WEIGHTS, PARAMS, EXTRACTOR, VOCAB, USAGE = (
+    "options.json", "weights.hdf5", "params.npz", "extractor.jax", "vocab.txt", "USAGE.md")
+REQUIRED = (OPTIONS, WEIGHTS, PARAMS, EXTRACTOR, USAGE)
+
+
+def write_model_dir(params: BiLMParams, directory: str | os.PathLike, *, vocab_file: str | None = None,
+                    source: str = "", compute_dtype: str = "float32", overwrite: bool = False) -> dict[str, Any]:
+    """Writes a complete model directory at `directory`; returns its manifest.
+
+    Args:
+      params: the biLM (any device; gathered to the host).
+      directory: the target; it must not exist unless `overwrite`, and its parent must.
+      vocab_file: a bilm-tf vocabulary to copy in, or None.
+      source: where the weights came from (a workdir and step, or HDF5 files), recorded in the manifest.
+      compute_dtype: matmul precision baked into the extractor ("float32" or "bfloat16").
+      overwrite: replace an existing directory (only after the new one is complete).
+
+    Raises:
+      FileExistsError, FileNotFoundError, NotADirectoryError: the target cannot be written; nothing is
+        touched.
+    """
+    from elmo_jax import extractor, weights_hdf5  # weights_hdf5 imports h5py; extractor traces the model
+
+    target = os.path.abspath(os.fspath(directory))
+    check_target(target, overwrite)
+    host = BiLMParams(weights=jax.tree.map(np.asarray, jax.device_get(params.weights)), config=params.config)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=os.path.dirname(target))
+    try:
+        weights_hdf5.save_hdf5(host, os.path.join(staging, OPTIONS), os.path.join(staging, WEIGHTS))
+        with open(os.path.join(staging, PARAMS), "wb") as f:
+            np.savez(f, **{path: np.asarray(a, np.float32) for path, a in iter_flat(host.weights)})
+        with open(os.path.join(staging, EXTRACTOR), "wb") as f:
+            f.write(extractor.export_extractor(host, compute_dtype))
+        if vocab_file:
+            shutil.copyfile(vocab_file, os.path.join(staging, VOCAB))
+        with open(os.path.join(staging, USAGE), "w", encoding="utf-8") as f:
+            f.write(usage_text(params.config))
+        manifest = _manifest(staging, params.config, source, compute_dtype)
+        with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2, sort_keys=True)
+            f.write("\n")
+        for name in os.listdir(staging):
+            _fsync(os.path.join(staging, name))
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it owner-only; give it what mkdir would
+        _replace_dir(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def load(directory: str | os.PathLike, *, verify: bool = True) -> BiLMParams:
+    """The frozen biLM of a model directory, ready for `embed`.
+
+    Args:
+      directory: written by `python -m elmo_jax.export` (or `write_model_dir`).
+      verify: check every file's SHA-256 against the manifest (sizes are always checked).
+
+    Raises:
+      FileNotFoundError: not a directory, or a file is missing (named).
+      ValueError: the manifest is unreadable or of another format; a file is truncated or altered; the
+        parameters do not match the options (the message names the file and key).
+    """
+    path = os.fspath(directory)
+    read_manifest(path, verify=verify)
+    config = read_options(os.path.join(path, OPTIONS))
+    params_file = os.path.join(path, PARAMS)
+    try:
+        with np.load(params_file, allow_pickle=False) as archive:
+            flat = {key: archive[key] for key in archive.files}
+    except (OSError, ValueError, EOFError) as e:
+        raise ValueError(f"{params_file}: cannot read the parameter archive ({e})") from None
+    expected = weight_shapes(config)
+    if set(flat) != set(expected):
+        raise ValueError(f"{params_file}: arrays do not match {os.path.join(path, OPTIONS)}: missing "
+                         f"{sorted(set(expected) - set(flat))}, unexpected {sorted(set(flat) - set(expected))}")
+    for key, shape in expected.items():
+        if flat[key].shape != shape or flat[key].dtype != np.float32:
+            raise ValueError(f"{params_file}: {key!r} is {flat[key].dtype} {flat[key].shape}, expected float32 {shape}")
+    return BiLMParams(weights=from_flat({k: jax.numpy.asarray(v) for k, v in flat.items()}), config=config)
+
+
+def read_manifest(directory: str, *, verify: bool = True) -> dict[str, Any]:
+    """The checked manifest of a model directory (see `load` for what is checked and raised)."""
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"{directory}: model directory not found" if not os.path.exists(directory)
+                                else f"{directory}: expected a model directory, found a file")
+    manifest_file = os.path.join(directory, MANIFEST)
+    if not os.path.exists(manifest_file):
+        hint = (" (it has options.json and weights.hdf5: pass them as --options/--weights, or make a model "
+                "directory with python -m elmo_jax.export)" if os.path.exists(os.path.join(directory, OPTIONS)) else "")
+        raise FileNotFoundError(f"{directory}: missing {MANIFEST}; not a model directory written by elmo_jax.export"
+                                + hint)
+    try:
+        with open(manifest_file, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{manifest_file}: not valid JSON ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ValueError(f"{manifest_file}: not an elmo-jax model manifest (expected \"format\": \"{FORMAT}\")")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{manifest_file}: format_version {manifest.get('format_version')!r}; this elmo_jax reads "
+                         f"version {FORMAT_VERSION}")
+    files = manifest.get("files", {})
+    for name in REQUIRED:
+        if name not in files:
+            raise ValueError(f"{manifest_file}: does not list {name}")
+    for name, entry in files.items():
+        _check_file(directory, name, entry, verify)
+    return manifest
+
+
+def usage_text(config: BiLMConfig) -> str:
+    """USAGE.md: running the exported extractor with jax and NumPy only."""
+    C = config.max_characters_per_token
+    return f"""# Running this model without elmo_jax
+
+`extractor.jax` is a `jax.export` (StableHLO) program for CPU, CUDA and TPU with symbolic batch and
+length. It needs jax and NumPy only:
+
+```python
+import jax, numpy as np
+
+extract = jax.export.deserialize(open("extractor.jax", "rb").read())
+weights = dict(np.load("params.npz"))
+
+def char_ids(sentences, C={C}):
+    # UTF-8 bytes + 1 between begin-of-word (259) and end-of-word (260), padded with 261; 0 = no token
+    out = np.zeros((len(sentences), max(map(len, sentences)), C), np.int32)
+    for b, sentence in enumerate(sentences):
+        for t, token in enumerate(sentence):
+            raw = list(token.encode("utf-8"))[:C - 2]
+            out[b, t] = [259] + [x + 1 for x in raw] + [260] + [261] * (C - 2 - len(raw))
+    return out
+
+layers, mask = extract.call(weights, char_ids([["The", "bank", "."], ["Hello", "!"]]))
+# layers: float32 (batch, {config.n_output_layers}, time, {config.output_dim}); mask: bool (batch, time)
+```
+
+The tokens `<S>` and `</S>` are added inside the program, as `elmo_jax.embed` does (a literal `<S>` or
+`</S>` in the text is a special token for `elmo_jax.batch_to_ids`; this short version does not do that). With elmo_jax:
+`params = elmo_jax.load(MODEL_DIR)` then `elmo_jax.embed(params, elmo_jax.batch_to_ids(sentences))`.
+"""
+
+
+def _manifest(staging: str, config: BiLMConfig, source: str, compute_dtype: str) -> dict[str, Any]:
+    files = {name: {"bytes": os.path.getsize(os.path.join(staging, name)), "sha256": _sha256(os.path.join(staging, name))}
+             for name in sorted(os.listdir(staging))}
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": {name: _version(name) for name in ("elmo-jax", "jax", "jaxlib")},
+        "source": source,
+        "output": {"layers": config.n_output_layers, "dim": config.output_dim,
+                   "max_characters_per_token": config.max_characters_per_token},
+        "extractor": {"file": EXTRACTOR, "compute_dtype": compute_dtype, "platforms": ["cpu", "cuda", "tpu"],
+                      "inputs": "weights: dict(np.load('params.npz')); chars: int32 (batch, time, C) shifted ids",
+                      "outputs": "layers float32 (batch, L+1, time, 2P); mask bool (batch, time)"},
+        "files": files,
+    }
+
+
+def _check_file(directory: str, name: str, entry: dict, verify: bool) -> None:
+    path = os.path.join(directory, name)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{directory}: missing {name} (listed in {MANIFEST}); copy the whole directory "
+                                "or export it again")
+    size = os.path.getsize(path)
+    if size != entry.get("bytes"):
+        raise ValueError(f"{path}: {size:,} bytes, expected {entry.get('bytes'):,} from {MANIFEST} (truncated or "
+                         "replaced); copy the whole directory again")
+    if verify and _sha256(path) != entry.get("sha256"):
+        raise ValueError(f"{path}: contents differ from {MANIFEST} (SHA-256 mismatch: corrupted or edited)")
+
+
+def check_target(target: str, overwrite: bool) -> None:
+    """Raises if `target` cannot take a new model directory (see `write_model_dir`)."""
+    parent = os.path.dirname(target)
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"cannot write {target}: directory {parent} does not exist")
+    if os.path.exists(target):
+        if not os.path.isdir(target):
+            raise NotADirectoryError(f"cannot write the model directory {target}: a file is in the way")
+        if not overwrite:
+            raise FileExistsError(f"{target} already exists; pass --overwrite to replace it (the old one is "
+                                  "removed only after the new one is complete)")
+    if not os.access(parent, os.W_OK):
+        raise PermissionError(f"cannot write {target}: directory {parent} is not writable")
+
+
+def _replace_dir(staging: str, target: str) -> None:
+    """Renames `staging` to `target`; an existing `target` is moved aside first and removed last."""
+    if not os.path.exists(target):
+        os.rename(staging, target)
+        return
+    aside = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", suffix=".old", dir=os.path.dirname(target))
+    os.rmdir(aside)
+    os.rename(target, aside)
+    os.rename(staging, target)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync(path: str) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,205 @@
+"""Model directories: `python -m elmo_jax.export`, `elmo_jax.load`, and the jax-only StableHLO extractor.
+
+The references are `load_hdf5` + `embed` of the AllenNLP fixture model (itself checked against AllenNLP's
+outputs in test_parity_allennlp.py) and, for the workdir export, the trained run's own parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import elmo_jax
+from elmo_jax import model_dir, trainer
+from elmo_jax.char_cnn import content_bucket
+from elmo_jax.extractor import content_buckets
+from elmo_jax.params import iter_flat
+from test_train import corpus, run_a  # noqa: F401  (module fixtures: the tiny corpus and a trained run)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ATOL = 1e-6
+
+# A process that can import jax and NumPy but not elmo_jax (nor flax or h5py, which it would pull in).
+JAX_ONLY_SCRIPT = r"""
+import sys
+
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("elmo_jax", "flax", "h5py", "orbax"):
+            raise ImportError(f"{name} must not be imported here")
+
+sys.meta_path.insert(0, Refuse())
+import jax
+import numpy as np
+
+model, inputs, outputs = sys.argv[1:]
+extract = jax.export.deserialize(open(f"{model}/extractor.jax", "rb").read())
+weights = dict(np.load(f"{model}/params.npz"))
+results = {}
+with np.load(inputs) as batches:
+    for name in batches.files:
+        layers, mask = extract.call(weights, batches[name])
+        results[name + "/layers"], results[name + "/mask"] = np.asarray(layers), np.asarray(mask)
+np.savez(outputs, **results)
+print("modules:", sorted(m for m in sys.modules if m.split(".")[0] in ("elmo_jax", "flax", "h5py")))
+"""
+
+
+def cli(module, *args):
+    env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def assert_one_line_error(result, expected):
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:") and expected in last, last
+
+
+@pytest.fixture(scope="module")
+def exported(fixture_dir, tmp_path_factory):
+    """The fixture model exported through the CLI."""
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    result = cli("elmo_jax.export", f"--options={fixture_dir / 'options.json'}",
+                 f"--weights={fixture_dir / 'weights.hdf5'}", f"--output={out}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def batches_of_several_shapes(rng) -> dict[str, np.ndarray]:
+    """Batches of 1 to 9 sentences of 1 to 23 tokens, with long tokens in some (other char-CNN buckets)."""
+    words = ["the", "bank", "of", "river", ".", "a", "Zürich", "naïve", "x" * 20, "y" * 45, "<S>", "日本語"]
+    out = {}
+    for name, (B, T) in {"b1t1": (1, 1), "b3t7": (3, 7), "b9t23": (9, 23), "b2t5": (2, 5), "b4t12": (4, 12)}.items():
+        pool = words[:7] if name in ("b3t7", "b2t5") else words
+        sentences = [[str(rng.choice(pool)) for _ in range(int(rng.integers(1, T + 1)))] for _ in range(B)]
+        sentences[0] = sentences[0] + ["."] * (T - len(sentences[0]))  # the batch is exactly T long
+        out[name] = elmo_jax.batch_to_ids(sentences)
+    return out
+
+
+def test_model_directory_holds_every_file_and_a_manifest(exported):
+    files = set(os.listdir(exported))
+    assert {"options.json", "weights.hdf5", "params.npz", "extractor.jax", "USAGE.md", "manifest.json"} <= files
+    manifest = json.loads((exported / "manifest.json").read_text())
+    assert set(manifest["files"]) == files - {"manifest.json"}
+    for name, entry in manifest["files"].items():
+        assert entry["bytes"] == os.path.getsize(exported / name)
+    # The published pair inside loads like any HDF5 model.
+    assert elmo_jax.load_hdf5(exported / "options.json", exported / "weights.hdf5").config == \
+        elmo_jax.load(exported).config
+    assert not [n for n in os.listdir(exported.parent) if n.endswith((".tmp", ".old"))]  # nothing left over
+
+
+def test_load_gives_the_weights_of_the_hdf5_pair(exported, tiny_params):
+    params = elmo_jax.load(exported)
+    assert params.config == tiny_params.config
+    for (path, a), (path_b, b) in zip(sorted(iter_flat(params.weights)),
+                                      sorted(iter_flat(tiny_params.weights))):
+        assert path == path_b
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=path)
+
+
+def test_extractor_in_a_jax_only_process_equals_embed(exported, tiny_params, tmp_path):
+    batches = batches_of_several_shapes(np.random.default_rng(0))
+    np.savez(tmp_path / "inputs.npz", **batches)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ""}
+    result = subprocess.run([sys.executable, "-c", JAX_ONLY_SCRIPT, str(exported), str(tmp_path / "inputs.npz"),
+                             str(tmp_path / "outputs.npz")], env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "modules: []" in result.stdout
+    buckets_seen = set()
+    with np.load(tmp_path / "outputs.npz") as outputs:
+        for name, chars in batches.items():
+            layers, mask = elmo_jax.embed(tiny_params, chars)
+            assert outputs[name + "/layers"].shape == layers.shape
+            np.testing.assert_allclose(outputs[name + "/layers"], np.asarray(layers), rtol=0, atol=ATOL, err_msg=name)
+            np.testing.assert_array_equal(outputs[name + "/mask"], np.asarray(mask))
+            buckets_seen.add(content_bucket(chars, 50))
+    assert len(buckets_seen) >= 3  # the in-program bucket choice is exercised, not just one branch
+    assert set(buckets_seen) <= set(content_buckets(50))
+
+
+def test_export_of_a_training_workdir_embeds_like_the_trained_parameters(run_a, tmp_path):  # noqa: F811
+    workdir, config, _ = run_a
+    out = tmp_path / "trained"
+    result = cli("elmo_jax.export", f"--workdir={workdir}", f"--output={out}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (out / "vocab.txt").read_text() == open(os.path.join(workdir, "vocab.txt")).read()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["source"] == f"{workdir} step {config.num_train_steps}"
+    state, _, _ = trainer.restore_checkpoint(workdir)
+    trained = elmo_jax.BiLMParams(weights=state.params["bilm"], config=elmo_jax.load(out).config)
+    chars = elmo_jax.batch_to_ids([["the", "cat", "meows"], ["a", "dog", "barks", "loudly", "and", "the", "cow"]])
+    np.testing.assert_allclose(np.asarray(elmo_jax.embed(elmo_jax.load(out), chars)[0]),
+                               np.asarray(elmo_jax.embed(trained, chars)[0]), rtol=0, atol=ATOL)
+    # An older checkpoint by --step.
+    older = cli("elmo_jax.export", f"--workdir={workdir}", "--step=160", f"--output={tmp_path / 'older'}")
+    assert older.returncode == 0, older.stderr[-3000:]
+    assert json.loads((tmp_path / "older" / "manifest.json").read_text())["source"].endswith("step 160")
+
+
+@pytest.mark.parametrize("damage, expected", [
+    ("delete params.npz", "missing params.npz"),
+    ("delete extractor.jax", "missing extractor.jax"),
+    ("truncate params.npz", "truncated or replaced"),
+    ("truncate weights.hdf5", "truncated or replaced"),
+    ("flip a byte of params.npz", "SHA-256 mismatch"),
+    ("delete manifest.json", "missing manifest.json"),
+    ("garble manifest.json", "not valid JSON"),
+])
+def test_a_damaged_model_directory_is_refused_by_name(exported, tmp_path, damage, expected):
+    model = tmp_path / "model"
+    shutil.copytree(exported, model)
+    action, name = damage.split(" ", 1)[0], damage.rsplit(" ", 1)[-1]
+    target = model / name
+    if action == "delete":
+        target.unlink()
+    elif action == "truncate":
+        data = target.read_bytes()
+        target.write_bytes(data[: len(data) // 2])
+    elif action == "flip":
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        target.write_bytes(bytes(data))
+    else:
+        target.write_text("{not json")
+    with pytest.raises((ValueError, FileNotFoundError), match=expected.replace(".", r"\.")) as info:
+        elmo_jax.load(model)
+    assert str(model) in str(info.value)
+
+
+def test_export_cli_refuses_bad_requests_and_keeps_what_exists(exported, fixture_dir, tmp_path):
+    options, weights = f"--options={fixture_dir / 'options.json'}", f"--weights={fixture_dir / 'weights.hdf5'}"
+    existing = tmp_path / "existing"
+    shutil.copytree(exported, existing)
+    before = {name: (existing / name).read_bytes() for name in os.listdir(existing)}
+    assert_one_line_error(cli("elmo_jax.export", options, weights, f"--output={existing}"), "--overwrite")
+    assert {name: (existing / name).read_bytes() for name in os.listdir(existing)} == before
+    assert_one_line_error(cli("elmo_jax.export", options, weights, f"--output={tmp_path / 'no' / 'such' / 'dir'}"),
+                          "does not exist")
+    assert_one_line_error(cli("elmo_jax.export", options, f"--output={tmp_path / 'x'}"), "--weights")
+    assert_one_line_error(cli("elmo_jax.export", f"--workdir={tmp_path}", f"--output={tmp_path / 'x'}"),
+                          "no checkpoint")
+    assert_one_line_error(cli("elmo_jax.export", f"--workdir={tmp_path}", options, weights, f"--output={tmp_path / 'x'}"),
+                          "either --workdir")
+    assert not (tmp_path / "x").exists()
+    # --overwrite replaces it with a complete new directory.
+    result = cli("elmo_jax.export", options, weights, f"--output={existing}", "--overwrite")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert elmo_jax.load(existing).config == elmo_jax.load(exported).config
+    assert sorted(os.listdir(tmp_path)) == ["existing"]
+
+
+def test_manifest_check_names_a_directory_that_is_only_an_hdf5_pair(fixture_dir):
+    with pytest.raises(FileNotFoundError, match="--options/--weights"):
+        model_dir.load(fixture_dir)
