@@ -1,0 +1,104 @@
+"""The input of `embed_file`: one whitespace-tokenized sentence per line, checked before any compute.
+
+`scan` reads the whole file once, cheaply, so that every problem (invalid UTF-8, a sentence over the
+length limit, an empty file, blank lines under `--blank_lines=error`) is reported with its line number
+before the model is loaded or any output exists, and so that the progress bar knows the total. `lines`
+then streams the sentences; neither holds more than one line in memory.
+
+Line numbers in messages are 1-based, as editors show them; the output's dataset names are the 0-based
+line index, as in AllenNLP's `elmo` command (line 1 is dataset "0").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+
+BLANK_LINE_POLICIES = ("empty", "skip", "error")
+LONG_SENTENCE_POLICIES = ("error", "split")
+MAX_LINE_BYTES = 64 << 20  # a "line" longer than this is almost surely not text; never read it whole
+
+
+@dataclasses.dataclass
+class InputSummary:
+    """What `scan` found: line counts, and the first few blank or split lines (1-based)."""
+
+    path: str
+    lines: int = 0
+    tokens: int = 0
+    blank: int = 0
+    long: int = 0
+    first_blank: list[int] = dataclasses.field(default_factory=list)
+    first_long: list[int] = dataclasses.field(default_factory=list)
+
+
+def scan(path: str, *, blank_lines: str = "empty", max_tokens: int = 1024,
+         long_sentences: str = "error") -> InputSummary:
+    """Checks every line of `path`; returns the counts.
+
+    Raises:
+      FileNotFoundError / IsADirectoryError: `path` is not a readable file.
+      ValueError: the file is empty; a line is not UTF-8, is over `MAX_LINE_BYTES`, has more than
+        `max_tokens` tokens (with long_sentences="error"), or is blank (with blank_lines="error");
+        the message names the file and line and the flag that changes the behaviour.
+    """
+    if blank_lines not in BLANK_LINE_POLICIES:
+        raise ValueError(f"--blank_lines must be one of {BLANK_LINE_POLICIES}, found {blank_lines!r}")
+    if long_sentences not in LONG_SENTENCE_POLICIES:
+        raise ValueError(f"--long_sentences must be one of {LONG_SENTENCE_POLICIES}, found {long_sentences!r}")
+    if max_tokens < 1:
+        raise ValueError(f"--max_sentence_tokens must be positive, found {max_tokens}")
+    summary = InputSummary(path)
+    for number, tokens in _numbered_lines(path):
+        summary.lines += 1
+        summary.tokens += len(tokens)
+        if not tokens:
+            if blank_lines == "error":
+                raise ValueError(f"{path}:{number}: blank line; remove it, or pass --blank_lines=empty (an empty "
+                                 "entry) or --blank_lines=skip (no entry)")
+            summary.blank += 1
+            _keep_first(summary.first_blank, number)
+        elif len(tokens) > max_tokens:
+            if long_sentences == "error":
+                raise ValueError(f"{path}:{number}: {len(tokens):,} tokens, over --max_sentence_tokens={max_tokens}; "
+                                 "raise the limit or pass --long_sentences=split (embeds pieces of at most that "
+                                 "many tokens, each without the others' context)")
+            summary.long += 1
+            _keep_first(summary.first_long, number)
+    if summary.lines == 0:
+        raise ValueError(f"{path}: the input file is empty; expected one tokenized sentence per line")
+    return summary
+
+
+def lines(path: str) -> Iterator[tuple[int, list[str]]]:
+    """(0-based line index, tokens) for every line, blank ones included; `scan` has checked them."""
+    for number, tokens in _numbered_lines(path):
+        yield number - 1, tokens
+
+
+def _numbered_lines(path: str) -> Iterator[tuple[int, list[str]]]:
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"--input={path}: is a directory, expected a text file")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"--input={path}: file not found")
+    with open(path, "rb") as f:
+        number = 0
+        while raw := f.readline(MAX_LINE_BYTES + 1):
+            number += 1
+            if len(raw) > MAX_LINE_BYTES:
+                raise ValueError(f"{path}:{number}: line longer than {MAX_LINE_BYTES >> 20} MiB; expected one "
+                                 "sentence per line")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start} of the line)") \
+                    from None
+            if number == 1:
+                text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the first token
+            yield number, text.split()
+
+
+def _keep_first(places: list[int], number: int, limit: int = 5) -> None:
+    if len(places) < limit:
+        places.append(number)
