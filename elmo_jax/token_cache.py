@@ -266,7 +266,8 @@ class CachedBatch:
       oov_index: int32 (B, T2), row of `oov_chars` for a token not in the cache and for `<S>`/`</S>`,
         -1 elsewhere.
       oov_chars: int32 (U, C) shifted ids of `<S>`, `</S>` and the distinct uncached tokens, padded with
-        all-zero rows to a power of two of at least `MIN_OOV_ROWS` (so a stream of batches compiles a handful of shapes).
+        all-zero rows to a power of two of at least `MIN_OOV_ROWS` (so a stream of batches compiles a
+        handful of shapes).
       n_oov: how many rows of `oov_chars` are real tokens.
       mask: bool (B, T2), each row's tokens and both boundaries.
       content_positions: `char_cnn.content_bucket` of the whole batch, so the uncached tokens are
