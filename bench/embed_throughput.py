@@ -33,6 +33,7 @@ import numpy as np
 
 import elmo_jax
 from bench.common import matmul_throughput, platform_line
+from bench.workloads import word_batch
 from elmo_jax.embed import _content_bucket, _embed_jit  # embed's jitted core, for XLA's memory plan
 from elmo_jax.flops import embed_flops
 
@@ -47,14 +48,6 @@ flags.DEFINE_string("child", None, "Internal: run one memory probe 'size:BxT' an
 
 # AllenNLP 2.10 (PyTorch, CPU) tokens/s on this 2-core machine class, from the issue tracker (#2).
 ALLENNLP_TOKENS_PER_S = {("original", 32, 20): 280.0, ("small", 32, 20): 1350.0}
-
-
-def word_batch(batch_size: int, n_tokens: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    sentences = [["".join(rng.choice(letters, size=rng.integers(1, 11))) for _ in range(n_tokens)]
-                 for _ in range(batch_size)]
-    return elmo_jax.batch_to_ids(sentences)
 
 
 def random_batch(batch_size: int, n_tokens: int, seed: int = 0) -> np.ndarray:

@@ -34,6 +34,7 @@ import jax
 
 from bench import train_throughput
 from bench.common import platform_line
+from bench.workloads import synthetic_window
 from elmo_jax.train_step import init_train_state, make_optimizer, train_step
 from elmo_jax.trainer import device_batch
 
@@ -88,7 +89,7 @@ def main(argv):
     optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
     state = init_train_state(jax.random.key(0), cfg, optimizer, B)
     C = cfg.model.max_characters_per_token
-    batch, positions = device_batch(train_throughput.synthetic_window(B, T, C, cfg.vocab_size), C)
+    batch, positions = device_batch(synthetic_window(B, T, C, cfg.vocab_size), C)
     batch = jax.device_put(batch)
     kwargs = dict(cfg=cfg, optimizer=optimizer, content_positions=positions)
     compiled = train_step.lower(state, batch, **kwargs).compile()

@@ -34,7 +34,6 @@ bilm-tf's 1B Word vocabulary (793,471) on GPU/TPU but 50,000 on CPU, where the f
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import importlib
 import pathlib
@@ -46,14 +45,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo
 from absl import app, flags, logging
 
 import jax
-import numpy as np
 
 from bench.common import matmul_throughput, platform_line
-from elmo_jax.data import BiLMBatchStream
+from bench.workloads import synthetic_window
 from elmo_jax.flops import train_flops
 from elmo_jax.train_step import init_train_state, make_optimizer, train_step
 from elmo_jax.trainer import device_batch, step_config
-from elmo_jax.vocab import build_vocab
 
 CONFIGS = {"demo": "configs.demo", "small": "configs.bilm_small", "medium": "configs.bilm_medium",
            "large": "configs.bilm_large"}
@@ -72,29 +69,6 @@ flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "train_st
 flags.DEFINE_integer("warmup", 1, "Steps after the compiling one, before timing.")
 flags.DEFINE_integer("repeats", 3, "Timed steps per model; the best is reported.")
 flags.DEFINE_integer("matmul_size", 4096, "n of the n x n x n matmul whose throughput is the reference.")
-
-
-def synthetic_window(batch_size: int, unroll_steps: int, max_chars: int, vocab_size: int,
-                     seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
-    """One window of both directions from `BiLMBatchStream` over random sentences, as training feeds it.
-
-    Words of 1-10 random lowercase letters (English-like lengths), drawn Zipf-like from min(V - 3, 5000)
-    types, in sentences of about 27 tokens; the vocabulary holds them all, so ids stay below V.
-    """
-    rng = np.random.default_rng(seed)
-    n_types = max(1, min(vocab_size - 3, 5000))
-    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", np.uint8)
-    types = list({rng.choice(letters, rng.integers(1, 11)).tobytes().decode(): None for _ in range(n_types)})
-    p = 1.0 / (np.arange(len(types)) + 2.7)
-    lengths = 1 + rng.negative_binomial(3, 3.0 / (3.0 + 26.0), 4 * batch_size)
-    ids = rng.choice(len(types), size=int(lengths.sum()), p=p / p.sum())
-    words = [types[i] for i in ids]
-    ends = np.cumsum(lengths)
-    sentences = [" ".join(words[end - n : end]) for n, end in zip(lengths, ends)]
-    vocab = build_vocab(collections.Counter(words))
-    stream = BiLMBatchStream(sentences, vocab, batch_size=batch_size, unroll_steps=unroll_steps, seed=seed,
-                             max_characters_per_token=max_chars)
-    return next(stream)
 
 
 def parse_shape(shape: str) -> tuple[int, int]:
