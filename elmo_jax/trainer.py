@@ -227,8 +227,12 @@ def export_model(params: dict, cfg: StepConfig, vocab: Vocab, directory: str) ->
     """
     os.makedirs(directory, exist_ok=True)
     bilm = BiLMParams(weights=jax.device_get(params["bilm"]), config=cfg.model)
-    weights_hdf5.save_hdf5(bilm, os.path.join(directory, "options.json"), os.path.join(directory, "weights.hdf5"))
-    vocab.save(os.path.join(directory, "vocab.txt"))
+    try:
+        weights_hdf5.save_hdf5(bilm, os.path.join(directory, "options.json"), os.path.join(directory, "weights.hdf5"))
+        vocab.save(os.path.join(directory, "vocab.txt"))
+    except OSError as e:  # e.g. a full disk: every file is written aside and renamed only when complete
+        raise OSError(f"could not write the export to {directory} ({e}); each file there is still the previous "
+                      "one (or absent), never a partial one") from e
 
 
 def _check_schedule(config) -> None:

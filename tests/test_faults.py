@@ -313,3 +313,29 @@ def test_disk_full_checkpoint_write_fails_cleanly_and_the_run_resumes(setup, uni
     code, log = finish(start(setup, workdir, log_path), log_path)
     assert code == 0, log[-5000:]
     assert_same_run(workdir, uninterrupted, other_evals={10})
+
+
+def test_disk_full_export_keeps_the_previous_export(tiny_params, tmp_path):
+    """Writing an export over an existing one with every file limited to 50 kB (the weights are 116
+    kB) fails with an error naming the directory; the previous files are untouched and no temporary
+    file is left."""
+    from elmo_jax.train_step import StepConfig
+    from elmo_jax.vocab import Vocab
+
+    vocab = Vocab(["<S>", "</S>", "<UNK>", "the"])
+    cfg = StepConfig(model=tiny_params.config, vocab_size=len(vocab), unroll_steps=5)
+    directory = tmp_path / "export"
+    trainer.export_model({"bilm": tiny_params.weights}, cfg, vocab, str(directory))
+    before = tree_digest(directory)
+    doubled = jax.tree.map(lambda w: w * 2, tiny_params.weights)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, hard))
+    try:
+        with pytest.raises(OSError, match=f"^could not write the export to {directory} \\(.*File too large"):
+            trainer.export_model({"bilm": doubled}, cfg, vocab, str(directory))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert sorted(os.listdir(directory)) == ["options.json", "vocab.txt", "weights.hdf5"]
+    assert tree_digest(directory) == before
