@@ -1,0 +1,83 @@
+"""Hand-written gradients (issue #8's speed-ups) against plain autodiff of the textbook forms.
+
+`char_cnn.max_over_starts` keeps only the argmax for its backward pass, and `precision.matmul` flattens
+a >2-D input before the product; both must give the gradients `jax.grad` gives for `jnp.max` and
+`jnp.einsum`, and the char CNN as a whole the gradient of a max-pool written with `jnp.max`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from elmo_jax import char_cnn
+from elmo_jax.config import BiLMConfig
+from elmo_jax.params import init_params
+from elmo_jax.precision import matmul
+
+
+def test_max_over_starts_gradient_equals_jnp_max_without_ties():
+    conv = jax.random.normal(jax.random.key(0), (5, 7, 3))
+    g = jax.random.normal(jax.random.key(1), (5, 3))
+    ours = jax.grad(lambda x: jnp.sum(char_cnn.max_over_starts(x, 7) * g))(conv)
+    reference = jax.grad(lambda x: jnp.sum(jnp.max(x, axis=1) * g))(conv)
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(reference))
+    np.testing.assert_array_equal(np.asarray(char_cnn.max_over_starts(conv, 7)), np.asarray(jnp.max(conv, axis=1)))
+
+
+def test_max_over_starts_gives_a_tie_its_whole_gradient_at_the_first_maximum():
+    conv = jnp.asarray([[[1.0], [3.0], [3.0], [2.0]]])  # (1, 4, 1): starts 1 and 2 tie
+    ours = jax.grad(lambda x: jnp.sum(char_cnn.max_over_starts(x, 4)))(conv)
+    np.testing.assert_array_equal(np.asarray(ours)[0, :, 0], [0.0, 1.0, 0.0, 0.0])
+    # jnp.max splits it; the sum over the tied starts is the same.
+    reference = jax.grad(lambda x: jnp.sum(jnp.max(x, axis=1)))(conv)
+    np.testing.assert_array_equal(np.asarray(reference)[0, :, 0], [0.0, 0.5, 0.5, 0.0])
+
+
+@pytest.mark.parametrize("shape", [(6, 4), (3, 5, 4), (2, 3, 5, 4)])
+def test_matmul_gradients_equal_einsum(shape):
+    x = jax.random.normal(jax.random.key(2), shape)
+    w = jax.random.normal(jax.random.key(3), (4, 6))
+    g = jax.random.normal(jax.random.key(4), (*shape[:-1], 6))
+    ours = jax.grad(lambda x, w: jnp.sum(matmul(x, w) * g), argnums=(0, 1))(x, w)
+    spec = "...i,io->...o"
+    reference = jax.grad(lambda x, w: jnp.sum(jnp.einsum(spec, x, w, precision="highest") * g), argnums=(0, 1))(x, w)
+    for a, b in zip(ours, reference):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+def _jnp_max_conv(char_vectors, kernel, last_start, n_starts, compute_dtype):
+    """The char CNN's convolution + max-pool as plain jnp (autodiff's max gradient)."""
+    E = char_vectors.shape[-1]
+    wmax = kernel.shape[0] // E
+    windows = jnp.concatenate([char_vectors[:, s : s + n_starts] for s in range(wmax)], axis=-1)
+    conv = jnp.einsum("nsk,kf->nsf", windows, kernel, precision="highest")
+    valid = jnp.arange(n_starts)[:, None] <= jnp.asarray(last_start)[None, :]
+    return jnp.max(jnp.where(valid, conv, -jnp.inf), axis=1)
+
+
+@pytest.mark.parametrize("content_positions", [None, 8])
+def test_token_embedding_gradient_equals_plain_autodiff(monkeypatch, content_positions):
+    """Random words (repeated letters and all-PAD windows: ties) through the whole token layer."""
+    config = BiLMConfig(lstm_dim=16, projection_dim=8, n_highway=1, max_characters_per_token=12,
+                        filters=((1, 4), (2, 4), (3, 8)))
+    weights = init_params(config, jax.random.key(0)).weights
+    rng = np.random.default_rng(0)
+    ids = np.full((24, 12), 261, np.int32)  # shifted PAD
+    ids[:, 0] = 259  # shifted BOW
+    for row, n in enumerate(rng.integers(1, 7, size=24)):
+        ids[row, 1 : 1 + n] = rng.integers(98, 101, size=n)  # 3 letters only: many repeats
+        ids[row, 1 + n] = 260  # shifted EOW
+    ids = jnp.asarray(ids)
+    g = jax.random.normal(jax.random.key(5), (24, config.projection_dim))
+
+    def loss(w):
+        return jnp.sum(char_cnn.token_embedding(w, config, ids, content_positions=content_positions) * g)
+
+    ours = jax.grad(loss)(weights)
+    monkeypatch.setattr(char_cnn, "_conv_max", _jnp_max_conv)
+    reference = jax.grad(loss)(weights)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ours), jax.tree.leaves(reference)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5, err_msg=str(path))
