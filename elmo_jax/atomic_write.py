@@ -15,8 +15,8 @@ from typing import BinaryIO, Callable
 def stage(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> str:
     """Calls `write` on a new temporary file next to `path` and returns its name (not yet renamed).
 
-    The file object is opened "w+b" (readable and seekable, as h5py needs). Raises FileNotFoundError
-    or IsADirectoryError, naming `path`, before anything is written.
+    The file object is opened "w+b" (readable and seekable, as h5py needs). Raises FileNotFoundError,
+    IsADirectoryError or PermissionError, naming `path`, before anything is written.
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
@@ -24,9 +24,9 @@ def stage(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> str:
         raise FileNotFoundError(f"cannot write {path}: directory {directory} does not exist")
     if os.path.isdir(path):
         raise IsADirectoryError(f"cannot write {path}: it is a directory")
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    fd, tmp = temporary_file(path)
     try:
-        os.chmod(tmp, _new_file_mode())  # mkstemp makes it owner-only; give it what open() would
+        os.chmod(tmp, new_file_mode())  # mkstemp makes it owner-only; give it what open() would
         with os.fdopen(fd, "w+b") as f:
             write(f)
             f.flush()
@@ -35,6 +35,26 @@ def stage(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> str:
         os.unlink(tmp)
         raise
     return tmp
+
+
+def temporary_file(path: str | os.PathLike) -> tuple[int, str]:
+    """(fd, name) of a new file `<name>.XXXX.tmp` next to `path`; an OSError names `path`, not the temporary."""
+    path = os.fspath(path)
+    try:
+        return tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
+                                dir=os.path.dirname(os.path.abspath(path)))
+    except OSError as e:
+        raise type(e)(e.errno, f"cannot write {path}: {e.strerror}") from None
+
+
+def temporary_directory(path: str | os.PathLike) -> str:
+    """A new directory `.<name>.XXXX.tmp` next to `path` (hidden: it is not the result yet)."""
+    path = os.fspath(path)
+    try:
+        return tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                dir=os.path.dirname(os.path.abspath(path)))
+    except OSError as e:
+        raise type(e)(e.errno, f"cannot write {path}: {e.strerror}") from None
 
 
 def write(path: str | os.PathLike, write_fn: Callable[[BinaryIO], object]) -> None:
@@ -48,7 +68,13 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     write(path, lambda f: f.write(data))
 
 
-def _new_file_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+def new_file_mode() -> int:
+    """The permission bits `open()` would give a new file under the current umask."""
+    return 0o666 & ~umask()
+
+
+def umask() -> int:
+    """The process umask (read without changing it for longer than the call)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -26,14 +26,13 @@ import functools
 import json
 import os
 import sys
-import tempfile
 import time
 
 import jax
 import numpy as np
 from absl import app, flags, logging
 
-from elmo_jax import sentence_input
+from elmo_jax import atomic_write, sentence_input
 
 LAYER_MODES = ("all", "top", "average", "mix")
 FLAGS = flags.FLAGS
@@ -218,8 +217,7 @@ class _OutputFile:
     def __enter__(self):
         import h5py
 
-        directory = os.path.dirname(os.path.abspath(self.path))
-        fd, self.tmp = tempfile.mkstemp(prefix=os.path.basename(self.path) + ".", suffix=".tmp", dir=directory)
+        fd, self.tmp = atomic_write.temporary_file(self.path)
         os.close(fd)
         self.h5 = h5py.File(self.tmp, "w")
         return self
@@ -267,7 +265,7 @@ class _OutputFile:
         self.h5.close()
         with open(self.tmp, "rb") as f:
             os.fsync(f.fileno())
-        os.chmod(self.tmp, 0o666 & ~_umask())
+        os.chmod(self.tmp, atomic_write.new_file_mode())
         os.replace(self.tmp, self.path)
         self.tmp = None
 
@@ -318,12 +316,6 @@ def _log_summary(summary: sentence_input.InputSummary, counts: dict, options: Op
         logging.warning("%d sentences over %d tokens embedded in pieces (each piece without the others' "
                         "context), first at line %s", summary.long, options.max_sentence_tokens,
                         ", ".join(map(str, summary.first_long)))
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def load_model(model: str | None, options_file: str | None, weight_file: str | None):

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from elmo_jax import atomic_write
 from elmo_jax.config import BiLMConfig, read_options
 from elmo_jax.params import BiLMParams, from_flat, iter_flat, weight_shapes
 
@@ -62,7 +63,7 @@ def write_model_dir(params: BiLMParams, directory: str | os.PathLike, *, vocab_f
     target = os.path.abspath(os.fspath(directory))
     check_target(target, overwrite)
     host = BiLMParams(weights=jax.tree.map(np.asarray, jax.device_get(params.weights)), config=params.config)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=os.path.dirname(target))
+    staging = atomic_write.temporary_directory(target)
     try:
         weights_hdf5.save_hdf5(host, os.path.join(staging, OPTIONS), os.path.join(staging, WEIGHTS))
         with open(os.path.join(staging, PARAMS), "wb") as f:
@@ -79,7 +80,7 @@ def write_model_dir(params: BiLMParams, directory: str | os.PathLike, *, vocab_f
             f.write("\n")
         for name in os.listdir(staging):
             _fsync(os.path.join(staging, name))
-        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it owner-only; give it what mkdir would
+        os.chmod(staging, 0o777 & ~atomic_write.umask())  # mkdtemp makes it owner-only; give it what mkdir would
         _replace_dir(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -256,9 +257,3 @@ def _sha256(path: str) -> str:
 def _fsync(path: str) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

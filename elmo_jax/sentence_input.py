@@ -1,6 +1,6 @@
 """The input of `embed_file`: one whitespace-tokenized sentence per line, checked before any compute.
 
-`scan` reads the whole file once, cheaply, so that every problem (invalid UTF-8, a sentence over the
+`scan` reads the whole file once, cheaply, so that every problem (invalid UTF-8, a NUL byte, a sentence over the
 length limit, an empty file, blank lines under `--blank_lines=error`) is reported with its line number
 before the model is loaded or any output exists, and so that the progress bar knows the total. `lines`
 then streams the sentences; neither holds more than one line in memory.
@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 BLANK_LINE_POLICIES = ("empty", "skip", "error")
 LONG_SENTENCE_POLICIES = ("error", "split")
+NUL = b"\x00"
 MAX_LINE_BYTES = 64 << 20  # a "line" longer than this is almost surely not text; never read it whole
 
 
@@ -89,6 +90,9 @@ def _numbered_lines(path: str) -> Iterator[tuple[int, list[str]]]:
             if len(raw) > MAX_LINE_BYTES:
                 raise ValueError(f"{path}:{number}: line longer than {MAX_LINE_BYTES >> 20} MiB; expected one "
                                  "sentence per line")
+            if NUL in raw:  # valid UTF-8, but in a text file almost always a sign of binary data
+                raise ValueError(f"{path}:{number}: NUL byte at byte {raw.index(NUL)} of the line; expected "
+                                 "UTF-8 text (is this a binary file?)")
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:

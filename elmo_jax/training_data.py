@@ -18,7 +18,7 @@ import os
 
 from absl import logging
 
-from elmo_jax import corpus, default_corpus, vocab as vocab_lib
+from elmo_jax import corpus, default_corpus, text_files, vocab as vocab_lib
 from elmo_jax.corpus import SentenceSource
 from elmo_jax.vocab import Vocab
 
@@ -31,6 +31,19 @@ class TrainingData:
     description: str
 
 
+def check_data(data) -> None:
+    """The cheap checks of a `data` section, for before anything is written: the corpus and vocabulary
+    files exist, are files and are not all empty. Raises ValueError / OSError naming the file and key."""
+    if data.tfds_name and data.train_files:
+        raise ValueError("config: set data.tfds_name or data.train_files, not both")
+    if data.train_files:
+        text_files.expand_glob(data.train_files)
+        if data.heldout_files:
+            text_files.expand_glob(data.heldout_files)
+    if data.vocab_file:
+        Vocab.load(data.vocab_file)
+
+
 def open_training_data(data, workdir: str, *, write_files: bool = True) -> TrainingData:
     """Resolves the corpus and vocabulary of a config's `data` section.
 
@@ -39,8 +52,7 @@ def open_training_data(data, workdir: str, *, write_files: bool = True) -> Train
       workdir: where the built vocabulary (and, by default, the prepared corpus) go.
       write_files: false on every process but the first (they read what process 0 writes).
     """
-    if data.tfds_name and data.train_files:
-        raise ValueError("config: set data.tfds_name or data.train_files, not both")
+    check_data(data)
     cache_dir = data.cache_dir or os.path.join(workdir, "data")
     read_options = dict(max_line_chars=data.max_line_chars or None, invalid_utf8=data.invalid_utf8)
     if data.tfds_name:
