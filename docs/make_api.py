@@ -1,0 +1,190 @@
+"""Writes docs/API.md, the API reference, from the docstrings: the names in `elmo_jax.__all__` and the
+command-line tools' module docstrings and flags.
+
+    python docs/make_api.py            # rewrite docs/API.md
+    python docs/make_api.py --check    # exit 1 if docs/API.md is not what the docstrings give
+
+The docstrings are the source; API.md is never edited by hand (tests/test_api_docs.py fails when it
+is stale). Functions are shown with `inspect.signature`; classes with their own fields (Flax modules:
+the attributes a user sets, without Flax's `parent` and `name`) and the public methods they define.
+The command-line tools are read with `ast`, without importing them, so their flags are listed exactly
+as their `DEFINE_*` calls declare them.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import sys
+import typing
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUTPUT = ROOT / "docs" / "API.md"
+# (how to run it, source file), in the order a user meets them.
+CLIS = (
+    ("python train.py", "train.py"),
+    ("python -m elmo_jax.vocab", "elmo_jax/vocab.py"),
+    ("python -m elmo_jax.evaluate", "elmo_jax/evaluate.py"),
+    ("python -m elmo_jax.export", "elmo_jax/export.py"),
+    ("python -m elmo_jax.embed_text", "elmo_jax/embed_text.py"),
+    ("python -m elmo_jax.embed_file", "elmo_jax/embed_file.py"),
+    ("python -m elmo_jax.default_corpus", "elmo_jax/default_corpus.py"),
+)
+FLAX_MODULE_FIELDS = ("parent", "name")  # every Flax module has them; they are not the module's API
+
+
+def _doc_block(doc: str | None) -> list[str]:
+    """A docstring as a fenced text block (Google-style sections keep their indentation)."""
+    if not doc:
+        return ["*(no docstring)*", ""]
+    return ["```text", *doc.rstrip().splitlines(), "```", ""]
+
+
+def _class_signature(cls: type) -> str:
+    """`Name(field: type = default, ...)` of a dataclass or Flax module, else of its constructor."""
+    if dataclasses.is_dataclass(cls):
+        parts = []
+        for field in dataclasses.fields(cls):
+            if field.name in FLAX_MODULE_FIELDS or not field.init:
+                continue
+            text = f"{field.name}: {_annotation(field.type)}"
+            if field.default is not dataclasses.MISSING:
+                text += f" = {field.default!r}"
+            elif field.default_factory is not dataclasses.MISSING:
+                text += f" = {field.default_factory.__name__}()"
+            parts.append(text)
+        return f"{cls.__name__}({', '.join(parts)})"
+    return f"{cls.__name__}{_signature(cls)}"
+
+
+def _annotation(annotation) -> str:
+    if isinstance(annotation, typing.ForwardRef):
+        annotation = annotation.__forward_arg__
+    if isinstance(annotation, str):
+        return annotation.strip("'\"")  # a quoted forward reference inside a string annotation
+    return inspect.formatannotation(annotation)
+
+
+class _Raw:
+    """An annotation shown as written (the modules use string annotations; inspect would quote them)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _signature(function, *, method: bool = False) -> str:
+    """`(a: int, *, b: str = 'x') -> T` with annotations unquoted; a method's self/cls left out."""
+    signature = inspect.signature(function)
+    parameters = list(signature.parameters.values())[1 if method else 0:]
+    empty = inspect.Signature.empty
+    parameters = [p.replace(annotation=_Raw(_annotation(p.annotation))) if p.annotation is not empty else p
+                  for p in parameters]
+    returns = signature.return_annotation
+    return str(signature.replace(parameters=parameters,
+                                 return_annotation=_Raw(_annotation(returns)) if returns is not empty else empty))
+
+
+def _own_methods(cls: type) -> list[tuple[str, str, object]]:
+    """(name, signature, function) of the public methods (and `__call__`) the class itself defines with a
+    docstring, in source order."""
+    found = []
+    for name, member in vars(cls).items():
+        if name.startswith("_") and name != "__call__":
+            continue
+        function = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+        if inspect.isfunction(function) and function.__doc__:
+            found.append((name, _signature(function, method=not isinstance(member, staticmethod)), function))
+    return found
+
+
+def python_api() -> list[str]:
+    import elmo_jax
+
+    lines = ["## Python API (`import elmo_jax`)", ""]
+    lines += [f"- [`{name}`](#{name.lower()})" for name in elmo_jax.__all__] + [""]
+    for name in elmo_jax.__all__:
+        obj = getattr(elmo_jax, name)
+        module = obj.__module__
+        lines += [f"### {name}", ""]
+        if inspect.isclass(obj):
+            lines += [f"`class elmo_jax.{_class_signature(obj)}` (defined in `{module}`)", ""]
+            lines += _doc_block(inspect.getdoc(obj))
+            for method_name, signature, method in _own_methods(obj):
+                lines += [f"`{name}.{method_name}{signature}`", ""]
+                lines += _doc_block(inspect.getdoc(method))
+        else:
+            lines += [f"`elmo_jax.{name}{_signature(obj)}` (defined in `{module}`)", ""]
+            lines += _doc_block(inspect.getdoc(obj))
+    return lines
+
+
+def _flag_rows(tree: ast.Module) -> list[str]:
+    """Markdown table rows for every `*.DEFINE_*("name", default, "help")` call in a module."""
+    rows = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr.startswith("DEFINE_") and node.args):
+            continue
+        args = {k.arg: k.value for k in node.keywords}
+        name = ast.literal_eval(node.args[0])
+        default = node.args[1] if len(node.args) > 1 else args.get("default")
+        help_node = node.args[-1] if len(node.args) > 2 else args.get("help")
+        if node.func.attr == "DEFINE_enum" and len(node.args) > 3:
+            help_node = node.args[3]
+        try:
+            help_text = ast.literal_eval(help_node) if help_node is not None else ""
+        except ValueError:
+            help_text = ast.unparse(help_node)
+        kind = node.func.attr[len("DEFINE_"):].lower()
+        default_text = ast.unparse(default) if default is not None else ""
+        help_text = " ".join(help_text.split()).replace("|", "\\|")  # one table cell
+        rows.append(f"| `--{name}` | {kind} | `{default_text}` | {help_text} |")
+    return rows
+
+
+def command_line_tools() -> list[str]:
+    lines = ["## Command-line tools", "", "Each exits 1 with a one-line error (no traceback) on bad flags or input.", ""]
+    for command, source in CLIS:
+        tree = ast.parse((ROOT / source).read_text(encoding="utf-8"), filename=source)
+        lines += [f"### `{command}`", "", f"Source: `{source}`.", ""]
+        lines += _doc_block(ast.get_docstring(tree))
+        rows = _flag_rows(tree)
+        if rows:
+            lines += ["| flag | type | default | meaning |", "|---|---|---|---|", *rows, ""]
+    return lines
+
+
+def render() -> str:
+    lines = ["# elmo-jax API reference", "",
+             "Generated from the docstrings by `python docs/make_api.py`; do not edit by hand (a test checks "
+             "that this file is what the docstrings give).", ""]
+    lines += python_api() + command_line_tools()
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if argv not in ([], ["--check"]):
+        print(f"error: unexpected arguments {argv}; usage: python docs/make_api.py [--check]", file=sys.stderr)
+        return 1
+    text = render()
+    if argv == ["--check"]:
+        current = OUTPUT.read_text(encoding="utf-8") if OUTPUT.exists() else ""
+        if current != text:
+            print(f"error: {OUTPUT} is stale; run python docs/make_api.py", file=sys.stderr)
+            return 1
+        return 0
+    from elmo_jax import atomic_write
+
+    atomic_write.write_text(OUTPUT, text)  # never a half-written API.md
+    print(f"wrote {OUTPUT} ({len(text.splitlines())} lines)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # a checkout runs it without installing
+    sys.exit(main(sys.argv[1:]))
