@@ -34,10 +34,14 @@ flags.DEFINE_list("local_device_ids", None, "Devices this process uses (default:
 
 
 class _QuietLibraries:
-    """Drops INFO records from orbax and TFDS internals (dozens per checkpoint); warnings pass."""
+    """Drops INFO records from orbax and TFDS internals (dozens per checkpoint); warnings pass, without
+    orbax's tracebacks (a failed checkpoint write logs several from its threads; the trainer reports the
+    failure itself, in one line naming the checkpoint)."""
 
     def filter(self, record) -> bool:
         noisy = ("/orbax/" in record.pathname or "/tensorflow_datasets/" in record.pathname)
+        if noisy and record.exc_info:
+            record.exc_info, record.exc_text = None, None
         return record.levelno >= std_logging.WARNING or not noisy
 
 
@@ -61,7 +65,7 @@ def main(argv):
         print(str(e), file=sys.stderr)
     except (ValueError, OSError, TrainingError) as e:  # a person's mistake or a stopped run: one line
         logging.error("%s", e)
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(1)
 
 
