@@ -43,7 +43,7 @@ from elmo_jax.params import BiLMParams, count_parameters
 from elmo_jax.softmax import padded_vocab_size
 from elmo_jax.step_report import StepReport, TrainingError, log_resume  # noqa: F401 (TrainingError: API)
 from elmo_jax.train_step import StepConfig, TrainState, eval_step, init_train_state, make_optimizer
-from elmo_jax.training_data import open_training_data
+from elmo_jax.training_data import check_data, open_training_data
 from elmo_jax.vocab import Vocab
 
 
@@ -245,6 +245,18 @@ def _check_schedule(config) -> None:
             raise ValueError(f"--config.{key} must be 0 (off) or positive, found {config[key]}")
 
 
+def _make_workdir(workdir: str, config) -> None:
+    """Creates `workdir` once the data settings have passed their cheap checks, so a typo in a corpus
+    path leaves nothing behind; errors name --workdir."""
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise NotADirectoryError(f"--workdir={workdir}: is a file, expected a directory")
+    check_data(config.data)
+    try:
+        os.makedirs(workdir, exist_ok=True)
+    except OSError as e:
+        raise type(e)(e.errno, f"cannot create --workdir={workdir}: {e.strerror}") from None
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     """Trains (or resumes training) in `workdir`; returns the final heldout metrics (empty without heldout).
 
@@ -258,7 +270,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     _check_schedule(config)
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
     sharding.check_training_mesh(mesh, config.batch_size, jax.process_count())
-    os.makedirs(workdir, exist_ok=True)
+    _make_workdir(workdir, config)
     is_main = jax.process_index() == 0
     data = _open_data(config, workdir, is_main)
     cfg = step_config(config, len(data.vocab))

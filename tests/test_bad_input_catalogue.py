@@ -1,0 +1,224 @@
+"""The bad-input catalogue: every CLI and public entry point, fed what people and broken files feed them.
+
+Each case must end in one clear line naming the file, line, flag or argument at fault: `error: ...` and
+exit code 1 for a CLI (no traceback), a ValueError/OSError for a function. Outputs and checkpoints that
+existed before must be exactly as they were, and no new output may appear.
+
+Cross-cutting inputs: non-UTF-8 bytes, NUL bytes, a 10 MB line, a million-character token, empty files,
+directories in place of files, read-only output paths (/sys: root can write anywhere a permission bit
+allows, so a file system that refuses new files stands in), wrong-dtype arrays, negative and huge ids.
+More cases per entry point live next to their features (test_bad_input, test_train_cli, test_vocab,
+test_evaluate_cli, test_export, test_embed_file, test_faults).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import elmo_jax
+from elmo_jax import embed_file as ef
+from elmo_jax.model_dir import write_model_dir
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+UNWRITABLE = "/sys"  # sysfs refuses new files even to root
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, fixture_dir, tiny_params):
+    """Bad and good inputs, an existing output, a model directory and a small trained workdir."""
+    root = tmp_path_factory.mktemp("catalogue")
+    paths = {"root": root, "dir": root / "a_directory"}
+    paths["dir"].mkdir()
+    contents = {
+        "good": b"the cat sat on the mat .\nthe dog barks .\n" * 20,
+        "empty": b"",
+        "non_utf8": b"the cat sat .\nthe \xff\xfe dog .\n",
+        "nul": b"the cat sat .\nthe \x00 dog .\n",
+        "ten_mb_line": b"word " * (2 * 1024 * 1024) + b"\n",
+        "million_char_token": b"the " + b"x" * 1_000_000 + b" end\n",
+        "truncated_hdf5": (fixture_dir / "weights.hdf5").read_bytes()[:5000],
+        "not_hdf5": b"this is not an HDF5 file\n",
+        "existing_output": b"results computed yesterday",
+    }
+    for name, data in contents.items():
+        paths[name] = root / f"{name}.txt"
+        paths[name].write_bytes(data)
+    paths["options"], paths["weights"] = fixture_dir / "options.json", fixture_dir / "weights.hdf5"
+    paths["model"] = root / "model"
+    write_model_dir(tiny_params, paths["model"])
+    return paths
+
+
+def snapshot(*paths) -> dict[str, str]:
+    """SHA-256 of every file under `paths` (files or directories), to prove they were left alone."""
+    out = {}
+    for path in map(str, paths):
+        walk = [(path, [], [""])] if os.path.isfile(path) else os.walk(path)
+        for directory, _, names in walk:
+            for name in names:
+                full = os.path.join(directory, name) if name else directory
+                with open(full, "rb") as f:
+                    out[full] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def run_cli(*argv):
+    env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def assert_one_line_error(result, *expected):
+    assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:"), last
+    for part in expected:
+        assert part in last, (part, last)
+
+
+# ----------------------------------------------------------------------------- CLIs
+
+CLI_CASES = {
+    # name: (argv built from the files fixture, expected parts of the error line)
+    "train: missing config file": (lambda f: ["train.py", "--config=configs/no_such_config.py",
+                                              f"--workdir={f['root'] / 'w0'}"], ["configs/no_such_config.py"]),
+    "train: corpus is a directory": (lambda f: ["train.py", "--config=configs/demo.py", f"--workdir={f['root'] / 'w1'}",
+                                                f"--config.data.train_files={f['dir']}"], ["a_directory", "is a directory"]),
+    "train: empty corpus": (lambda f: ["train.py", "--config=configs/demo.py", f"--workdir={f['root'] / 'w2'}",
+                                       f"--config.data.train_files={f['empty']}"], ["empty.txt", "empty"]),
+    "train: workdir is a file": (lambda f: ["train.py", "--config=configs/demo.py", f"--workdir={f['good']}"],
+                                 ["good.txt"]),
+    "train: unwritable workdir": (lambda f: ["train.py", "--config=configs/demo.py", f"--workdir={UNWRITABLE}/w"],
+                                  [f"{UNWRITABLE}/w"]),
+    "train: vocab file is a directory": (lambda f: ["train.py", "--config=configs/demo.py",
+                                                    f"--workdir={f['root'] / 'w3'}", f"--config.data.train_files={f['good']}",
+                                                    f"--config.data.vocab_file={f['dir']}"], ["a_directory", "directory"]),
+    "vocab: output directory missing": (
+        lambda f: ["-m", "elmo_jax.vocab", f"--files={f['good']}", f"--output={f['root'] / 'no' / 'v.txt'}"],
+        ["does not exist"]),
+    "vocab: empty corpus": (lambda f: ["-m", "elmo_jax.vocab", f"--files={f['empty']}",
+                                       f"--output={f['existing_output']}"], ["empty.txt"]),
+    "vocab: output is a directory": (lambda f: ["-m", "elmo_jax.vocab", f"--files={f['good']}", f"--output={f['dir']}"],
+                                     ["a_directory"]),
+    "vocab: read-only output": (lambda f: ["-m", "elmo_jax.vocab", f"--files={f['good']}",
+                                           f"--output={UNWRITABLE}/vocab.txt"], [f"cannot write {UNWRITABLE}/vocab.txt"]),
+    "evaluate: workdir is a file": (lambda f: ["-m", "elmo_jax.evaluate", f"--workdir={f['good']}"],
+                                    ["good.txt", "not a directory"]),
+    "evaluate: workdir without checkpoints": (lambda f: ["-m", "elmo_jax.evaluate", f"--workdir={f['dir']}"],
+                                              ["no checkpoint"]),
+    "export: truncated weights": (lambda f: ["-m", "elmo_jax.export", f"--options={f['options']}",
+                                             f"--weights={f['truncated_hdf5']}", f"--output={f['root'] / 'm1'}"],
+                                  ["truncated_hdf5.txt"]),
+    "export: options is a directory": (lambda f: ["-m", "elmo_jax.export", f"--options={f['dir']}",
+                                                  f"--weights={f['weights']}", f"--output={f['root'] / 'm2'}"],
+                                       ["a_directory"]),
+    "export: read-only output": (lambda f: ["-m", "elmo_jax.export", f"--options={f['options']}",
+                                            f"--weights={f['weights']}", f"--output={UNWRITABLE}/model"],
+                                 [f"{UNWRITABLE}/model"]),
+    "export: existing output without --overwrite": (
+        lambda f: ["-m", "elmo_jax.export", f"--options={f['options']}", f"--weights={f['weights']}",
+                   f"--output={f['model']}"], ["already exists", "--overwrite"]),
+    "embed_file: non-UTF-8 line": (lambda f: ["-m", "elmo_jax.embed_file", f"--model={f['model']}",
+                                              f"--input={f['non_utf8']}", f"--output={f['existing_output']}"],
+                                   ["non_utf8.txt:2", "UTF-8"]),
+    "embed_file: NUL byte": (lambda f: ["-m", "elmo_jax.embed_file", f"--model={f['model']}", f"--input={f['nul']}",
+                                        f"--output={f['existing_output']}"], ["nul.txt:2", "NUL byte"]),
+    "embed_file: 10 MB line": (lambda f: ["-m", "elmo_jax.embed_file", f"--model={f['model']}",
+                                          f"--input={f['ten_mb_line']}", f"--output={f['existing_output']}"],
+                               ["ten_mb_line.txt:1", "2,097,152 tokens", "--max_sentence_tokens", "--long_sentences"]),
+    "embed_file: empty input": (lambda f: ["-m", "elmo_jax.embed_file", f"--model={f['model']}", f"--input={f['empty']}",
+                                           f"--output={f['existing_output']}"], ["empty.txt", "empty"]),
+    "embed_file: input is a directory": (lambda f: ["-m", "elmo_jax.embed_file", f"--model={f['model']}",
+                                                    f"--input={f['dir']}", f"--output={f['root'] / 'o.hdf5'}"],
+                                         ["a_directory", "is a directory"]),
+    "embed_file: read-only output": (lambda f: ["-m", "elmo_jax.embed_file", f"--model={f['model']}",
+                                                f"--input={f['good']}", f"--output={UNWRITABLE}/out.hdf5"],
+                                     [f"{UNWRITABLE}/out.hdf5"]),
+    "embed_file: model is a file": (lambda f: ["-m", "elmo_jax.embed_file", f"--model={f['good']}",
+                                               f"--input={f['good']}", f"--output={f['root'] / 'o.hdf5'}"],
+                                    ["good.txt", "expected a model directory"]),
+    "embed_file: truncated weights": (lambda f: ["-m", "elmo_jax.embed_file", f"--options={f['options']}",
+                                                 f"--weights={f['truncated_hdf5']}", f"--input={f['good']}",
+                                                 f"--output={f['root'] / 'o.hdf5'}"], ["truncated_hdf5.txt"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CLI_CASES))
+def test_cli_bad_input_is_one_line_and_touches_nothing(files, case):
+    argv, expected = CLI_CASES[case]
+    before = snapshot(files["root"])
+    listing = sorted(os.listdir(files["root"]))
+    assert_one_line_error(run_cli(*argv(files)), *expected)
+    assert snapshot(files["root"]) == before  # the existing output, the model directory, every input
+    assert sorted(os.listdir(files["root"])) == listing  # no new output, no temporary left behind
+
+
+def test_a_million_character_token_is_cut_as_allennlp_cuts_it(files, tiny_params, tmp_path):
+    """Not an error: tokens keep their first C - 2 bytes, so it embeds as that prefix does."""
+    counts = ef.embed_file(tiny_params, str(files["million_char_token"]), str(tmp_path / "out.hdf5"))
+    assert counts["tokens"] == 3
+    import h5py
+
+    with h5py.File(tmp_path / "out.hdf5", "r") as f:
+        vectors = f["0"][...]
+    expected, _ = elmo_jax.embed(tiny_params, elmo_jax.batch_to_ids([["the", "x" * 48, "end"]]))
+    np.testing.assert_allclose(vectors, np.asarray(expected)[0], rtol=0, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- public functions
+
+def good_chars():
+    return elmo_jax.batch_to_ids([["the", "cat"], ["a"]])
+
+
+def chars_with(value, dtype=np.int32):
+    """Good ids with one character replaced by `value`, at index (0, 1, 2)."""
+    chars = good_chars().astype(dtype)
+    chars[0, 1, 2] = value
+    return chars
+
+
+FUNCTION_CASES = {
+    "batch_to_ids: a string, not tokens": (lambda p, f: elmo_jax.batch_to_ids(["the cat"]), ValueError,
+                                           "split the string into tokens"),
+    "batch_to_ids: bytes token": (lambda p, f: elmo_jax.batch_to_ids([["the", b"cat"]]), ValueError,
+                                  "sentence 0, token 1: expected str"),
+    "batch_to_ids: no sentences": (lambda p, f: elmo_jax.batch_to_ids([]), ValueError, "at least one sentence"),
+    "embed: float ids": (lambda p, f: elmo_jax.embed(p, good_chars().astype(np.float32)), ValueError,
+                         "expected integer character ids"),
+    "embed: negative id": (lambda p, f: elmo_jax.embed(p, chars_with(-3)), ValueError,
+                           "found -3 at index (0, 1, 2)"),
+    "embed: huge id": (lambda p, f: elmo_jax.embed(p, chars_with(2**31 - 1)), ValueError,
+                       f"found {2**31 - 1} at index (0, 1, 2)"),
+    "embed: int64 huge id": (lambda p, f: elmo_jax.embed(p, chars_with(2**40, np.int64)), ValueError,
+                             f"found {2**40} at index (0, 1, 2)"),
+    "embed: wrong rank": (lambda p, f: elmo_jax.embed(p, good_chars()[0]), ValueError, "expected shape (batch, tokens, 50)"),
+    "embed: not params": (lambda p, f: elmo_jax.embed(p.weights, good_chars()), ValueError, "params must be BiLMParams"),
+    "load_hdf5: directory": (lambda p, f: elmo_jax.load_hdf5(f["options"], f["dir"]), IsADirectoryError, "a_directory"),
+    "load_hdf5: truncated": (lambda p, f: elmo_jax.load_hdf5(f["options"], f["truncated_hdf5"]), ValueError,
+                             "truncated_hdf5.txt"),
+    "load_hdf5: not HDF5": (lambda p, f: elmo_jax.load_hdf5(f["options"], f["not_hdf5"]), ValueError,
+                            "not_hdf5.txt: not an HDF5 file"),
+    "load_hdf5: empty": (lambda p, f: elmo_jax.load_hdf5(f["options"], f["empty"]), ValueError, "empty.txt"),
+    "load_hdf5: options not JSON": (lambda p, f: elmo_jax.load_hdf5(f["non_utf8"], f["weights"]), ValueError,
+                                    "non_utf8.txt"),
+    "load: a file, not a directory": (lambda p, f: elmo_jax.load(f["good"]), FileNotFoundError,
+                                      "expected a model directory"),
+    "load: missing": (lambda p, f: elmo_jax.load(f["root"] / "absent"), FileNotFoundError, "model directory not found"),
+    "load: an empty directory": (lambda p, f: elmo_jax.load(f["dir"]), FileNotFoundError, "missing manifest.json"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FUNCTION_CASES))
+def test_public_function_bad_input_names_the_problem(files, tiny_params, case):
+    call, error, expected = FUNCTION_CASES[case]
+    with pytest.raises(error) as info:
+        call(tiny_params, files)
+    message = str(info.value)
+    assert expected in message and "\n" not in message.strip(), message
