@@ -51,6 +51,14 @@ class StopSignals:
             signal.signal(s, handler)
         self._previous.clear()
 
+    def stop_if_requested(self, step: int, checkpoints, agreed: bool = False) -> None:
+        """Raises `Stopped` once checkpoint `step` is on disk (`checkpoints.wait()`), if a signal asked
+        to stop on any process: all of them call this at the same points (a collective), unless
+        `agreed` says they already agreed to stop."""
+        if agreed or agree(0, self.received is not None)[1]:
+            checkpoints.wait()
+            raise Stopped(self.received or "a signal to another process", step, checkpoints.directory)
+
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
         if self.received is not None and signum == signal.SIGINT:

@@ -7,12 +7,9 @@ command resumes from the newest complete checkpoint — parameters, optimiser, R
 and the stream's position — and continues exactly as if never stopped, on any mesh and any number of
 processes.
 
-Faults: SIGTERM/SIGINT finish the step, checkpoint it and raise `preemption.Stopped`; after `kill -9`
-the newest complete checkpoint is used (orbax never lists a half-written one) and the log says how
-many steps are done again; a checkpoint that no longer restores is reported, moved aside and the one
-before it used (`Checkpoints.restore_newest`); a failed checkpoint write stops training with the
-previous checkpoint intact; non-finite steps stop training or are skipped (`step_report`). BUILD.md
-has the table.
+Faults (BUILD.md has the table): SIGTERM/SIGINT checkpoint and stop (`preemption`); after a kill the
+newest complete checkpoint that restores is used (`checkpoint`); non-finite steps stop training or
+are skipped (`step_report`).
 
 With several processes (`multihost`), each reads and feeds only its own rows of the global batch;
 process 0 alone writes logs, metrics and the export; checkpoints are written by all of them (orbax).
@@ -31,7 +28,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from elmo_jax import multihost, preemption, sharding, weights_hdf5
+from elmo_jax import model_dir, multihost, preemption, sharding, weights_hdf5
 from elmo_jax.char_cnn import content_bucket
 from elmo_jax.checkpoint import Checkpoints
 from elmo_jax.config import BiLMConfig
@@ -220,19 +217,18 @@ def restore_checkpoint(workdir: str, step: int | None = None) -> tuple[TrainStat
         checkpoints.close()
 
 
-def export_model(params: dict, cfg: StepConfig, vocab: Vocab, directory: str) -> None:
-    """Writes options.json + weights.hdf5 (the published format) and vocab.txt.
+def export_model(params: dict, cfg: StepConfig, vocab: Vocab, directory: str, source: str = "") -> None:
+    """Writes a model directory (`elmo_jax.model_dir`): the published options.json + weights.hdf5, vocab.txt,
+    params.npz and the StableHLO feature extractor, replacing an earlier export only once complete.
 
     `params["bilm"]` must be addressable here (one process, or `multihost.fetch` of the weights).
     """
-    os.makedirs(directory, exist_ok=True)
     bilm = BiLMParams(weights=jax.device_get(params["bilm"]), config=cfg.model)
     try:
-        weights_hdf5.save_hdf5(bilm, os.path.join(directory, "options.json"), os.path.join(directory, "weights.hdf5"))
-        vocab.save(os.path.join(directory, "vocab.txt"))
-    except OSError as e:  # e.g. a full disk: every file is written aside and renamed only when complete
-        raise OSError(f"could not write the export to {directory} ({e}); each file there is still the previous "
-                      "one (or absent), never a partial one") from e
+        model_dir.write_model_dir(bilm, directory, vocab=vocab, source=source, overwrite=True)
+    except OSError as e:  # e.g. a full disk: the new directory is built aside and renamed only when complete
+        raise OSError(f"could not write the export to {directory} ({e}); the previous export, if any, is "
+                      "untouched and nothing partial is left") from e
 
 
 def _check_schedule(config) -> None:
@@ -302,7 +298,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         report = StepReport(config, log, start, skipped)
         state = _train_loop(config, cfg, state, stream, steps, checkpoints, meta, report, heldout, signals)
         checkpoints.wait()  # a failed last write is reported before the export
-        _stop_if_signalled(signals, int(state.step), checkpoints)
+        signals.stop_if_requested(int(state.step), checkpoints)
         final = {}
         if heldout is not None:
             final = heldout(state.params)
@@ -310,12 +306,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             logging.info("heldout after step %d: perplexity %.2f (forward %.2f, backward %.2f) on %d tokens",
                          int(state.step), final["perplexity"], final["forward_perplexity"],
                          final["backward_perplexity"], final["tokens"])
-        _stop_if_signalled(signals, int(state.step), checkpoints)
+        signals.stop_if_requested(int(state.step), checkpoints)
         weights = multihost.fetch(state.params["bilm"])  # every process takes part
         if is_main:
-            export_model({"bilm": weights}, cfg, data.vocab, os.path.join(workdir, "export"))
-            logging.info("exported the biLM to %s (options.json, weights.hdf5, vocab.txt)",
-                         os.path.join(workdir, "export"))
+            export_model({"bilm": weights}, cfg, data.vocab, os.path.join(workdir, "export"),
+                         source=f"{workdir} step {int(state.step)}")
+            logging.info("exported the biLM to %s (a model directory: options.json + weights.hdf5, vocab.txt, "
+                         "the StableHLO extractor)", os.path.join(workdir, "export"))
         return final
 
 
@@ -340,7 +337,7 @@ def _train_loop(config, cfg: StepConfig, state, stream: BiLMBatchStream, steps: 
             checkpoints.save(done, state, multihost.gather_stream_state(stream.get_state()),
                              {**meta, "progress": {"nonfinite_skipped": report.skipped}})
         if stop:  # the evaluation due here, if any, runs when training resumes
-            _stop_if_signalled(signals, done, checkpoints, agreed=True)
+            signals.stop_if_requested(done, checkpoints, agreed=True)
         if _eval_due(config, done, heldout):
             report.log.write(done, heldout(state.params), kind="eval")
     if pending is not None:
@@ -352,15 +349,6 @@ def _eval_due(config, step: int, heldout) -> bool:
     """Whether a heldout evaluation is logged after `step` (the one after the last step is the final one)."""
     return (heldout is not None and config.eval_every_steps > 0 and step % config.eval_every_steps == 0
             and 0 < step < config.num_train_steps)
-
-
-def _stop_if_signalled(signals: preemption.StopSignals, step: int, checkpoints: Checkpoints,
-                       agreed: bool = False) -> None:
-    """Raises `Stopped` once checkpoint `step` is on disk, if a signal asked to stop (on any process:
-    all of them call this at the same points; `agreed` when they already agreed)."""
-    if agreed or preemption.agree(0, signals.received is not None)[1]:
-        checkpoints.wait()
-        raise preemption.Stopped(signals.received or "a signal to another process", step, checkpoints.directory)
 
 
 @contextlib.contextmanager
