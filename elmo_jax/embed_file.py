@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
-from elmo_jax import atomic_write, sentence_input
+from elmo_jax import atomic_write, model_dir, sentence_input
 
 LAYER_MODES = ("all", "top", "average", "mix")
 FLAGS = flags.FLAGS
@@ -318,21 +318,6 @@ def _log_summary(summary: sentence_input.InputSummary, counts: dict, options: Op
                         ", ".join(map(str, summary.first_long)))
 
 
-def load_model(model: str | None, options_file: str | None, weight_file: str | None):
-    """The biLM named by --model or by --options/--weights."""
-    if bool(model) == bool(options_file or weight_file):
-        raise ValueError("pass either --model=MODEL_DIR or --options=FILE --weights=FILE")
-    if model:
-        from elmo_jax.model_dir import load
-
-        return load(model)
-    if not (options_file and weight_file):
-        raise ValueError("--options and --weights go together")
-    from elmo_jax.weights_hdf5 import load_hdf5
-
-    return load_hdf5(options_file, weight_file)
-
-
 def run() -> dict:
     for name in ("input", "output"):
         if not getattr(FLAGS, name):
@@ -352,7 +337,7 @@ def run() -> dict:
     check_output_path(FLAGS.output)
     summary = sentence_input.scan(FLAGS.input, blank_lines=options.blank_lines,
                                   max_tokens=options.max_sentence_tokens, long_sentences=options.long_sentences)
-    params = load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
+    params = model_dir.load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
     counts = embed_file(params, FLAGS.input, FLAGS.output, options, summary=summary)
     print(f"wrote {FLAGS.output}: {counts['sentences']:,} sentences, {counts['tokens']:,} tokens in "
           f"{counts['seconds']:.1f} s ({counts['batches']} batches, {counts['compiled_shapes']} compiled shapes)")

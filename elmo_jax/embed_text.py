@@ -1,12 +1,13 @@
 """Embed a few sentences from the command line with a published-format ELMo model.
 
+    python -m elmo_jax.embed_text --model=runs/demo/export "The bank of the river ." ...
     python -m elmo_jax.embed_text --options=OPTIONS.json --weights=WEIGHTS.hdf5 "The bank of the river ." ...
-    echo "one sentence per line" | python -m elmo_jax.embed_text --options=... --weights=...
+    echo "one sentence per line" | python -m elmo_jax.embed_text --model=MODEL_DIR
 
 Tokens are split on whitespace. Prints each sentence's tokens with the L2 norm of every layer's vector,
 and with --output writes `layers` (B, L+1, T, 2P) float32 and `mask` (B, T) to an .npz file (written to a
 temporary name and renamed, so an existing file is only ever replaced by a complete one).
-For whole files, AllenNLP-style HDF5 output and length bucketing, see the feature-extraction CLI.
+For whole files (AllenNLP-style HDF5 output, length bucketing), use `python -m elmo_jax.embed_file`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import numpy as np
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("options", None, "bilm-tf/AllenNLP options JSON file.")
-flags.DEFINE_string("weights", None, "HDF5 weight file in the published layout.")
+flags.DEFINE_string("model", None, "A model directory (python -m elmo_jax.export, or a training run's export/).")
+flags.DEFINE_string("options", None, "Instead of --model: a bilm-tf/AllenNLP options JSON file.")
+flags.DEFINE_string("weights", None, "Instead of --model: an HDF5 weight file in the published layout.")
 flags.DEFINE_string("output", None, "Optional .npz file for the layers and mask.")
 flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Matmul precision.")
 
@@ -40,11 +42,10 @@ def write_npz(path: str, **arrays) -> None:
 def run(argv: list[str]) -> None:
     import elmo_jax  # after flag parsing, so --help is fast
 
-    for name in ("options", "weights"):
-        if not getattr(FLAGS, name):
-            raise ValueError(f"--{name} is required")
+    from elmo_jax.model_dir import load_model
+
     sentences = read_sentences(argv[1:])
-    params = elmo_jax.load_hdf5(FLAGS.options, FLAGS.weights)
+    params = load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
     layers, mask = elmo_jax.embed(params, elmo_jax.batch_to_ids(sentences, params.config.max_characters_per_token),
                                   compute_dtype=FLAGS.compute_dtype)
     layers, mask = np.asarray(layers), np.asarray(mask)

@@ -43,13 +43,15 @@ REQUIRED = (OPTIONS, WEIGHTS, PARAMS, EXTRACTOR, USAGE)
 
 
 def write_model_dir(params: BiLMParams, directory: str | os.PathLike, *, vocab_file: str | None = None,
-                    source: str = "", compute_dtype: str = "float32", overwrite: bool = False) -> dict[str, Any]:
+                    vocab=None, source: str = "", compute_dtype: str = "float32",
+                    overwrite: bool = False) -> dict[str, Any]:
     """Writes a complete model directory at `directory`; returns its manifest.
 
     Args:
       params: the biLM (any device; gathered to the host).
       directory: the target; it must not exist unless `overwrite`, and its parent must.
       vocab_file: a bilm-tf vocabulary to copy in, or None.
+      vocab: or a `Vocab` to write (not both).
       source: where the weights came from (a workdir and step, or HDF5 files), recorded in the manifest.
       compute_dtype: matmul precision baked into the extractor ("float32" or "bfloat16").
       overwrite: replace an existing directory (only after the new one is complete).
@@ -72,6 +74,8 @@ def write_model_dir(params: BiLMParams, directory: str | os.PathLike, *, vocab_f
             f.write(extractor.export_extractor(host, compute_dtype))
         if vocab_file:
             shutil.copyfile(vocab_file, os.path.join(staging, VOCAB))
+        elif vocab is not None:
+            vocab.save(os.path.join(staging, VOCAB))
         with open(os.path.join(staging, USAGE), "w", encoding="utf-8") as f:
             f.write(usage_text(params.config))
         manifest = _manifest(staging, params.config, source, compute_dtype)
@@ -117,6 +121,19 @@ def load(directory: str | os.PathLike, *, verify: bool = True) -> BiLMParams:
         if flat[key].shape != shape or flat[key].dtype != np.float32:
             raise ValueError(f"{params_file}: {key!r} is {flat[key].dtype} {flat[key].shape}, expected float32 {shape}")
     return BiLMParams(weights=from_flat({k: jax.numpy.asarray(v) for k, v in flat.items()}), config=config)
+
+
+def load_model(model: str | None, options_file: str | None, weight_file: str | None) -> BiLMParams:
+    """The biLM named by a CLI's --model (a model directory) or --options/--weights (an HDF5 pair)."""
+    if bool(model) == bool(options_file or weight_file):
+        raise ValueError("pass either --model=MODEL_DIR or --options=FILE --weights=FILE")
+    if model:
+        return load(model)
+    if not (options_file and weight_file):
+        raise ValueError("--options and --weights go together")
+    from elmo_jax.weights_hdf5 import load_hdf5
+
+    return load_hdf5(options_file, weight_file)
 
 
 def read_manifest(directory: str, *, verify: bool = True) -> dict[str, Any]:

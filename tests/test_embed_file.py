@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax import embed_file as ef
+from elmo_jax import embed_file as ef, model_dir
 from elmo_jax.embed import _embed_jit
 from elmo_jax.length_buckets import LENGTHS
 
@@ -233,7 +233,7 @@ def test_bad_input_is_named_and_leaves_no_output(tiny_params, tmp_path):
         with pytest.raises(error, match=re.escape(expected)):
             ef.embed_file(tiny_params, *args)
     with pytest.raises(FileNotFoundError, match="model directory not found"):
-        ef.load_model(str(tmp_path / "absent"), None, None)
+        model_dir.load_model(str(tmp_path / "absent"), None, None)
     with pytest.raises(ValueError, match="either --model"):
-        ef.load_model(str(tmp_path), "options.json", None)
+        model_dir.load_model(str(tmp_path), "options.json", None)
     assert sorted(os.listdir(tmp_path)) == ["empty.txt", "good.txt"]

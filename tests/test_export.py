@@ -203,3 +203,17 @@ def test_export_cli_refuses_bad_requests_and_keeps_what_exists(exported, fixture
 def test_manifest_check_names_a_directory_that_is_only_an_hdf5_pair(fixture_dir):
     with pytest.raises(FileNotFoundError, match="--options/--weights"):
         model_dir.load(fixture_dir)
+
+
+def test_embed_text_cli_reads_a_model_directory(exported, tiny_params, tmp_path):
+    """The README's last step: `python -m elmo_jax.embed_text --model=DIR "sentence" ... --output=x.npz`."""
+    result = cli("elmo_jax.embed_text", f"--model={exported}", f"--output={tmp_path / 'x.npz'}",
+                 "The bank of the river .", "Hello !")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bank" in result.stdout
+    expected, mask = elmo_jax.embed(tiny_params, elmo_jax.batch_to_ids([["The", "bank", "of", "the", "river", "."],
+                                                                         ["Hello", "!"]]))
+    with np.load(tmp_path / "x.npz") as saved:
+        np.testing.assert_allclose(saved["layers"], np.asarray(expected), rtol=0, atol=ATOL)
+        np.testing.assert_array_equal(saved["mask"], np.asarray(mask))
+    assert_one_line_error(cli("elmo_jax.embed_text", f"--model={tmp_path}", "Hello"), "missing manifest.json")

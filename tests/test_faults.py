@@ -337,5 +337,7 @@ def test_disk_full_export_keeps_the_previous_export(tiny_params, tmp_path):
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, previous)
-    assert sorted(os.listdir(directory)) == ["options.json", "vocab.txt", "weights.hdf5"]
+    assert sorted(os.listdir(directory)) == ["USAGE.md", "extractor.jax", "manifest.json", "options.json",
+                                             "params.npz", "vocab.txt", "weights.hdf5"]
     assert tree_digest(directory) == before
+    assert os.listdir(tmp_path) == ["export"]  # the new directory was built aside and removed

@@ -135,7 +135,8 @@ def test_two_processes_train_like_one(runs, corpus):
     assert eval_two["step"] == eval_one["step"] == STOP
     assert eval_two["tokens"] == eval_one["tokens"] > 0
     assert abs(eval_two["cross_entropy"] - eval_one["cross_entropy"]) <= ATOL
-    assert sorted(os.listdir(runs["two"] / "export")) == ["options.json", "vocab.txt", "weights.hdf5"]
+    assert sorted(os.listdir(runs["two"] / "export")) == ["USAGE.md", "extractor.jax", "manifest.json", "options.json",
+                                                          "params.npz", "vocab.txt", "weights.hdf5"]
     assert sorted(os.listdir(runs["two"] / "checkpoints")) == [str(STOP)]
 
 

@@ -192,11 +192,13 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(run_a, corpus, tmp_p
 
 
 def test_export_loads_and_embeds_like_the_trained_parameters(run_a, corpus):
-    """WORKDIR/export = options.json + weights.hdf5 + vocab.txt; `load_hdf5` of it gives the same ELMo
-    vectors as the parameters of the final checkpoint, which are not the initial ones."""
+    """WORKDIR/export is a model directory (options.json + weights.hdf5 + vocab.txt + params.npz + the
+    extractor); `load_hdf5` and `load` of it give the same ELMo vectors as the parameters of the final
+    checkpoint, which are not the initial ones."""
     workdir, config, _ = run_a
     export = os.path.join(workdir, "export")
-    assert sorted(os.listdir(export)) == ["options.json", "vocab.txt", "weights.hdf5"]
+    assert sorted(os.listdir(export)) == ["USAGE.md", "extractor.jax", "manifest.json", "options.json", "params.npz",
+                                          "vocab.txt", "weights.hdf5"]
     assert Vocab.load(os.path.join(export, "vocab.txt")).words == Vocab.load(os.path.join(workdir, "vocab.txt")).words
     loaded = elmo_jax.load_hdf5(os.path.join(export, "options.json"), os.path.join(export, "weights.hdf5"))
     model = trainer.model_config(config)
@@ -212,6 +214,7 @@ def test_export_loads_and_embeds_like_the_trained_parameters(run_a, corpus):
     want, want_mask = elmo_jax.embed(trained, ids)
     np.testing.assert_array_equal(np.asarray(mask), np.asarray(want_mask))
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=ATOL, rtol=0)
+    np.testing.assert_array_equal(np.asarray(elmo_jax.embed(elmo_jax.load(export), ids)[0]), np.asarray(got))
 
     initial = elmo_jax.init_params(model, jax.random.split(jax.random.key(config.seed), 3)[0])
     untrained, _ = elmo_jax.embed(initial, ids)
