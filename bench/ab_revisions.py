@@ -9,7 +9,9 @@ version at --before, respectively --after (WORKTREE: as they are). `bench/train_
 runs in each copy in turn: before, after, before, after, ... --rounds times; every process also
 measures the float32 matmul. The machine's load moves both sides of one round alike, so the figure to
 trust is the median over rounds of (before step time / after step time), printed with each side's best
-step time and best fraction of matmul speed. Nothing in the checkout is touched.
+step time and best fraction of matmul speed. The process CPU time of a step (all threads) is printed
+too: on a machine shared with other work it moves far less than the wall time. Nothing in the
+checkout is touched.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "train_st
 flags.DEFINE_integer("rounds", 3, "Alternating before/after pairs.")
 flags.DEFINE_integer("repeats", 3, "Timed steps per process; the best counts.")
 
+_CPU = re.compile(r"process CPU time ([\d.]+) ms per step")
 _ROW = re.compile(r"^(\w+)\s+(\d+x\d+)\s+[\d,]+\s+\S+\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d,]+)\s+[\d.]+\s+[\d.]+\s+([\d.]+)%")
 
 
@@ -56,18 +59,19 @@ def export(revision: str, into: pathlib.Path) -> pathlib.Path:
     return into
 
 
-def run_once(code: pathlib.Path) -> tuple[float, float]:
-    """(best step ms, fraction of matmul) of one train_throughput process on `code`'s elmo_jax.
+def run_once(code: pathlib.Path) -> tuple[float, float, float]:
+    """(best step ms, fraction of matmul, best step CPU ms) of one train_throughput process on `code`.
 
     train_throughput puts its own repository root (`code`) first on sys.path.
     """
     command = [sys.executable, str(code / "bench" / "train_throughput.py"), f"--models={FLAGS.model}",
                f"--shape={FLAGS.shape}", f"--compute_dtype={FLAGS.compute_dtype}", f"--repeats={FLAGS.repeats}"]
     result = subprocess.run(command, capture_output=True, text=True, cwd=code)
+    cpu = _CPU.search(result.stdout)
     for line in result.stdout.splitlines():
         match = _ROW.match(line)
-        if match:
-            return float(match.group(4)), float(match.group(6)) / 100.0
+        if match and cpu:
+            return float(match.group(4)), float(match.group(6)) / 100.0, float(cpu.group(1))
     raise RuntimeError(f"train_throughput on {code} printed no result row:\n{result.stdout}\n{result.stderr[-3000:]}")
 
 
@@ -82,11 +86,14 @@ def main(argv):
             for name in ("before", "after"):
                 results[name].append(run_once(sides[name]))
             b, a = results["before"][-1], results["after"][-1]
-            print(f"round {r + 1}: before {b[0]:.1f} ms ({b[1]:.1%} of matmul), after {a[0]:.1f} ms "
-                  f"({a[1]:.1%}), speed-up {b[0] / a[0]:.3f}x", flush=True)
+            print(f"round {r + 1}: before {b[0]:.1f} ms ({b[1]:.1%} of matmul, CPU {b[2]:.1f} ms), after "
+                  f"{a[0]:.1f} ms ({a[1]:.1%}, CPU {a[2]:.1f} ms), speed-up {b[0] / a[0]:.3f}x wall, "
+                  f"{b[2] / a[2]:.3f}x CPU time", flush=True)
         ratios = [b[0] / a[0] for b, a in zip(results["before"], results["after"])]
+        cpu_ratios = [b[2] / a[2] for b, a in zip(results["before"], results["after"])]
         print(f"\n{FLAGS.model} {FLAGS.shape} {FLAGS.compute_dtype}: {FLAGS.before} -> {FLAGS.after}: median speed-up "
-              f"{statistics.median(ratios):.3f}x over {FLAGS.rounds} alternating rounds "
+              f"{statistics.median(ratios):.3f}x wall, {statistics.median(cpu_ratios):.3f}x process CPU time, "
+              f"over {FLAGS.rounds} alternating rounds "
               f"(best step {min(x[0] for x in results['before']):.1f} -> {min(x[0] for x in results['after']):.1f} ms; "
               f"of matmul {max(x[1] for x in results['before']):.1%} -> {max(x[1] for x in results['after']):.1%})")
 
