@@ -79,12 +79,11 @@ def setup(tmp_path_factory):
     return {"config": config, "env": env, "root": root}
 
 
-def start(setup, workdir, log_path, *args, preexec_fn=None) -> subprocess.Popen:
+def start(setup, workdir, log_path, *args) -> subprocess.Popen:
     """train.py on the tiny config, stderr appended to `log_path`."""
     with open(log_path, "ab") as log:
         return subprocess.Popen([sys.executable, "train.py", f"--config={setup['config']}", f"--workdir={workdir}",
-                                 *args], cwd=REPO, env=setup["env"], stdout=subprocess.DEVNULL, stderr=log,
-                                preexec_fn=preexec_fn)
+                                 *args], cwd=REPO, env=setup["env"], stdout=subprocess.DEVNULL, stderr=log)
 
 
 def finish(proc: subprocess.Popen, log_path, timeout=240) -> tuple[int, str]:
@@ -276,11 +275,12 @@ def test_sigterm_and_sigint_checkpoint_exit_0_and_resume_exactly(setup, uninterr
     assert_same_run(workdir, uninterrupted)
 
 
-def _limit_file_size(limit: int):
-    def preexec():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return preexec
+# Runs argv[2:] with every file it writes limited to argv[1] bytes: the limit is set in a small Python
+# that then execs the command (no preexec_fn: forking this multithreaded process to run Python is unsafe).
+# SIGXFSZ is ignored, so a write past the limit fails with EFBIG ("File too large") instead of killing.
+LIMIT_FILE_SIZE = ("import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+                   "resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2); "
+                   "os.execv(sys.executable, [sys.executable] + sys.argv[2:])")
 
 
 def test_disk_full_checkpoint_write_fails_cleanly_and_the_run_resumes(setup, uninterrupted, tmp_path):
@@ -298,9 +298,9 @@ def test_disk_full_checkpoint_write_fails_cleanly_and_the_run_resumes(setup, uni
     before = {"checkpoints": tree_digest(workdir / "checkpoints"), "export": tree_digest(workdir / "export")}
 
     # stderr to a pipe: a log file would hit the limit too.
-    limited = subprocess.run([sys.executable, "train.py", f"--config={setup['config']}", f"--workdir={workdir}"],
-                             cwd=REPO, env=setup["env"], capture_output=True, text=True, timeout=240,
-                             preexec_fn=_limit_file_size(24_000))
+    limited = subprocess.run([sys.executable, "-c", LIMIT_FILE_SIZE, "24000", "train.py", f"--config={setup['config']}",
+                              f"--workdir={workdir}"], cwd=REPO, env=setup["env"], capture_output=True, text=True,
+                             timeout=240)
     assert limited.returncode == 1, limited.stderr[-5000:]
     errors = [line for line in limited.stderr.splitlines() if line.startswith("error:")]
     assert errors == [limited.stderr.rstrip().splitlines()[-1]], limited.stderr[-5000:]
