@@ -145,3 +145,19 @@ def test_truncated_options_file_is_named(fixture_dir, tmp_path):
     options.write_text(text[: len(text) // 2], encoding="utf-8")
     with pytest.raises(ValueError, match=f"^{options}: not valid JSON"):
         elmo_jax.load_hdf5(options, fixture_dir / "weights.hdf5")
+
+
+def test_metrics_line_cut_short_is_removed_before_resuming(tmp_path, caplog):
+    """A metrics.jsonl whose last line was cut short (the disk filled mid-write) is repaired when a
+    run resumes: the partial line goes (with a warning), complete records stay, and the last logged
+    step (for 'M steps since it were lost') comes from them."""
+    from elmo_jax.step_report import last_logged_step
+
+    path = tmp_path / "metrics.jsonl"
+    complete = '{"step": 4, "kind": "train", "loss": 2.5}\n{"step": 4, "kind": "eval", "perplexity": 9.0}\n'
+    path.write_text(complete + '{"step": 5, "kind": "train", "lo', encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        assert last_logged_step(str(tmp_path)) == 4
+    assert path.read_text(encoding="utf-8") == complete
+    assert any("cut short" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)
+    assert last_logged_step(str(tmp_path / "nowhere")) is None
