@@ -111,7 +111,9 @@ class Checkpoints:
             latest = self.manager.latest_step()
         except Exception:  # the disk may be in no state to list it; the message says so
             latest = None
-        if jax.process_index() == 0:  # the partial write is no checkpoint: free its space now
+        # The partial write is no checkpoint: free its space now. Orbax threads may still be finishing
+        # and leave some of it behind; the next training run removes what is left.
+        if jax.process_index() == 0:
             for tmp in glob.glob(os.path.join(glob.escape(self.directory), f"{step}{TMP_SUFFIX}*")):
                 shutil.rmtree(tmp, ignore_errors=True)
         kept = (f"the newest complete checkpoint, {os.path.join(self.directory, str(latest))}, is intact"

@@ -30,6 +30,7 @@ import pytest
 
 import elmo_jax
 from elmo_jax import trainer
+from elmo_jax.checkpoint import TMP_SUFFIX
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, EVERY, EVAL_EVERY = 80, 5, 20  # training steps, checkpoint and evaluation intervals
@@ -131,7 +132,7 @@ def wait_until(condition, proc: subprocess.Popen, timeout=120.0) -> bool:
 
 
 def tmp_checkpoints(workdir) -> list[str]:
-    return glob.glob(os.path.join(workdir, "checkpoints", "*.orbax-checkpoint-tmp*"))
+    return glob.glob(os.path.join(workdir, "checkpoints", "*" + TMP_SUFFIX + "*"))
 
 
 def without_timing(record):
@@ -287,15 +288,17 @@ def test_disk_full_checkpoint_write_fails_cleanly_and_the_run_resumes(setup, uni
     """A run trained to step 10 (checkpoints 5 and 10, an export) is continued with every file
     limited to 24 kB: writing the step-15 checkpoint (its arrays are larger) fails. The command exits
     1 with one error line naming the failed checkpoint and the intact one; the older checkpoints and
-    the export are untouched and no partial checkpoint is left. Without the limit the same command
-    resumes from step 10 and ends equal to the uninterrupted run."""
+    the export are untouched and nothing half-written is listed as a checkpoint. Without the limit
+    the same command removes any leftover, resumes from step 10 and ends equal to the uninterrupted
+    run."""
     workdir, log_path = tmp_path / "w", tmp_path / "stderr.txt"
     code, log = finish(start(setup, workdir, log_path, "--config.num_train_steps=10"), log_path)
     assert code == 0, log[-5000:]
     sizes = {p: os.path.getsize(p) for p in glob.glob(str(workdir / "checkpoints" / "10" / "**"), recursive=True)
              if os.path.isfile(p)}
     assert max(sizes.values()) > 24_000, sizes  # the limit must bite on the checkpoint's arrays
-    before = {"checkpoints": tree_digest(workdir / "checkpoints"), "export": tree_digest(workdir / "export")}
+    complete = lambda: {n: tree_digest(workdir / "checkpoints" / n) for n in ("5", "10")}  # noqa: E731
+    before = {"checkpoints": complete(), "export": tree_digest(workdir / "export")}
 
     # stderr to a pipe: a log file would hit the limit too.
     limited = subprocess.run([sys.executable, "-c", LIMIT_FILE_SIZE, "24000", "train.py", f"--config={setup['config']}",
@@ -306,12 +309,14 @@ def test_disk_full_checkpoint_write_fails_cleanly_and_the_run_resumes(setup, uni
     assert errors == [limited.stderr.rstrip().splitlines()[-1]], limited.stderr[-5000:]
     assert errors[0].startswith(f"error: could not write checkpoint {workdir / 'checkpoints' / '15'} ("), errors
     assert "File too large" in errors[0] and f"{workdir / 'checkpoints' / '10'}, is intact" in errors[0], errors
-    assert sorted(os.listdir(workdir / "checkpoints")) == ["10", "5"]
-    assert tree_digest(workdir / "checkpoints") == before["checkpoints"]
+    # Only the half-written step 15 may be left (as orbax's tmp directory, never as a step).
+    assert {n for n in os.listdir(workdir / "checkpoints") if TMP_SUFFIX not in n} == {"5", "10"}
+    assert complete() == before["checkpoints"]
     assert tree_digest(workdir / "export") == before["export"]
 
     code, log = finish(start(setup, workdir, log_path), log_path)
     assert code == 0, log[-5000:]
+    assert not tmp_checkpoints(workdir)
     assert_same_run(workdir, uninterrupted, other_evals={10})
 
 
