@@ -1,8 +1,8 @@
 """The benchmark suite in one command: feature extraction and training throughput, compile time, peak
 memory and achieved model FLOP/s against the device's matmul speed, as one markdown table.
 
-    python bench/run_all.py --output=bench/results_cpu.md            # CPU: ~10 minutes on 2 cores
-    python bench/run_all.py --quick --output=/tmp/quick.md           # CPU: the two headline rows, ~3 minutes
+    python bench/run_all.py --output=bench/results_cpu.md            # CPU: 8 cases, 5-10 minutes on 2 cores
+    python bench/run_all.py --quick --output=/tmp/quick.md           # CPU: the two headline rows, ~1 minute
     python bench/run_all.py --output=bench/results_gpu.md            # the same command on a GPU or TPU host
 
 The backend (cpu/gpu/tpu) is detected and picks the cases (`cases()`): on CPU the published small and
