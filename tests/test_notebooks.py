@@ -79,21 +79,42 @@ def this_interpreter_kernel(directory: Path) -> KernelManager:
     return KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
 
 
+def execute(nb: nbformat.NotebookNode, tmp_path: Path) -> Path:
+    """Runs `nb` in place in a fresh kernel of this interpreter, in tmp_path/cwd; returns that directory."""
+    workdir = tmp_path / "cwd"
+    workdir.mkdir()
+    NotebookClient(nb, km=this_interpreter_kernel(tmp_path), timeout=CELL_TIMEOUT_S,
+                   resources={"metadata": {"path": str(workdir)}}).execute()
+    return workdir
+
+
+def stdout_of(nb: nbformat.NotebookNode) -> str:
+    return "".join(o["text"] for c in nb.cells for o in c.get("outputs", []) if o.get("name") == "stdout")
+
+
+def test_a_failing_cell_fails_the_run(tmp_path):
+    """What the smoke test relies on: an exception in any cell stops the run with CellExecutionError."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import sys\nprint(sys.executable)"),
+                                         nbformat.v4.new_code_cell("raise ValueError('boom')"),
+                                         nbformat.v4.new_code_cell("print('never')")])
+    with pytest.raises(CellExecutionError, match="boom"):
+        execute(nb, tmp_path)
+    assert stdout_of(nb).strip() == sys.executable  # the kernel is this interpreter (CI's .venv)
+    assert nb.cells[2].outputs == []
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_runs_end_to_end_in_smoke_mode(path, tmp_path):
     nb = smoke_notebook(path)
-    workdir = tmp_path / "cwd"
-    workdir.mkdir()
-    client = NotebookClient(nb, km=this_interpreter_kernel(tmp_path), timeout=CELL_TIMEOUT_S,
-                            resources={"metadata": {"path": str(workdir)}})
     try:
-        client.execute()
+        workdir = execute(nb, tmp_path)
     except CellExecutionError as e:  # the message holds the cell's source and the traceback
         pytest.fail(f"{path.name}: a cell raised\n{ANSI_ESCAPE.sub('', str(e))}", pytrace=False)
-    printed = [o for c in nb.cells for o in c.get("outputs", []) if o.get("name") == "stdout"]
-    assert printed, f"{path.name}: no cell printed anything"
+    printed = stdout_of(nb)
+    assert "SMOKE_TEST: tiny sizes" in printed, f"{path.name}: did not run in smoke mode"
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert images, f"{path.name}: no plot was drawn"
-    assert (workdir / "elmo_runs").is_dir(), f"{path.name}: wrote nothing under its WORK_ROOT"
-    assert not (ROOT / "notebooks" / "elmo_runs").exists()
-    assert os.listdir(workdir / "elmo_runs")
+    assert os.listdir(workdir / "elmo_runs"), f"{path.name}: wrote nothing under its WORK_ROOT"
+    assert not (ROOT / "notebooks" / "elmo_runs").exists(), f"{path.name}: wrote into the checkout"
+    if path.name == "train_bilm.ipynb":  # conftest's 8 CPU devices reach the kernel: the mesh is sharded
+        assert "mesh {'data': 8, 'model': 1}" in printed, printed
