@@ -68,15 +68,20 @@ def smoke_notebook(path: Path) -> nbformat.NotebookNode:
 
 
 def this_interpreter_kernel(directory: Path) -> KernelManager:
-    """A kernel manager that starts `sys.executable -m ipykernel_launcher`, whatever kernels are installed."""
+    """A kernel manager that starts `sys.executable -m ipykernel_launcher`, whatever kernels are installed,
+    with its files under `directory`."""
     spec_dir = directory / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True)
     spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
             "display_name": "elmo-jax tests", "language": "python",
-            "env": {"JAX_PLATFORMS": "cpu"}}  # matplotlib uses ipykernel's inline backend (PNG outputs)
+            # IPYTHONDIR: no user profile or startup files take part. matplotlib uses ipykernel's inline
+            # backend (PNG outputs).
+            "env": {"JAX_PLATFORMS": "cpu", "IPYTHONDIR": str(directory / "ipython")}}
     (spec_dir / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
     specs = KernelSpecManager(kernel_dirs=[str(directory / "kernels")], ensure_native_kernel=False)
-    return KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs)
+    # The connection file goes to tmp_path too, not to ~/.local/share/jupyter (CI's HOME may be read-only).
+    return KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs,
+                         connection_file=str(directory / "connection.json"))
 
 
 def execute(nb: nbformat.NotebookNode, tmp_path: Path) -> Path:
