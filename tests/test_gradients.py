@@ -1,6 +1,6 @@
 """Hand-written gradients (issue #8's speed-ups) against plain autodiff of the textbook forms.
 
-`char_cnn.max_over_starts` keeps only the argmax for its backward pass, and `precision.matmul` flattens
+`char_cnn.conv_max` runs in token blocks and keeps only the argmax for its backward pass, and `precision.matmul` flattens
 a >2-D input before the product; both must give the gradients `jax.grad` gives for `jnp.max` and
 `jnp.einsum`, and the char CNN as a whole the gradient of a max-pool written with `jnp.max`.
 """
@@ -18,21 +18,37 @@ from elmo_jax.params import init_params
 from elmo_jax.precision import matmul
 
 
-def test_max_over_starts_gradient_equals_jnp_max_without_ties():
-    conv = jax.random.normal(jax.random.key(0), (5, 7, 3))
-    g = jax.random.normal(jax.random.key(1), (5, 3))
-    ours = jax.grad(lambda x: jnp.sum(char_cnn.max_over_starts(x, 7) * g))(conv)
-    reference = jax.grad(lambda x: jnp.sum(jnp.max(x, axis=1) * g))(conv)
-    np.testing.assert_array_equal(np.asarray(ours), np.asarray(reference))
-    np.testing.assert_array_equal(np.asarray(char_cnn.max_over_starts(conv, 7)), np.asarray(jnp.max(conv, axis=1)))
+def _plain_conv_max(windows, kernel, last_start):
+    conv = jnp.einsum("nsk,kf->nsf", windows, kernel, precision="highest")
+    if last_start is not None:
+        valid = jnp.arange(windows.shape[1])[:, None] <= jnp.asarray(last_start)[None, :]
+        conv = jnp.where(valid, conv, -jnp.inf)
+    return jnp.max(conv, axis=1)
 
 
-def test_max_over_starts_gives_a_tie_its_whole_gradient_at_the_first_maximum():
-    conv = jnp.asarray([[[1.0], [3.0], [3.0], [2.0]]])  # (1, 4, 1): starts 1 and 2 tie
-    ours = jax.grad(lambda x: jnp.sum(char_cnn.max_over_starts(x, 4)))(conv)
+@pytest.mark.parametrize("n_blocks", [1, 3])
+@pytest.mark.parametrize("last_start", [None, (6, 4, 2)])
+def test_conv_max_value_and_gradient_equal_autodiff_of_jnp_max_without_ties(n_blocks, last_start):
+    windows = jax.random.normal(jax.random.key(0), (6, 7, 5))  # N = 6 tokens, S = 7 starts, K = 5
+    kernel = jax.random.normal(jax.random.key(1), (5, 3))
+    g = jax.random.normal(jax.random.key(2), (6, 3))
+    ours = lambda w, k: char_cnn.conv_max(w, k, last_start, n_blocks, "float32")
+    reference = lambda w, k: _plain_conv_max(w, k, last_start)
+    np.testing.assert_allclose(np.asarray(ours(windows, kernel)), np.asarray(reference(windows, kernel)),
+                               rtol=1e-6, atol=1e-6)
+    grads = jax.grad(lambda w, k: jnp.sum(ours(w, k) * g), argnums=(0, 1))(windows, kernel)
+    expected = jax.grad(lambda w, k: jnp.sum(reference(w, k) * g), argnums=(0, 1))(windows, kernel)
+    for a, b in zip(grads, expected):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+def test_conv_max_gives_a_tie_its_whole_gradient_at_the_first_maximum():
+    windows = jnp.asarray([[[1.0], [3.0], [3.0], [2.0]]])  # (1, 4, 1): starts 1 and 2 tie
+    kernel = jnp.ones((1, 1))
+    ours = jax.grad(lambda w: jnp.sum(char_cnn.conv_max(w, kernel, None, 1, "float32")))(windows)
     np.testing.assert_array_equal(np.asarray(ours)[0, :, 0], [0.0, 1.0, 0.0, 0.0])
     # jnp.max splits it; the sum over the tied starts is the same.
-    reference = jax.grad(lambda x: jnp.sum(jnp.max(x, axis=1)))(conv)
+    reference = jax.grad(lambda w: jnp.sum(_plain_conv_max(w, kernel, None)))(windows)
     np.testing.assert_array_equal(np.asarray(reference)[0, :, 0], [0.0, 0.5, 0.5, 0.0])
 
 
@@ -58,9 +74,12 @@ def _jnp_max_conv(char_vectors, kernel, last_start, n_starts, compute_dtype):
     return jnp.max(jnp.where(valid, conv, -jnp.inf), axis=1)
 
 
+@pytest.mark.parametrize("block_rows", [1024, 64])
 @pytest.mark.parametrize("content_positions", [None, 8])
-def test_token_embedding_gradient_equals_plain_autodiff(monkeypatch, content_positions):
-    """Random words (repeated letters and all-PAD windows: ties) through the whole token layer."""
+def test_token_embedding_gradient_equals_plain_autodiff(monkeypatch, content_positions, block_rows):
+    """Random words (repeated letters and all-PAD windows: ties) through the whole token layer, in one
+    token block and in several."""
+    monkeypatch.setattr(char_cnn, "CONV_BLOCK_ROWS", block_rows)
     config = BiLMConfig(lstm_dim=16, projection_dim=8, n_highway=1, max_characters_per_token=12,
                         filters=((1, 4), (2, 4), (3, 8)))
     weights = init_params(config, jax.random.key(0)).weights
