@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import resource
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo
 from absl import app, flags
 
 import jax
-import numpy as np
 
 import elmo_jax
 from bench.common import platform_line
