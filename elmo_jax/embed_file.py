@@ -21,6 +21,7 @@ not depend on the file's order or the batch it lands in.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -100,6 +101,8 @@ def embed_file(params, input_path: str, output_path: str, options: Options = Opt
     from elmo_jax import length_buckets
 
     check_output_path(output_path)
+    if os.path.exists(output_path) and os.path.exists(input_path) and os.path.samefile(input_path, output_path):
+        raise ValueError(f"--output={output_path} is the --input file; writing there would destroy the input")
     mix = _mix_weights(options, params.config.n_output_layers)
     summary = summary or sentence_input.scan(input_path, blank_lines=options.blank_lines,
                                              max_tokens=options.max_sentence_tokens,
@@ -119,6 +122,9 @@ def embed_file(params, input_path: str, output_path: str, options: Options = Opt
             pending, batches = (batch, result), batches + 1
         if pending is not None:
             progress.update(*output.write_batch(*pending))
+        if output.lines_read != summary.lines:
+            raise ValueError(f"--input={input_path}: {output.lines_read:,} lines now, {summary.lines:,} when it was "
+                             "checked; the file changed while it was read")
         output.commit()
     progress.close()
     counts = {"lines": summary.lines, "sentences": output.datasets, "tokens": summary.tokens,
@@ -145,6 +151,7 @@ def _batches(input_path, batcher, output, max_tokens: int, blank_lines: str, C: 
     from elmo_jax.length_buckets import Piece
 
     for line, tokens in sentence_input.lines(input_path):
+        output.lines_read += 1
         if not tokens and blank_lines == "skip":
             continue
         output.create(line, tokens)
@@ -210,7 +217,7 @@ class _OutputFile:
         self.layers, self.dim = config.n_output_layers, config.output_dim
         self.dtype = np.float16 if options.float16 else np.float32
         self.index: dict[str, str] = {}
-        self.datasets = 0
+        self.datasets = self.lines_read = 0
         self._remaining: dict[int, int] = {}  # line -> tokens still to write
         self.tmp = None
 
@@ -219,18 +226,37 @@ class _OutputFile:
 
         fd, self.tmp = atomic_write.temporary_file(self.path)
         os.close(fd)
-        self.h5 = h5py.File(self.tmp, "w")
+        try:
+            with self._writing():
+                self.h5 = h5py.File(self.tmp, "w")
+        except BaseException:
+            os.unlink(self.tmp)
+            raise
         return self
 
     def __exit__(self, kind, value, traceback):
-        if self.tmp is not None:  # not committed: remove what was written
-            self.h5.close()
-            os.unlink(self.tmp)
+        if self.tmp is not None:  # not committed: remove what was written, whatever closing says
+            try:
+                self.h5.close()
+            except Exception:  # a full disk fails the close too; the file goes anyway
+                pass
+            finally:
+                os.unlink(self.tmp)
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """h5py reports a full disk or a locked file as RuntimeError/OSError naming the temporary file."""
+        try:
+            yield
+        except (RuntimeError, OSError) as e:
+            raise OSError(f"--output={self.path}: writing the HDF5 file failed ({e}); nothing was left under "
+                          "that name") from None
 
     def create(self, line: int, tokens: list[str]) -> None:
         n = len(tokens)
         shape = (self.layers, n, self.dim) if self.options.layers == "all" else (n, self.dim)
-        self.h5.create_dataset(str(line), shape=shape, dtype=self.dtype)
+        with self._writing():
+            self.h5.create_dataset(str(line), shape=shape, dtype=self.dtype)
         self.datasets += 1
         if n:
             self._remaining[line] = n
@@ -243,11 +269,12 @@ class _OutputFile:
         done = tokens = 0
         for row, piece in enumerate(batch.pieces):
             n = piece.n_tokens
-            dataset = self.h5[str(piece.line)]
-            if self.options.layers == "all":
-                dataset[:, piece.offset:piece.offset + n] = vectors[row, :, :n]
-            else:
-                dataset[piece.offset:piece.offset + n] = vectors[row, :n]
+            with self._writing():
+                dataset = self.h5[str(piece.line)]
+                if self.options.layers == "all":
+                    dataset[:, piece.offset:piece.offset + n] = vectors[row, :, :n]
+                else:
+                    dataset[piece.offset:piece.offset + n] = vectors[row, :n]
             self._remaining[piece.line] -= n
             if self._remaining[piece.line] == 0:
                 del self._remaining[piece.line]
@@ -258,13 +285,15 @@ class _OutputFile:
     def commit(self) -> None:
         import h5py
 
-        assert not self._remaining, f"lines never embedded: {sorted(self._remaining)[:5]}"
-        if self.options.sentence_index:
-            index = self.h5.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
-            index[0] = json.dumps(self.index)
-        self.h5.close()
-        with open(self.tmp, "rb") as f:
-            os.fsync(f.fileno())
+        if self._remaining:  # cannot happen unless the batching loses a piece: never commit such a file
+            raise RuntimeError(f"internal error: lines never embedded: {sorted(self._remaining)[:5]}")
+        with self._writing():
+            if self.options.sentence_index:
+                index = self.h5.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
+                index[0] = json.dumps(self.index)
+            self.h5.close()
+            with open(self.tmp, "rb") as f:
+                os.fsync(f.fileno())
         os.chmod(self.tmp, atomic_write.new_file_mode())
         os.replace(self.tmp, self.path)
         self.tmp = None
@@ -345,14 +374,9 @@ def run() -> dict:
 
 
 def main(argv) -> None:
-    if len(argv) > 1:
-        print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
-        sys.exit(1)
-    try:
-        run()
-    except (ValueError, OSError) as e:  # a person's mistake or a broken file: one line, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    from elmo_jax import cli
+
+    cli.run_main(run, argv)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ replaced only with --overwrite, and only once the new one is complete.
 from __future__ import annotations
 
 import os
-import sys
 
 from absl import app, flags, logging
 
@@ -76,14 +75,9 @@ def _from_hdf5():
 
 
 def main(argv) -> None:
-    if len(argv) > 1:
-        print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
-        sys.exit(1)
-    try:
-        run()
-    except (ValueError, OSError) as e:  # a person's mistake or a broken file: one line, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    from elmo_jax import cli
+
+    cli.run_main(run, argv)
 
 
 if __name__ == "__main__":

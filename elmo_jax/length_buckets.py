@@ -50,7 +50,9 @@ class Batch:
 
 
 def length_bucket(n_tokens: int, lengths: tuple[int, ...] = LENGTHS) -> int:
-    """The smallest length bucket >= n_tokens (n_tokens must not exceed the largest)."""
+    """The smallest length bucket >= n_tokens; past the largest, the next multiple of the largest."""
+    if n_tokens > lengths[-1]:
+        return -(-n_tokens // lengths[-1]) * lengths[-1]
     return lengths[bisect.bisect_left(lengths, max(n_tokens, 1))]
 
 

@@ -217,6 +217,10 @@ def _manifest(staging: str, config: BiLMConfig, source: str, compute_dtype: str)
 
 
 def _check_file(directory: str, name: str, entry: dict, verify: bool) -> None:
+    if (not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) or os.sep in name
+            or name in (os.curdir, os.pardir)):
+        raise ValueError(f"{os.path.join(directory, MANIFEST)}: bad entry for {name!r} (expected a file name in the "
+                         "directory with its \"bytes\" and \"sha256\")")
     path = os.path.join(directory, name)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{directory}: missing {name} (listed in {MANIFEST}); copy the whole directory "
@@ -240,6 +244,9 @@ def check_target(target: str, overwrite: bool) -> None:
         if not overwrite:
             raise FileExistsError(f"{target} already exists; pass --overwrite to replace it (the old one is "
                                   "removed only after the new one is complete)")
+        if os.listdir(target) and not _is_model_dir(target):
+            raise FileExistsError(f"{target} exists and is not a model directory (no elmo-jax {MANIFEST}); "
+                                  "--overwrite replaces only an earlier export, never other files")
     if not os.access(parent, os.W_OK):
         raise PermissionError(f"cannot write {target}: directory {parent} is not writable")
 
@@ -252,8 +259,20 @@ def _replace_dir(staging: str, target: str) -> None:
     aside = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", suffix=".old", dir=os.path.dirname(target))
     os.rmdir(aside)
     os.rename(target, aside)
-    os.rename(staging, target)
+    try:
+        os.rename(staging, target)
+    except BaseException:  # put the old model back under its name before reporting
+        os.rename(aside, target)
+        raise
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def _is_model_dir(directory: str) -> bool:
+    try:
+        with open(os.path.join(directory, MANIFEST), encoding="utf-8") as f:
+            return json.load(f).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _version(package: str) -> str:

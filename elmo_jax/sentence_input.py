@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 from collections.abc import Iterator
 
 BLANK_LINE_POLICIES = ("empty", "skip", "error")
@@ -83,6 +84,9 @@ def _numbered_lines(path: str) -> Iterator[tuple[int, list[str]]]:
         raise IsADirectoryError(f"--input={path}: is a directory, expected a text file")
     if not os.path.exists(path):
         raise FileNotFoundError(f"--input={path}: file not found")
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a pipe would be used up by `scan` before `lines` reads it
+        raise ValueError(f"--input={path}: not a regular file (a pipe or device); the input is read twice, "
+                         "so write it to a file first")
     with open(path, "rb") as f:
         number = 0
         while raw := f.readline(MAX_LINE_BYTES + 1):

@@ -130,8 +130,8 @@ def test_long_sentences_refused_or_split_into_pieces(tiny_params, tmp_path):
     with pytest.raises(ValueError, match=r"in\.txt:2: 26 tokens, over --max_sentence_tokens=10.*--long_sentences=split"):
         ef.embed_file(tiny_params, str(path), str(tmp_path / "out.hdf5"), ef.Options(max_sentence_tokens=10))
     assert not (tmp_path / "out.hdf5").exists()
-    counts = ef.embed_file(tiny_params, str(path), str(tmp_path / "out.hdf5"),
-                           ef.Options(max_sentence_tokens=10, long_sentences="split"))
+    counts = ef.embed_file(tiny_params, str(path), str(tmp_path / "out.hdf5"),  # pieces in different batches
+                           ef.Options(max_sentence_tokens=10, long_sentences="split", batch_tokens=16))
     assert counts["split_lines"] == 1
     vectors, _ = read_output(tmp_path / "out.hdf5")
     pieces = [reference(tiny_params, long[i:i + 10]) for i in range(0, 26, 10)]
@@ -168,7 +168,10 @@ def test_ten_thousand_varied_sentences_compile_one_shape_per_bucket(tiny_params,
           f"{counts['compiled_shapes']} compiled shapes, {counts['seconds']:.1f} s")
 
 
-def test_a_killed_run_leaves_nothing_under_the_target_name(fixture_dir, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_run_leaves_nothing_under_the_target_name(fixture_dir, tmp_path, signum):
+    """SIGKILL: the target keeps its old contents (the temporary file may stay, under another name).
+    SIGTERM: the same, the temporary file is removed too, and the exit code is 143 with one line."""
     rng = np.random.default_rng(3)
     path = write_lines(tmp_path / "in.txt", [" ".join(s) for s in random_sentences(rng, 20_000, max_len=40)])
     target = tmp_path / "out.hdf5"
@@ -177,7 +180,7 @@ def test_a_killed_run_leaves_nothing_under_the_target_name(fixture_dir, tmp_path
     process = subprocess.Popen([sys.executable, "-m", "elmo_jax.embed_file", f"--options={fixture_dir / 'options.json'}",
                                 f"--weights={fixture_dir / 'weights.hdf5'}", f"--input={path}", f"--output={target}",
                                 "--batch_tokens=256"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+                               stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
         while not glob.glob(str(tmp_path / "out.hdf5.*.tmp")) and time.time() < deadline:
@@ -185,12 +188,16 @@ def test_a_killed_run_leaves_nothing_under_the_target_name(fixture_dir, tmp_path
             time.sleep(0.05)
         time.sleep(1.0)  # well into writing batches
         assert process.poll() is None, "embed_file finished before it could be killed"
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
     assert target.read_bytes() == b"previous results"
+    if signum == signal.SIGTERM:
+        assert process.returncode == 143, stderr[-2000:]
+        assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith("stopped by SIGTERM")
+        assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.hdf5"]
 
 
 def test_cli_writes_the_file_and_reports_bad_input_in_one_line(fixture_dir, tmp_path):
@@ -237,3 +244,43 @@ def test_bad_input_is_named_and_leaves_no_output(tiny_params, tmp_path):
     with pytest.raises(ValueError, match="either --model"):
         model_dir.load_model(str(tmp_path), "options.json", None)
     assert sorted(os.listdir(tmp_path)) == ["empty.txt", "good.txt"]
+
+
+def test_sentences_longer_than_the_largest_length_bucket(tiny_params, tmp_path):
+    tokens = [str(w) for w in np.random.default_rng(4).choice(WORDS[:8], 1050)]
+    path = write_lines(tmp_path / "in.txt", ["the bank .", " ".join(tokens)])
+    ef.embed_file(tiny_params, str(path), str(tmp_path / "out.hdf5"), ef.Options(max_sentence_tokens=2000,
+                                                                                  layers="top"))
+    vectors, _ = read_output(tmp_path / "out.hdf5")
+    np.testing.assert_allclose(vectors["1"], reference(tiny_params, tokens)[-1], rtol=0, atol=ATOL)
+
+
+def test_input_that_is_the_output_a_pipe_or_changes_is_refused(tiny_params, tmp_path, monkeypatch):
+    path = write_lines(tmp_path / "in.txt", ["the bank .", "hello !"])
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="is the --input file"):
+        ef.embed_file(tiny_params, str(path), str(path))
+    assert path.read_bytes() == before
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        ef.embed_file(tiny_params, str(fifo), str(tmp_path / "out.hdf5"))
+    real_lines = ef.sentence_input.lines
+    monkeypatch.setattr(ef.sentence_input, "lines", lambda p: list(real_lines(p))[:1])  # the file shrank
+    with pytest.raises(ValueError, match="changed while it was read"):
+        ef.embed_file(tiny_params, str(path), str(tmp_path / "out.hdf5"))
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "pipe"]
+
+
+def test_a_failing_write_is_named_and_leaves_nothing(tiny_params, tmp_path, monkeypatch):
+    path = write_lines(tmp_path / "in.txt", ["the bank .", "hello !"])
+    (tmp_path / "out.hdf5").write_bytes(b"previous results")
+
+    def full_disk(self, key, value):
+        raise RuntimeError("Can't write data (file write failed: errno = 28, error message = 'No space left')")
+
+    monkeypatch.setattr(h5py.Dataset, "__setitem__", full_disk)
+    with pytest.raises(OSError, match=r"--output=.*out\.hdf5: writing the HDF5 file failed .*No space left"):
+        ef.embed_file(tiny_params, str(path), str(tmp_path / "out.hdf5"))
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.hdf5"]
+    assert (tmp_path / "out.hdf5").read_bytes() == b"previous results"

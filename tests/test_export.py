@@ -217,3 +217,34 @@ def test_embed_text_cli_reads_a_model_directory(exported, tiny_params, tmp_path)
         np.testing.assert_allclose(saved["layers"], np.asarray(expected), rtol=0, atol=ATOL)
         np.testing.assert_array_equal(saved["mask"], np.asarray(mask))
     assert_one_line_error(cli("elmo_jax.embed_text", f"--model={tmp_path}", "Hello"), "missing manifest.json")
+
+
+def test_overwrite_replaces_only_a_model_directory(tiny_params, tmp_path):
+    """--overwrite never deletes a directory that is not an earlier export (a workdir, $HOME, '.')."""
+    precious = tmp_path / "mydata"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    with pytest.raises(FileExistsError, match="is not a model directory"):
+        model_dir.write_model_dir(tiny_params, precious, overwrite=True)
+    assert (precious / "thesis.tex").read_text() == "years of work"
+    assert sorted(os.listdir(tmp_path)) == ["mydata"]
+
+
+def test_a_failed_swap_puts_the_old_model_back(exported, tiny_params, tmp_path, monkeypatch):
+    model = tmp_path / "model"
+    shutil.copytree(exported, model)
+    before = {name: (model / name).read_bytes() for name in os.listdir(model)}
+    real_rename, calls = os.rename, []
+
+    def rename(source, target):  # the second rename (staging -> target) fails, as on a full or odd file system
+        calls.append(target)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real_rename(source, target)
+
+    monkeypatch.setattr(model_dir.os, "rename", rename)
+    with pytest.raises(OSError, match="No space left"):
+        model_dir.write_model_dir(tiny_params, model, overwrite=True)
+    monkeypatch.undo()
+    assert {name: (model / name).read_bytes() for name in os.listdir(model)} == before
+    assert sorted(os.listdir(tmp_path)) == ["model"]
