@@ -59,7 +59,12 @@ def temporary_directory(path: str | os.PathLike) -> str:
 
 def write(path: str | os.PathLike, write_fn: Callable[[BinaryIO], object]) -> None:
     """`write_fn(file)` into a temporary file, then renamed over `path`."""
-    os.replace(stage(path, write_fn), path)
+    tmp = stage(path, write_fn)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
