@@ -1,4 +1,4 @@
-"""How the file-writing command-line tools end: one line on standard error, never a traceback.
+"""How the command-line tools end: one line on standard error, never a traceback.
 
     def main(argv):
         cli.run_main(run, argv)
@@ -24,10 +24,17 @@ def _raise_terminated(signum, frame):
     raise Terminated()
 
 
-def run_main(run: Callable[[], object], argv: list[str]) -> None:
-    """Calls `run()` and turns its failures and interruptions into one line and an exit code."""
-    if len(argv) > 1:
-        print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
+def run_main(run: Callable[[], object], argv: list[str] | None = None, hint: str = "") -> None:
+    """Calls `run()` and turns its failures and interruptions into one line and an exit code.
+
+    Args:
+      run: the tool's work.
+      argv: absl's remaining arguments, which must be only the program name; None when the tool takes
+        positional arguments itself.
+      hint: appended to the "unexpected arguments" error (e.g. which flag takes them).
+    """
+    if argv is not None and len(argv) > 1:
+        print(f"error: unexpected arguments {argv[1:]}{hint}", file=sys.stderr)
         sys.exit(1)
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:

@@ -61,11 +61,9 @@ def run(argv: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    try:
-        run(argv)
-    except (ValueError, OSError) as e:  # a person's mistake: one line, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    from elmo_jax import cli
+
+    cli.run_main(lambda: run(argv))  # the arguments are the sentences
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import ml_collections
 from absl import app, flags
@@ -79,14 +78,9 @@ def run() -> dict:
 
 
 def main(argv) -> None:
-    if len(argv) > 1:
-        print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
-        sys.exit(1)
-    try:
-        run()
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    from elmo_jax import cli
+
+    cli.run_main(run, argv)
 
 
 if __name__ == "__main__":

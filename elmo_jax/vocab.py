@@ -220,14 +220,9 @@ def run() -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    if len(argv) > 1:
-        print(f"error: unexpected arguments {argv[1:]}; pass the corpus with --files=GLOB", file=sys.stderr)
-        sys.exit(1)
-    try:
-        run()
-    except (ValueError, OSError) as e:  # a person's mistake: one line, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    from elmo_jax import cli
+
+    cli.run_main(run, list(argv), hint="; pass the corpus with --files=GLOB")
 
 
 def parse_flags(argv: list[str]) -> list[str]:

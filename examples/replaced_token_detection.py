@@ -272,18 +272,13 @@ def define_flags() -> None:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        print(f"error: unexpected arguments {argv[1:]}", file=sys.stderr)
-        sys.exit(1)
+    from elmo_jax import cli
+
     settings = Settings(bilm_dir=FLAGS.biLM or "", text=FLAGS.text, steps=FLAGS.steps, batch_size=FLAGS.batch_size,
                         train_copies=FLAGS.train_copies, test_copies=FLAGS.test_copies,
                         test_fraction=FLAGS.test_fraction, replace_prob=FLAGS.replace_prob, seed=FLAGS.seed,
                         learning_rate=FLAGS.learning_rate, max_tokens=FLAGS.max_tokens)
-    try:
-        run(settings)
-    except (ValueError, OSError) as e:  # a person's mistake: one line, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    cli.run_main(lambda: run(settings), argv)
 
 
 if __name__ == "__main__":
