@@ -34,6 +34,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from elmo_jax import atomic_write, model_dir, sentence_input
+from elmo_jax.char_cnn import content_bucket
 
 LAYER_MODES = ("all", "top", "average", "mix")
 FLAGS = flags.FLAGS
@@ -115,7 +116,7 @@ def embed_file(params, input_path: str, output_path: str, options: Options = Opt
     with _OutputFile(output_path, params.config, options) as output:
         pending = None  # the previous batch: written while the device computes the next one
         for batch in _batches(input_path, batcher, output, options.max_sentence_tokens, options.blank_lines, C):
-            shapes.add(batch.chars.shape + (_width_bucket(batch.chars, C),))
+            shapes.add(batch.chars.shape + (content_bucket(batch.chars, C),))
             result = _embed_batch(params, batch.chars, options, mix)
             if pending is not None:
                 progress.update(*output.write_batch(*pending))
@@ -161,12 +162,6 @@ def _batches(input_path, batcher, output, max_tokens: int, blank_lines: str, C: 
             piece = tokens[offset:offset + max_tokens]
             yield from batcher.add(Piece(line, offset, tokens_to_raw_ids(piece, C) + 1))
     yield from batcher.flush()
-
-
-def _width_bucket(chars: np.ndarray, C: int) -> int:
-    from elmo_jax.char_cnn import content_bucket
-
-    return content_bucket(chars, C)
 
 
 def _embed_batch(params, chars: np.ndarray, options: Options, mix):

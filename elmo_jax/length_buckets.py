@@ -49,6 +49,14 @@ class Batch:
     pieces: list[Piece]
 
 
+def stack(pieces: list[Piece], rows: int, T: int, C: int) -> Batch:
+    """A (rows, T, C) batch holding `pieces` in its first rows; the other rows and positions are padding."""
+    chars = np.zeros((rows, T, C), np.int32)
+    for row, piece in enumerate(pieces):
+        chars[row, :piece.n_tokens] = piece.chars
+    return Batch(chars, pieces)
+
+
 def length_bucket(n_tokens: int, lengths: tuple[int, ...] = LENGTHS) -> int:
     """The smallest length bucket >= n_tokens; past the largest, the next multiple of the largest."""
     if n_tokens > lengths[-1]:
@@ -85,10 +93,7 @@ class BucketBatcher:
             yield self._batch(T, pieces)
 
     def _batch(self, T: int, pieces: list[Piece]) -> Batch:
-        chars = np.zeros((self.rows(T), T, self.C), np.int32)
-        for row, piece in enumerate(pieces):
-            chars[row, :piece.n_tokens] = piece.chars
-        return Batch(chars, pieces)
+        return stack(pieces, self.rows(T), T, self.C)
 
 
 class InputOrderBatcher:
@@ -110,7 +115,4 @@ class InputOrderBatcher:
     def flush(self) -> Iterator[Batch]:
         if self._pieces:
             pieces, self._pieces, longest, self._longest = self._pieces, [], self._longest, 1
-            chars = np.zeros((len(pieces), longest, self.C), np.int32)
-            for row, piece in enumerate(pieces):
-                chars[row, :piece.n_tokens] = piece.chars
-            yield Batch(chars, pieces)
+            yield stack(pieces, len(pieces), longest, self.C)
