@@ -13,7 +13,6 @@ test_evaluate_cli, test_export, test_embed_file, test_faults).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import pytest
 import elmo_jax
 from elmo_jax import embed_file as ef
 from elmo_jax.model_dir import write_model_dir
+from test_train_cli import tree_digest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNWRITABLE = "/sys"  # sysfs refuses new files even to root
@@ -53,19 +53,6 @@ def files(tmp_path_factory, fixture_dir, tiny_params):
     paths["model"] = root / "model"
     write_model_dir(tiny_params, paths["model"])
     return paths
-
-
-def snapshot(*paths) -> dict[str, str]:
-    """SHA-256 of every file under `paths` (files or directories), to prove they were left alone."""
-    out = {}
-    for path in map(str, paths):
-        walk = [(path, [], [""])] if os.path.isfile(path) else os.walk(path)
-        for directory, _, names in walk:
-            for name in names:
-                full = os.path.join(directory, name) if name else directory
-                with open(full, "rb") as f:
-                    out[full] = hashlib.sha256(f.read()).hexdigest()
-    return out
 
 
 def run_cli(*argv):
@@ -152,10 +139,10 @@ CLI_CASES = {
 @pytest.mark.parametrize("case", sorted(CLI_CASES))
 def test_cli_bad_input_is_one_line_and_touches_nothing(files, case):
     argv, expected = CLI_CASES[case]
-    before = snapshot(files["root"])
+    before = tree_digest(files["root"])
     listing = sorted(os.listdir(files["root"]))
     assert_one_line_error(run_cli(*argv(files)), *expected)
-    assert snapshot(files["root"]) == before  # the existing output, the model directory, every input
+    assert tree_digest(files["root"]) == before  # the existing output, the model directory, every input
     assert sorted(os.listdir(files["root"])) == listing  # no new output, no temporary left behind
 
 

@@ -14,7 +14,6 @@ and little compilation (the uninterrupted run fills the cache; cached executable
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import os
 import resource
@@ -31,10 +30,11 @@ import pytest
 import elmo_jax
 from elmo_jax import trainer
 from elmo_jax.checkpoint import TMP_SUFFIX
+from test_train import assert_trees_equal, without_timing
+from test_train_cli import tree_digest
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, EVERY, EVAL_EVERY = 80, 5, 20  # training steps, checkpoint and evaluation intervals
-TIMING_KEYS = ("tokens_per_s", "steps_per_s")
 
 CONFIG = '''
 from configs import default
@@ -133,29 +133,6 @@ def wait_until(condition, proc: subprocess.Popen, timeout=120.0) -> bool:
 
 def tmp_checkpoints(workdir) -> list[str]:
     return glob.glob(os.path.join(workdir, "checkpoints", "*" + TMP_SUFFIX + "*"))
-
-
-def without_timing(record):
-    return {k: v for k, v in record.items() if k not in TIMING_KEYS}
-
-
-def assert_trees_equal(a, b):
-    leaves_a, tree_a = jax.tree.flatten(a)
-    leaves_b, tree_b = jax.tree.flatten(b)
-    assert tree_a == tree_b
-    for x, y in zip(leaves_a, leaves_b):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
-def tree_digest(directory) -> str:
-    digest = hashlib.sha256()
-    for root, dirs, files in sorted(os.walk(directory)):
-        dirs.sort()
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            digest.update(os.path.relpath(path, directory).encode())
-            digest.update(Path(path).read_bytes())
-    return digest.hexdigest()
 
 
 @pytest.fixture(scope="module")
