@@ -48,7 +48,7 @@ class _QuietLibraries:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from elmo_jax.preemption import Stopped  # after flag parsing: --help stays fast
+    from elmo_jax.training.preemption import Stopped  # after flag parsing: --help stays fast
     from elmo_jax.trainer import TrainingError, train_and_evaluate
 
     logging.get_absl_handler().addFilter(_QuietLibraries())
@@ -77,7 +77,7 @@ def _start_distributed() -> None:
     if any(v is not None for v in explicit) and any(v is None for v in explicit):
         raise ValueError("--coordinator_address, --num_processes and --process_id go together; found "
                          f"{FLAGS.coordinator_address!r}, {FLAGS.num_processes!r}, {FLAGS.process_id!r}")
-    from elmo_jax import multihost
+    from elmo_jax.training import multihost
 
     multihost.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
                          [int(i) for i in FLAGS.local_device_ids] if FLAGS.local_device_ids else None)

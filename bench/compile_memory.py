@@ -50,8 +50,9 @@ def compile_case(case: str) -> dict:
     import numpy as np
 
     from configs import bilm_large
-    from elmo_jax import sharding, trainer
-    from elmo_jax.train_step import make_optimizer
+    from elmo_jax import trainer
+    from elmo_jax.training import sharding
+    from elmo_jax.training.train_step import make_optimizer
 
     devices, mesh_shape = case.split(":")
     data, model = (int(x) for x in mesh_shape.split("x"))

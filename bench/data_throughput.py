@@ -4,7 +4,7 @@
     python bench/data_throughput.py --sentences=5500000 --seconds=30    # 16 shards, closer to a real 1B Word
 
 Two corpora, each read the way training reads it (a TFDS ArrayRecord dataset written by
-`corpus.prepare_local_corpus`, opened with `corpus.open_sentences`) through `data.BiLMBatchStream` with
+`tfds_corpus.prepare_local_corpus`, opened with `tfds_corpus.open_sentences`) through `data.BiLMBatchStream` with
 seed shuffling: both directions, whole windows including the character ids.
   demo     the embedded default corpus (Python standard-library docstrings) exactly as configs/demo.py
            trains on it (`training_data.open_training_data`: its vocabulary, its 32 x 20 windows);
@@ -69,10 +69,11 @@ import tensorflow_datasets as tfds
 from bench.common import platform_line
 from bench.synthetic_corpus import write_synthetic_corpus
 from configs import demo as demo_config
-from elmo_jax import corpus, data as data_lib, vocab as vocab_lib
+from elmo_jax.data import vocab_builder
+from elmo_jax.data import tfds_corpus, batch_stream
 from elmo_jax.trainer import device_batch, step_config
-from elmo_jax.train_step import init_train_state, make_optimizer, train_step
-from elmo_jax.training_data import open_training_data
+from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
+from elmo_jax.data.training_corpus import open_training_data
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("corpora", ["demo", "1b-like"], "Streams to time: demo, 1b-like.")
@@ -117,18 +118,18 @@ def prepare_1b_like(workdir: str):
     times["generate"] = time.perf_counter() - start
     start = time.perf_counter()
     try:
-        builder = corpus.prepare_local_corpus(path, None, os.path.join(workdir, "tfds"), name="synthetic")
+        builder = tfds_corpus.prepare_local_corpus(path, None, os.path.join(workdir, "tfds"), name="synthetic")
     except ModuleNotFoundError as e:  # TFDS spills a split of over 1000 MiB to disk through tf.io.gfile
         raise RuntimeError(f"preparing {path} ({os.path.getsize(path) / 2**20:,.0f} MiB) needs TensorFlow, which "
                            "TFDS uses to spill a split over 1000 MiB to disk (tensorflow_datasets/core/shuffle.py); "
                            f"use --sentences=5500000 or fewer, or install tensorflow ({e})") from e
-    sentences = corpus.open_sentences("train", builder=builder)
+    sentences = tfds_corpus.open_sentences("train", builder=builder)
     times["ArrayRecord"] = time.perf_counter() - start
     shards = builder.info.splits["train"].shard_lengths
     print(f"  1b-like ArrayRecord: {len(shards)} shard(s) of {min(shards):,}-{max(shards):,} sentences (TFDS aims at "
           "64 MiB-1 GiB shards: a 1B Word corpus makes ~64 shards of ~470k)")
     start = time.perf_counter()
-    vocab = vocab_lib.build_vocab(counts)
+    vocab = vocab_builder.build_vocab(counts)
     times["vocabulary"] = time.perf_counter() - start
     print(f"  1b-like: vocabulary {len(vocab):,}; " + ", ".join(f"{k} {v:.1f} s" for k, v in times.items()))
     return sentences, vocab, times, path
@@ -157,7 +158,7 @@ def one_core(core: int):
         os.sched_setaffinity(0, allowed)
 
 
-def time_stream(stream: data_lib.BiLMBatchStream, seconds: float, warmup: int) -> dict[str, float]:
+def time_stream(stream: batch_stream.BiLMBatchStream, seconds: float, warmup: int) -> dict[str, float]:
     """Reads windows for `seconds` after `warmup`; rates of the stream alone and with `device_batch`."""
     max_chars = stream.max_chars
     for _ in range(warmup):
@@ -174,7 +175,7 @@ def time_stream(stream: data_lib.BiLMBatchStream, seconds: float, warmup: int) -
         device_batch(window, max_chars)
         stream_s, stream_cpu = stream_s + t1 - t0, stream_cpu + c1 - c0
         batch_s += time.perf_counter() - t1
-        tokens += sum(int(window[d]["mask"].sum()) for d in data_lib.DIRECTIONS)
+        tokens += sum(int(window[d]["mask"].sum()) for d in batch_stream.DIRECTIONS)
         windows += 1
     cpu, wall = time.process_time() - cpu_start, time.perf_counter() - start
     return {"windows": windows, "tokens": tokens, "tokens_per_s": tokens / stream_s,
@@ -225,14 +226,14 @@ PROFILE_ROWS = (
 )
 
 
-def profile_stream(stream: data_lib.BiLMBatchStream, windows: int) -> None:
+def profile_stream(stream: batch_stream.BiLMBatchStream, windows: int) -> None:
     """cProfile of `windows` windows, as a table of PROFILE_ROWS (rows name data.py's private methods)."""
     profiler = cProfile.Profile()
     tokens = 0
     profiler.enable()
     for _ in range(windows):
         window = next(stream)
-        tokens += sum(int(window[d]["mask"].sum()) for d in data_lib.DIRECTIONS)
+        tokens += sum(int(window[d]["mask"].sum()) for d in batch_stream.DIRECTIONS)
     profiler.disable()
     stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, primitive calls, own, cumulative, callers)
 
@@ -260,7 +261,7 @@ def time_reads(sentences, n_calls: int = 30) -> None:
     tokens_per_sentence = np.mean([len(sentences[int(i)].split()) + 1 for i in rng.integers(0, len(sentences), 500)])
     print(f"\nreading {type(sentences).__name__} records at random (the stream's path; "
           f"{tokens_per_sentence:.1f} targets per sentence and direction):")
-    for block in (1, data_lib._Direction.READ_AHEAD, 2048):
+    for block in (1, batch_stream._Direction.READ_AHEAD, 2048):
         calls = max(3, n_calls * 16 // block)
         keys = [rng.integers(0, len(sentences), block).tolist() for _ in range(calls + 1)]
         sentences.__getitems__(keys[0])
@@ -279,7 +280,7 @@ def without_reads(path: str, vocab, with_reads: dict[str, float]) -> None:
     """
     with open(path, encoding="utf-8") as f:
         lines = [line.rstrip("\n") for line, _ in zip(f, range(IN_MEMORY_LIMIT))]
-    stream = data_lib.BiLMBatchStream(lines, vocab, batch_size=FLAGS.batch_size, unroll_steps=FLAGS.unroll_steps,
+    stream = batch_stream.BiLMBatchStream(lines, vocab, batch_size=FLAGS.batch_size, unroll_steps=FLAGS.unroll_steps,
                                       seed=0, reset_probability=demo_config.get_config().state_reset_probability)
     r = time_stream(stream, FLAGS.seconds / 2, FLAGS.warmup_windows)
     total, rest = 1e6 / with_reads["per_cpu_s"], 1e6 / r["per_cpu_s"]
@@ -292,9 +293,9 @@ def without_reads(path: str, vocab, with_reads: dict[str, float]) -> None:
 
 # ----------------------------------------------------------------------------- main
 
-def demo_stream(config, demo) -> data_lib.BiLMBatchStream:
+def demo_stream(config, demo) -> batch_stream.BiLMBatchStream:
     """The batch stream `train_and_evaluate` builds for configs/demo.py (one process)."""
-    return data_lib.BiLMBatchStream(demo.train, demo.vocab, batch_size=config.batch_size,
+    return batch_stream.BiLMBatchStream(demo.train, demo.vocab, batch_size=config.batch_size,
                                     unroll_steps=config.unroll_steps, seed=config.seed,
                                     max_characters_per_token=config.model.max_characters_per_token,
                                     reset_probability=config.state_reset_probability)
@@ -348,7 +349,7 @@ def main(argv):
             streams["demo"] = (demo_stream(config, demo), len(demo.train), len(demo.vocab), demo_prep)
         if "1b-like" in FLAGS.corpora:
             sentences, vocab, times, text_path = prepare_1b_like(workdir)
-            stream = data_lib.BiLMBatchStream(sentences, vocab, batch_size=FLAGS.batch_size,
+            stream = batch_stream.BiLMBatchStream(sentences, vocab, batch_size=FLAGS.batch_size,
                                               unroll_steps=FLAGS.unroll_steps, seed=0,
                                               reset_probability=config.state_reset_probability)
             streams["1b-like"] = (stream, len(sentences), len(vocab), sum(times.values()))

@@ -44,7 +44,7 @@ def main(argv):
     del argv
     sys.path.insert(0, REPO)
     from configs import demo
-    from elmo_jax.training_data import open_training_data
+    from elmo_jax.data.training_corpus import open_training_data
 
     if FLAGS.train:
         subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "--config=" + os.path.join(REPO, "configs/demo.py"),

@@ -36,7 +36,7 @@ import elmo_jax
 from bench.common import platform_line
 from bench.synthetic_corpus import write_synthetic_corpus
 from elmo_jax import embed_file as ef
-from elmo_jax.model_dir import write_model_dir
+from elmo_jax.formats.model_dir import write_model_dir
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("size", "small", ["small", "medium", "original"], "Published model size (random weights).")

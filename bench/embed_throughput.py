@@ -34,8 +34,8 @@ import numpy as np
 import elmo_jax
 from bench.common import matmul_throughput, platform_line
 from bench.workloads import word_batch
-from elmo_jax.embed import _content_bucket, _embed_jit  # embed's jitted core, for XLA's memory plan
-from elmo_jax.flops import embed_flops
+from elmo_jax.features.embed import _content_bucket, _embed_jit  # embed's jitted core, for XLA's memory plan
+from elmo_jax.model.flops import embed_flops
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("sizes", ["small", "original"], "Published model sizes to run.")
@@ -54,9 +54,9 @@ def random_batch(batch_size: int, n_tokens: int, seed: int = 0) -> np.ndarray:
     """Every token: BOW, 48 random bytes, EOW (shifted ids), the CNN's worst case."""
     rng = np.random.default_rng(seed)
     ids = np.empty((batch_size, n_tokens, 50), np.int32)
-    ids[..., 0] = elmo_jax.chars.BOW_CHAR + 1
+    ids[..., 0] = elmo_jax.model.chars.BOW_CHAR + 1
     ids[..., 1:49] = rng.integers(0, 256, size=(batch_size, n_tokens, 48)) + 1
-    ids[..., 49] = elmo_jax.chars.EOW_CHAR + 1
+    ids[..., 49] = elmo_jax.model.chars.EOW_CHAR + 1
     return ids
 
 

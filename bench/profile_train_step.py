@@ -35,7 +35,7 @@ import jax
 from bench import train_throughput
 from bench.common import platform_line
 from bench.workloads import synthetic_window
-from elmo_jax.train_step import init_train_state, make_optimizer, train_step
+from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
 from elmo_jax.trainer import device_batch
 
 FLAGS = flags.FLAGS

@@ -114,7 +114,7 @@ def _embed_case(c: dict):
 
     import elmo_jax
     from bench.workloads import word_batch
-    from elmo_jax.flops import embed_flops
+    from elmo_jax.model.flops import embed_flops
 
     params = elmo_jax.init_params(elmo_jax.BiLMConfig.preset(c["size"]), jax.random.key(0))
     ids = jax.device_put(word_batch(c["B"], c["T"]))
@@ -130,8 +130,8 @@ def _train_case(c: dict, backend: str):
     import jax
 
     from bench.workloads import synthetic_window
-    from elmo_jax.flops import train_flops
-    from elmo_jax.train_step import init_train_state, make_optimizer, train_step
+    from elmo_jax.model.flops import train_flops
+    from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
     from elmo_jax.trainer import device_batch, step_config
 
     config = importlib.import_module(TRAIN_CONFIGS[c["size"]]).get_config()
@@ -258,7 +258,7 @@ def main(argv):
     text = "\n".join(header + table(rows, accelerator) + notes) + "\n"
     print("\n".join(table(rows, accelerator) + notes))
     if FLAGS.output:
-        from elmo_jax.atomic_write import write_text
+        from elmo_jax.formats.atomic_write import write_text
 
         write_text(FLAGS.output, text)
     if any("error" in r for r in rows):

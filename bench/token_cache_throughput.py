@@ -28,7 +28,8 @@ import numpy as np
 
 import elmo_jax
 from bench.common import platform_line
-from elmo_jax import default_corpus, vocab
+from elmo_jax.data import vocab_builder
+from elmo_jax.data import default_corpus
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("sizes", ["small"], "Published model sizes (random weights): small, medium, original.")
@@ -41,8 +42,8 @@ flags.DEFINE_integer("repeats", 3, "Timed passes; the best is reported.")
 def read_text(tmp: str) -> tuple[list[str], list[list[str]]]:
     """(training vocabulary, heldout sentences) of the default corpus."""
     train_path, heldout_path = default_corpus.build_default_corpus(tmp)
-    counts, _ = vocab.count_tokens([train_path])
-    words = vocab.build_vocab(counts).words
+    counts, _ = vocab_builder.count_tokens([train_path])
+    words = vocab_builder.build_vocab(counts).words
     with open(heldout_path, encoding="utf-8") as f:
         sentences = [line.split()[: FLAGS.max_tokens] for line in f if line.strip()]
     return words, sentences

@@ -13,7 +13,7 @@ one), already on the device: compile excluded, --warmup steps, then the best of 
 device (`jax.devices()[0]`; `train_step` is not sharded, so one device of several is used).
 
 tokens/s counts the target tokens of both directions, 2 x B x T per step, as the trainer's progress line
-does. Model FLOPs per step (`elmo_jax.flops.train_flops`; forward + backward ≈ 3 x forward):
+does. Model FLOPs per step (`elmo_jax.model.flops.train_flops`; forward + backward ≈ 3 x forward):
 
     3 x [ 2·B·T · char_cnn + B·T · lstm + 2·B·T · 2·P·(n_negative_samples + 1) ]
 
@@ -48,8 +48,8 @@ import jax
 
 from bench.common import matmul_throughput, platform_line
 from bench.workloads import synthetic_window
-from elmo_jax.flops import train_flops
-from elmo_jax.train_step import init_train_state, make_optimizer, train_step
+from elmo_jax.model.flops import train_flops
+from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
 from elmo_jax.trainer import device_batch, step_config
 
 CONFIGS = {"demo": "configs.demo", "small": "configs.bilm_small", "medium": "configs.bilm_medium",

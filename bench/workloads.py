@@ -11,8 +11,8 @@ import collections
 import numpy as np
 
 import elmo_jax
-from elmo_jax.data import BiLMBatchStream
-from elmo_jax.vocab import build_vocab
+from elmo_jax.data.batch_stream import BiLMBatchStream
+from elmo_jax.data.vocab_builder import build_vocab
 
 
 def word_batch(batch_size: int, n_tokens: int, seed: int = 0) -> np.ndarray:

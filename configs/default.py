@@ -8,7 +8,7 @@ computed in code and logged, and the resolved config is saved with every checkpo
 
 import ml_collections
 
-from elmo_jax.config import PUBLISHED_FILTERS
+from elmo_jax.model.config import PUBLISHED_FILTERS
 
 
 def get_config() -> ml_collections.ConfigDict:

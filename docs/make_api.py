@@ -178,7 +178,7 @@ def main(argv: list[str]) -> int:
             print(f"error: {OUTPUT} is stale; run python docs/make_api.py", file=sys.stderr)
             return 1
         return 0
-    from elmo_jax import atomic_write
+    from elmo_jax.formats import atomic_write
 
     atomic_write.write_text(OUTPUT, text)  # never a half-written API.md
     print(f"wrote {OUTPUT} ({len(text.splitlines())} lines)")

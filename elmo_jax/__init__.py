@@ -5,17 +5,17 @@
     # layers: float32 (B, 3, T, 1024); mask: bool (B, T)
 """
 
-from elmo_jax.bilm import add_boundaries, remove_boundaries
-from elmo_jax.chars import batch_to_ids, token_to_raw_ids, tokens_to_raw_ids
-from elmo_jax.config import BiLMConfig, read_options
-from elmo_jax.embed import embed, embed_tokens
-from elmo_jax.lstm import LSTMState, zero_state
-from elmo_jax.mix import ElmoRepresentations, ScalarMix, mix_l2_penalty, scalar_mix
-from elmo_jax.model_dir import load
-from elmo_jax.params import BiLMParams, count_parameters, init_params
-from elmo_jax.task_layers import ElmoTaskLayers, elmo_penalty
-from elmo_jax.token_cache import TokenCache, build_token_cache, load_token_cache, save_token_cache
-from elmo_jax.weights_hdf5 import load_hdf5, save_hdf5
+from elmo_jax.model.bilm import add_boundaries, remove_boundaries
+from elmo_jax.model.chars import batch_to_ids, token_to_raw_ids, tokens_to_raw_ids
+from elmo_jax.model.config import BiLMConfig, read_options
+from elmo_jax.features.embed import embed, embed_tokens
+from elmo_jax.model.lstm import LSTMState, zero_state
+from elmo_jax.features.mix import ElmoRepresentations, ScalarMix, mix_l2_penalty, scalar_mix
+from elmo_jax.formats.model_dir import load
+from elmo_jax.model.params import BiLMParams, count_parameters, init_params
+from elmo_jax.features.task_layers import ElmoTaskLayers, elmo_penalty
+from elmo_jax.features.token_cache import TokenCache, build_token_cache, load_token_cache, save_token_cache
+from elmo_jax.formats.weights_hdf5 import load_hdf5, save_hdf5
 
 __all__ = [
     "BiLMConfig", "BiLMParams", "ElmoRepresentations", "ElmoTaskLayers", "LSTMState", "ScalarMix", "TokenCache", "add_boundaries",

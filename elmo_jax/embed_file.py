@@ -33,8 +33,9 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
-from elmo_jax import atomic_write, model_dir, sentence_input
-from elmo_jax.char_cnn import content_bucket
+from elmo_jax.formats import atomic_write, model_dir
+from elmo_jax.features import sentence_input
+from elmo_jax.model.char_cnn import content_bucket
 
 LAYER_MODES = ("all", "top", "average", "mix")
 FLAGS = flags.FLAGS
@@ -99,7 +100,7 @@ def embed_file(params, input_path: str, output_path: str, options: Options = Opt
       ValueError / OSError: bad options, input or output path, with the flag, file or line named;
         nothing is left under `output_path` (an existing file there is untouched).
     """
-    from elmo_jax import length_buckets
+    from elmo_jax.features import length_buckets
 
     check_output_path(output_path)
     if os.path.exists(output_path) and os.path.exists(input_path) and os.path.samefile(input_path, output_path):
@@ -148,8 +149,8 @@ def check_output_path(path: str) -> None:
 
 def _batches(input_path, batcher, output, max_tokens: int, blank_lines: str, C: int):
     """Streams the file into the batcher; creates each line's dataset as it goes."""
-    from elmo_jax.chars import tokens_to_raw_ids
-    from elmo_jax.length_buckets import Piece
+    from elmo_jax.model.chars import tokens_to_raw_ids
+    from elmo_jax.features.length_buckets import Piece
 
     for line, tokens in sentence_input.lines(input_path):
         output.lines_read += 1
@@ -166,7 +167,7 @@ def _batches(input_path, batcher, output, max_tokens: int, blank_lines: str, C: 
 
 def _embed_batch(params, chars: np.ndarray, options: Options, mix):
     """Dispatches one batch (asynchronously); the layers are reduced and cast on the device."""
-    from elmo_jax.embed import embed
+    from elmo_jax.features.embed import embed
 
     layers, _ = embed(params, chars, compute_dtype=options.compute_dtype)
     return _reduce(layers, options.layers, mix, "float16" if options.float16 else "float32")

@@ -34,7 +34,7 @@ def read_sentences(argv: list[str]) -> list[list[str]]:
 
 
 def write_npz(path: str, **arrays) -> None:
-    from elmo_jax import atomic_write
+    from elmo_jax.formats import atomic_write
 
     atomic_write.write(path, lambda f: np.savez(f, **arrays))
 
@@ -42,7 +42,7 @@ def write_npz(path: str, **arrays) -> None:
 def run(argv: list[str]) -> None:
     import elmo_jax  # after flag parsing, so --help is fast
 
-    from elmo_jax.model_dir import load_model
+    from elmo_jax.formats.model_dir import load_model
 
     sentences = read_sentences(argv[1:])
     params = load_model(FLAGS.model, FLAGS.options, FLAGS.weights)

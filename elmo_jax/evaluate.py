@@ -18,8 +18,8 @@ import os
 import ml_collections
 from absl import app, flags
 
-from elmo_jax import corpus, text_files
-from elmo_jax.vocab import Vocab
+from elmo_jax.data import tfds_corpus, text_files
+from elmo_jax.formats.vocab_file import Vocab
 
 FLAGS = flags.FLAGS
 
@@ -54,8 +54,8 @@ def heldout_sentences(config, workdir: str):
     if FLAGS.files:
         return [" ".join(tokens) for tokens in text_files.iter_sentences(FLAGS.files)]
     if FLAGS.tfds_name:
-        return corpus.open_sentences(FLAGS.split, tfds_name=FLAGS.tfds_name, data_dir=FLAGS.tfds_data_dir)
-    from elmo_jax.training_data import open_training_data
+        return tfds_corpus.open_sentences(FLAGS.split, tfds_name=FLAGS.tfds_name, data_dir=FLAGS.tfds_data_dir)
+    from elmo_jax.data.training_corpus import open_training_data
 
     heldout = open_training_data(config.data, workdir, write_files=False).heldout
     if heldout is None:

@@ -33,7 +33,7 @@ def define_flags() -> None:
 
 
 def run() -> dict:
-    from elmo_jax import model_dir
+    from elmo_jax.formats import model_dir
 
     if not FLAGS.output:
         raise ValueError("--output is required: the model directory to write")
@@ -51,7 +51,7 @@ def run() -> dict:
 
 def _from_workdir():
     from elmo_jax.evaluate import load_trained
-    from elmo_jax.params import BiLMParams
+    from elmo_jax.model.params import BiLMParams
 
     if FLAGS.vocab:
         raise ValueError("--vocab goes with --options/--weights; a workdir's own vocabulary is exported")
@@ -62,8 +62,8 @@ def _from_workdir():
 
 
 def _from_hdf5():
-    from elmo_jax.vocab import Vocab
-    from elmo_jax.weights_hdf5 import load_hdf5
+    from elmo_jax.formats.vocab_file import Vocab
+    from elmo_jax.formats.weights_hdf5 import load_hdf5
 
     if not (FLAGS.options and FLAGS.weights):
         raise ValueError("--options and --weights go together")

@@ -28,20 +28,21 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from elmo_jax import model_dir, multihost, preemption, sharding, weights_hdf5
-from elmo_jax.char_cnn import content_bucket
-from elmo_jax.checkpoint import Checkpoints
-from elmo_jax.config import BiLMConfig
-from elmo_jax.data import DIRECTIONS, BiLMBatchStream
-from elmo_jax.flops import char_cnn_flops_per_token, lstm_flops_per_token
-from elmo_jax.lstm import zero_state
-from elmo_jax.metrics_log import MetricsLog
-from elmo_jax.params import BiLMParams, count_parameters
-from elmo_jax.softmax import padded_vocab_size
-from elmo_jax.step_report import StepReport, TrainingError, log_resume  # noqa: F401 (TrainingError: API)
-from elmo_jax.train_step import StepConfig, TrainState, eval_step, init_train_state, make_optimizer
-from elmo_jax.training_data import check_data, open_training_data
-from elmo_jax.vocab import Vocab
+from elmo_jax.formats import model_dir, weights_hdf5
+from elmo_jax.training import multihost, preemption, sharding
+from elmo_jax.model.char_cnn import content_bucket
+from elmo_jax.training.checkpoint import Checkpoints
+from elmo_jax.model.config import BiLMConfig
+from elmo_jax.data.batch_stream import DIRECTIONS, BiLMBatchStream
+from elmo_jax.model.flops import char_cnn_flops_per_token, lstm_flops_per_token
+from elmo_jax.model.lstm import zero_state
+from elmo_jax.training.metrics_log import MetricsLog
+from elmo_jax.model.params import BiLMParams, count_parameters
+from elmo_jax.training.softmax import padded_vocab_size
+from elmo_jax.training.step_report import StepReport, TrainingError, log_resume  # noqa: F401 (TrainingError: API)
+from elmo_jax.training.train_step import StepConfig, TrainState, eval_step, init_train_state, make_optimizer
+from elmo_jax.data.training_corpus import check_data, open_training_data
+from elmo_jax.formats.vocab_file import Vocab
 
 
 def model_config(config: ml_collections.ConfigDict) -> BiLMConfig:

@@ -110,7 +110,7 @@ def corrupt(sentences: list[list[str]], copies: int, pool: np.ndarray, prob: flo
 def make_task(settings: Settings) -> tuple[TaskData, TaskData]:
     text = settings.text
     if not text:
-        from elmo_jax import default_corpus
+        from elmo_jax.data import default_corpus
 
         with tempfile.TemporaryDirectory() as tmp:
             _, heldout = default_corpus.build_default_corpus(tmp)

@@ -18,7 +18,7 @@ import pytest
 
 import elmo_jax
 
-embed_module = importlib.import_module("elmo_jax.embed")  # `elmo_jax.embed` is the function
+embed_module = importlib.import_module("elmo_jax.features.embed")  # `elmo_jax.embed` is the function
 
 
 # ----------------------------------------------------------------------------- embed

@@ -22,7 +22,7 @@ import pytest
 
 import elmo_jax
 from elmo_jax import embed_file as ef
-from elmo_jax.model_dir import write_model_dir
+from elmo_jax.formats.model_dir import write_model_dir
 from test_train_cli import tree_digest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 
 import elmo_jax
-from elmo_jax.char_cnn import content_width, token_embedding
+from elmo_jax.model.char_cnn import content_width, token_embedding
 
 SHORT_ROWS = [0, 1, 6, 7]  # "The quick brown fox ...", "Elmo", "Hello !", "In 1872 , the committee ..."
 
@@ -41,7 +41,7 @@ def test_trimmed_positions_equal_the_full_computation(tiny_params):
 
 def test_content_width_ignores_padding_tokens_and_counts_every_other_id():
     ids = np.zeros((2, 3, 50), np.int32)
-    ids[0, 0] = elmo_jax.chars.token_to_raw_ids("abc") + 1  # BOW a b c EOW -> 5
+    ids[0, 0] = elmo_jax.model.chars.token_to_raw_ids("abc") + 1  # BOW a b c EOW -> 5
     assert content_width(ids) == 5
     ids[1, 0, :] = 261  # a (strange) token of nothing but PAD counts as having no content
     ids[1, 0, 20] = 7   # ... until some other id appears at position 20

@@ -11,7 +11,7 @@ import sys
 import pytest
 import tensorflow_datasets as tfds
 
-from elmo_jax import corpus, default_corpus, text_files
+from elmo_jax.data import tfds_corpus, default_corpus, text_files
 
 TRAIN_A = "The  cat sat .\n\n  on the\tmat  \nbad \xff byte\n"
 TRAIN_B = "second file , first line\n" + "x" * 50 + "\nlast line without newline"
@@ -32,55 +32,55 @@ def files(tmp_path):
 
 @pytest.fixture
 def prepared(files, tmp_path):
-    return corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "tfds", max_line_chars=40)
+    return tfds_corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "tfds", max_line_chars=40)
 
 
 def test_local_corpus_round_trip(prepared):
-    train = corpus.open_sentences("train", builder=prepared)
+    train = tfds_corpus.open_sentences("train", builder=prepared)
     assert len(train) == len(TRAIN_EXPECTED)
     assert [train[i] for i in range(len(train))] == TRAIN_EXPECTED  # normalised, in file order
-    assert list(corpus.open_sentences("test", builder=prepared)) == ["a heldout sentence .", "another one"]
+    assert list(tfds_corpus.open_sentences("test", builder=prepared)) == ["a heldout sentence .", "another one"]
     assert prepared.info.features["text"].__class__ is tfds.features.Text  # the stock lm1b features
     assert "tensorflow" not in sys.modules
 
 
 def test_read_counts_are_stored_with_the_dataset(prepared, files, tmp_path):
-    stats = corpus.read_stats(prepared)["train"]
+    stats = tfds_corpus.read_stats(prepared)["train"]
     assert (stats.files, stats.lines, stats.sentences, stats.blank_lines, stats.long_lines,
             stats.invalid_utf8_replaced) == (2, 7, 5, 1, 1, 1)
     assert stats.examples["long_lines"] == [os.path.abspath(files["train"].replace("*", "01")) + ":2"]
-    reread = tfds.builder(corpus.tfds_name(prepared), data_dir=tmp_path / "tfds")  # from disk only
-    assert corpus.read_stats(reread)["train"] == stats
+    reread = tfds.builder(tfds_corpus.tfds_name(prepared), data_dir=tmp_path / "tfds")  # from disk only
+    assert tfds_corpus.read_stats(reread)["train"] == stats
 
 
 def test_prepare_is_idempotent_and_never_stale(prepared, files, tmp_path, monkeypatch):
     def no_regeneration(self, **kwargs):
         raise AssertionError("a prepared dataset was generated again")
     with monkeypatch.context() as patch:
-        patch.setattr(corpus.LocalTextCorpus, "_generate_examples", no_regeneration)
-        again = corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "tfds", max_line_chars=40)
-    assert corpus.tfds_name(again) == corpus.tfds_name(prepared)
-    assert list(corpus.open_sentences("train", builder=again)) == TRAIN_EXPECTED
+        patch.setattr(tfds_corpus.LocalTextCorpus, "_generate_examples", no_regeneration)
+        again = tfds_corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "tfds", max_line_chars=40)
+    assert tfds_corpus.tfds_name(again) == tfds_corpus.tfds_name(prepared)
+    assert list(tfds_corpus.open_sentences("train", builder=again)) == TRAIN_EXPECTED
 
     with open(files["test"], "a", encoding="utf-8") as f:
         f.write("a new line\n")
-    changed = corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "tfds", max_line_chars=40)
-    assert corpus.tfds_name(changed) != corpus.tfds_name(prepared)
-    assert corpus.open_sentences("test", builder=changed)[-1] == "a new line"
-    other_options = corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "tfds",
+    changed = tfds_corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "tfds", max_line_chars=40)
+    assert tfds_corpus.tfds_name(changed) != tfds_corpus.tfds_name(prepared)
+    assert tfds_corpus.open_sentences("test", builder=changed)[-1] == "a new line"
+    other_options = tfds_corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "tfds",
                                                 max_line_chars=40, invalid_utf8="skip")
-    assert "bad \ufffd byte" not in list(corpus.open_sentences("train", builder=other_options))
+    assert "bad \ufffd byte" not in list(tfds_corpus.open_sentences("train", builder=other_options))
 
 
 def test_open_sentences_from_files_and_by_name(files, tmp_path):
     data_dir = tmp_path / "tfds"
-    train = corpus.open_sentences("train", files=files, data_dir=data_dir)
+    train = tfds_corpus.open_sentences("train", files=files, data_dir=data_dir)
     assert list(train) == TRAIN_EXPECTED[:2] + ["bad \ufffd byte", "second file , first line", "x" * 50,
                                                  "last line without newline"]  # default line limit
     name = train.name.split("[")[0]
-    assert list(corpus.open_sentences("test", tfds_name=name, data_dir=data_dir)) == [
+    assert list(tfds_corpus.open_sentences("test", tfds_name=name, data_dir=data_dir)) == [
         "a heldout sentence .", "another one"]
-    assert corpus.open_sentences("train[1:3]", tfds_name=name, data_dir=data_dir)[:] == [
+    assert tfds_corpus.open_sentences("train[1:3]", tfds_name=name, data_dir=data_dir)[:] == [
         "on the mat", "bad \ufffd byte"]
 
 
@@ -89,7 +89,7 @@ class Lm1bStandIn(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
     name = "lm1b"
     VERSION = tfds.core.Version("1.1.0")  # the stock builder's version
-    code_path = None  # see corpus.LocalTextCorpus.code_path
+    code_path = None  # see tfds_corpus.LocalTextCorpus.code_path
     LINES = {"train": ["a  train line", "another"], "test": ["  the test line ", "last"]}
 
     def _info(self):
@@ -106,15 +106,15 @@ class Lm1bStandIn(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
 def test_a_stock_dataset_by_name(tmp_path):
     Lm1bStandIn(data_dir=tmp_path, file_format="array_record").download_and_prepare()
-    test = corpus.open_sentences("test", tfds_name="lm1b", data_dir=tmp_path)
+    test = tfds_corpus.open_sentences("test", tfds_name="lm1b", data_dir=tmp_path)
     assert test.name == "lm1b[test]"
     assert sorted(test) == ["last", "the test line"]  # TFDS shuffled them by key when preparing
-    assert sorted(corpus.open_sentences("train", tfds_name="lm1b", data_dir=tmp_path)) == ["a  train line", "another"]
+    assert sorted(tfds_corpus.open_sentences("train", tfds_name="lm1b", data_dir=tmp_path)) == ["a  train line", "another"]
 
 
 def test_reading_by_name_needs_neither_this_package_nor_tensorflow(prepared, tmp_path):
     script = ("import json, sys; import tensorflow_datasets as tfds; "
-              f"src = tfds.data_source({corpus.tfds_name(prepared)!r}, split='train', "
+              f"src = tfds.data_source({tfds_corpus.tfds_name(prepared)!r}, split='train', "
               f"data_dir={str(tmp_path / 'tfds')!r}, download=False); "
               "print(json.dumps([[r['text'].decode() for r in src], 'tensorflow' in sys.modules, "
               "'elmo_jax' in sys.modules]))")
@@ -124,7 +124,7 @@ def test_reading_by_name_needs_neither_this_package_nor_tensorflow(prepared, tmp
 
 
 def test_sentence_source_indexing(prepared):
-    train = corpus.open_sentences("train", builder=prepared)
+    train = tfds_corpus.open_sentences("train", builder=prepared)
     assert train[-1] == TRAIN_EXPECTED[-1] and train[1:4:2] == [TRAIN_EXPECTED[1], TRAIN_EXPECTED[3]]
     assert train.__getitems__([4, 0]) == [TRAIN_EXPECTED[4], TRAIN_EXPECTED[0]]
     for index in (5, -6):
@@ -135,7 +135,7 @@ def test_sentence_source_indexing(prepared):
 def test_grain_random_access(prepared):
     import grain
 
-    train = corpus.open_sentences("train", builder=prepared)
+    train = tfds_corpus.open_sentences("train", builder=prepared)
     stream = grain.MapDataset.source(train).shuffle(seed=7).repeat()
     epochs = [[stream[e * len(train) + i] for i in range(len(train))] for e in range(2)]
     assert all(sorted(epoch) == sorted(TRAIN_EXPECTED) for epoch in epochs)
@@ -153,29 +153,29 @@ def test_grain_random_access(prepared):
 ], ids=["none", "two", "bad_files_key", "not_prepared", "unknown"])
 def test_open_sentences_rejects(tmp_path, kwargs, error, message):
     with pytest.raises(error, match=message):
-        corpus.open_sentences("train", data_dir=tmp_path, **kwargs)
+        tfds_corpus.open_sentences("train", data_dir=tmp_path, **kwargs)
 
 
 def test_open_sentences_names_missing_split(files, tmp_path):
-    builder = corpus.prepare_local_corpus(files["train"], None, tmp_path / "tfds")
+    builder = tfds_corpus.prepare_local_corpus(files["train"], None, tmp_path / "tfds")
     with pytest.raises(ValueError, match=r"has no split 'test'; it has \['train'\]"):
-        corpus.open_sentences("test", builder=builder)
+        tfds_corpus.open_sentences("test", builder=builder)
 
 
 def test_prepare_rejects_bad_input(files, tmp_path):
     with pytest.raises(ValueError, match=r"name='my corpus': expected letters, digits and '_' only"):
-        corpus.prepare_local_corpus(files["train"], None, tmp_path, name="my corpus")
+        tfds_corpus.prepare_local_corpus(files["train"], None, tmp_path, name="my corpus")
     with pytest.raises(FileNotFoundError, match="no file matches"):
-        corpus.prepare_local_corpus(str(tmp_path / "missing-*"), None, tmp_path)
+        tfds_corpus.prepare_local_corpus(str(tmp_path / "missing-*"), None, tmp_path)
     with pytest.raises(ValueError, match=r"1 file\(s\) are in both the train and the heldout files: .*heldout\.txt"):
-        corpus.prepare_local_corpus([files["train"], files["test"]], files["test"], tmp_path)
+        tfds_corpus.prepare_local_corpus([files["train"], files["test"]], files["test"], tmp_path)
     with pytest.raises(ValueError, match=r"max_line_chars=0"):
-        corpus.prepare_local_corpus(files["train"], None, tmp_path, max_line_chars=0)
+        tfds_corpus.prepare_local_corpus(files["train"], None, tmp_path, max_line_chars=0)
     assert not os.path.exists(tmp_path / "local_text_corpus")  # rejected before TFDS wrote anything
     blank = tmp_path / "blank.txt"
     blank.write_text("\n \n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"split 'train' has no sentences: .*blank=2"):
-        corpus.prepare_local_corpus(str(blank), None, tmp_path / "tfds")
+        tfds_corpus.prepare_local_corpus(str(blank), None, tmp_path / "tfds")
 
 
 # ----------------------------------------------------------------------------- default corpus
@@ -230,8 +230,8 @@ def test_a_split_over_the_in_memory_limit_prepares_without_tensorflow(files, tmp
     from tensorflow_datasets.core import shuffle
 
     monkeypatch.setattr(shuffle, "MAX_MEM_BUFFER_SIZE", 64)
-    builder = corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "big", max_line_chars=40)
-    train = corpus.open_sentences("train", builder=builder)
+    builder = tfds_corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "big", max_line_chars=40)
+    train = tfds_corpus.open_sentences("train", builder=builder)
     assert [train[i] for i in range(len(train))] == TRAIN_EXPECTED
     assert shuffle.MAX_MEM_BUFFER_SIZE == 64  # restored afterwards
     assert "tensorflow" not in sys.modules

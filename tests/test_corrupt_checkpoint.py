@@ -15,7 +15,7 @@ import pytest
 
 import elmo_jax
 from elmo_jax import trainer
-from elmo_jax.checkpoint import CheckpointCorruptError
+from elmo_jax.training.checkpoint import CheckpointCorruptError
 from test_faults import tree_digest
 from test_train import assert_trees_equal, corpus, read_metrics, tiny_config, without_timing  # noqa: F401
 
@@ -151,7 +151,7 @@ def test_metrics_line_cut_short_is_removed_before_resuming(tmp_path, caplog):
     """A metrics.jsonl whose last line was cut short (the disk filled mid-write) is repaired when a
     run resumes: the partial line goes (with a warning), complete records stay, and the last logged
     step (for 'M steps since it were lost') comes from them."""
-    from elmo_jax.step_report import last_logged_step
+    from elmo_jax.training.step_report import last_logged_step
 
     path = tmp_path / "metrics.jsonl"
     complete = '{"step": 4, "kind": "train", "loss": 2.5}\n{"step": 4, "kind": "eval", "perplexity": 9.0}\n'

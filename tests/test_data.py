@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from elmo_jax.chars import BOS_CHAR, EOS_CHAR, token_to_raw_ids
-from elmo_jax.data import BiLMBatchStream, merge_states
-from elmo_jax.vocab import Vocab
+from elmo_jax.model.chars import BOS_CHAR, EOS_CHAR, token_to_raw_ids
+from elmo_jax.data.batch_stream import BiLMBatchStream, merge_states
+from elmo_jax.formats.vocab_file import Vocab
 
 # ids: <S>=0 </S>=1 <UNK>=2 a=3 b=4 c=5; "d" and "e" are out of vocabulary.
 SENTENCES = ["a b", "c", "a d e"]
@@ -147,7 +147,7 @@ def test_words_past_the_char_cache_limit_encode_the_same(vocab, monkeypatch):
     """The per-word character cache is bounded; words beyond it are encoded on the spot, identically."""
     sentences = ["a bb ccc", "dddd a eeeee ffffff", "c b a"] * 3
     cached = take(BiLMBatchStream(sentences, vocab, batch_size=2, unroll_steps=7, seed=None), 5)
-    monkeypatch.setattr("elmo_jax.data.CHAR_CACHE_LIMIT", 2)
+    monkeypatch.setattr("elmo_jax.data.batch_stream.CHAR_CACHE_LIMIT", 2)
     uncached = take(BiLMBatchStream(sentences, vocab, batch_size=2, unroll_steps=7, seed=None), 5)
     for x, y in zip(cached, uncached):
         for d in ("forward", "backward"):

@@ -22,9 +22,10 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax import embed_file as ef, model_dir
-from elmo_jax.embed import _embed_jit
-from elmo_jax.length_buckets import LENGTHS
+from elmo_jax import embed_file as ef
+from elmo_jax.formats import model_dir
+from elmo_jax.features.embed import _embed_jit
+from elmo_jax.features.length_buckets import LENGTHS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATOL = 1e-5  # float32, different batch shapes (see the module doc)

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax import model_dir, trainer
-from elmo_jax.char_cnn import content_bucket
-from elmo_jax.extractor import content_buckets
-from elmo_jax.params import iter_flat
+from elmo_jax import trainer
+from elmo_jax.formats import model_dir
+from elmo_jax.model.char_cnn import content_bucket
+from elmo_jax.formats.extractor import content_buckets
+from elmo_jax.model.params import iter_flat
 from test_train import corpus, run_a  # noqa: F401  (module fixtures: the tiny corpus and a trained run)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

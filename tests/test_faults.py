@@ -29,7 +29,7 @@ import pytest
 
 import elmo_jax
 from elmo_jax import trainer
-from elmo_jax.checkpoint import TMP_SUFFIX
+from elmo_jax.training.checkpoint import TMP_SUFFIX
 from test_train import assert_trees_equal, without_timing
 from test_train_cli import tree_digest
 
@@ -301,8 +301,8 @@ def test_disk_full_export_keeps_the_previous_export(tiny_params, tmp_path):
     """Writing an export over an existing one with every file limited to 50 kB (the weights are 116
     kB) fails with an error naming the directory; the previous files are untouched and no temporary
     file is left."""
-    from elmo_jax.train_step import StepConfig
-    from elmo_jax.vocab import Vocab
+    from elmo_jax.training.train_step import StepConfig
+    from elmo_jax.formats.vocab_file import Vocab
 
     vocab = Vocab(["<S>", "</S>", "<UNK>", "the"])
     cfg = StepConfig(model=tiny_params.config, vocab_size=len(vocab), unroll_steps=5)

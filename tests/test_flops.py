@@ -2,8 +2,8 @@
 
 import dataclasses
 
-from elmo_jax.config import BiLMConfig
-from elmo_jax.flops import char_cnn_flops_per_token, lstm_flops_per_token, train_flops
+from elmo_jax.model.config import BiLMConfig
+from elmo_jax.model.flops import char_cnn_flops_per_token, lstm_flops_per_token, train_flops
 
 ORIGINAL = BiLMConfig.preset("original")  # 2x4096_512_2048cnn_2xhighway
 # Per token, 2 FLOPs per multiply-add, every convolution start of the 50 character slots:

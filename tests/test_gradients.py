@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from elmo_jax import char_cnn
-from elmo_jax.config import BiLMConfig
-from elmo_jax.params import init_params
-from elmo_jax.precision import matmul
+from elmo_jax.model import char_cnn
+from elmo_jax.model.config import BiLMConfig
+from elmo_jax.model.params import init_params
+from elmo_jax.model.precision import matmul
 
 
 def _plain_conv_max(windows, kernel, last_start):

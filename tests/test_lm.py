@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax import lm
-from elmo_jax.lstm import LSTMState
+from elmo_jax.training import lm
+from elmo_jax.model.lstm import LSTMState
 from test_numpy_reference import np_lstm_step, np_token_embedding, randomize, tiny_config, to_numpy
 
 ATOL = 1e-5

@@ -23,8 +23,8 @@ import pytest
 
 from configs import default
 from elmo_jax import trainer
-from elmo_jax.data import BiLMBatchStream
-from elmo_jax.vocab import Vocab
+from elmo_jax.data.batch_stream import BiLMBatchStream
+from elmo_jax.formats.vocab_file import Vocab
 
 REPO = Path(__file__).resolve().parents[1]
 ATOL = 1e-5

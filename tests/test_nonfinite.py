@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from elmo_jax import sharding, trainer
+from elmo_jax import trainer
+from elmo_jax.training import sharding
 from test_train import assert_trees_equal, corpus, read_metrics, restore, tiny_config  # noqa: F401
 
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import elmo_jax
-import elmo_jax.char_cnn
-import elmo_jax.lstm
+import elmo_jax.model.char_cnn
+import elmo_jax.model.lstm
 
 ATOL = 1e-5
 
@@ -215,7 +215,7 @@ def test_lstm_step_matches_numpy(projected):
         assert np.mean(np.abs(h_ref) >= 1.5) > 0.02, "test setup should clip some projected outputs"
 
     f32 = lambda a: jnp.asarray(a, jnp.float32)
-    c, h = elmo_jax.lstm.lstm_step({k: f32(v) for k, v in cell.items()}, config, f32(x), f32(c_prev), f32(h_prev))
+    c, h = elmo_jax.model.lstm.lstm_step({k: f32(v) for k, v in cell.items()}, config, f32(x), f32(c_prev), f32(h_prev))
     assert c.shape == (B, H) and h.shape == (B, P)
     np.testing.assert_allclose(np.asarray(c), c_ref, atol=ATOL, rtol=0)
     np.testing.assert_allclose(np.asarray(h), h_ref, atol=ATOL, rtol=0)
@@ -233,7 +233,7 @@ def test_lstm_without_projection_ignores_proj_clip():
     assert np.mean(np.abs(h_ref) > 0.25) > 0.1, "test setup: some outputs must exceed proj_clip"
 
     f32 = lambda a: jnp.asarray(a, jnp.float32)
-    c, h = elmo_jax.lstm.lstm_step({k: f32(v) for k, v in cell.items()}, config, f32(x), f32(c_prev), f32(h_prev))
+    c, h = elmo_jax.model.lstm.lstm_step({k: f32(v) for k, v in cell.items()}, config, f32(x), f32(c_prev), f32(h_prev))
     np.testing.assert_allclose(np.asarray(c), c_ref, atol=ATOL, rtol=0)
     np.testing.assert_allclose(np.asarray(h), h_ref, atol=ATOL, rtol=0)
 
@@ -248,7 +248,7 @@ def test_highway_matches_numpy():
     layer = {"W_carry": rng.normal(0, 0.5, (F, F)), "b_carry": rng.normal(0, 1, (F,)),
              "W_transform": rng.normal(0, 0.5, (F, F)), "b_transform": rng.normal(0, 1, (F,))}
     x = rng.normal(0, 1, (16, F))
-    got = elmo_jax.char_cnn.highway(jnp.asarray(x, jnp.float32),
+    got = elmo_jax.model.char_cnn.highway(jnp.asarray(x, jnp.float32),
                                     {k: jnp.asarray(v, jnp.float32) for k, v in layer.items()})
     np.testing.assert_allclose(np.asarray(got), np_highway(x, layer), atol=ATOL, rtol=0)
 
@@ -273,7 +273,7 @@ def test_token_embedding_matches_numpy(overrides):
     n_bytes = np.sum(ids != PAD + 1, axis=1) - 2  # all but BOW, EOW and PAD
     assert set(n_bytes) == set(range(C - 1)), "test setup: every token length 0..C-2 must appear"
     ids = np.concatenate([ids, np.zeros((1, C), np.int64), np_boundary_ids(BOS, C)[None]])
-    got = elmo_jax.char_cnn.token_embedding(params.weights, config, jnp.asarray(ids, jnp.int32))
+    got = elmo_jax.model.char_cnn.token_embedding(params.weights, config, jnp.asarray(ids, jnp.int32))
     expected = np_token_embedding(to_numpy(params.weights), config, ids)
     assert got.shape == (len(ids), config.projection_dim)
     np.testing.assert_allclose(np.asarray(got), expected, atol=ATOL, rtol=0)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax.data import BiLMBatchStream
-from elmo_jax.lm import lm_outputs
-from elmo_jax.lstm import zero_state
-from elmo_jax.vocab import Vocab
+from elmo_jax.data.batch_stream import BiLMBatchStream
+from elmo_jax.training.lm import lm_outputs
+from elmo_jax.model.lstm import zero_state
+from elmo_jax.formats.vocab_file import Vocab
 
 SENTENCES = [" ".join(f"w{(i * 3 + j) % 7}" for j in range(1 + i % 5)) for i in range(40)]
 

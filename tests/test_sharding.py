@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from elmo_jax import sharding
-from elmo_jax.checkpoint import Checkpoints
-from elmo_jax.config import BiLMConfig
-from elmo_jax.lm import lm_losses
-from elmo_jax.params import init_params
-from elmo_jax.softmax import VOCAB_PAD_MULTIPLE, padded_vocab_size
-from elmo_jax.train_step import StepConfig, make_optimizer
+from elmo_jax.training import sharding
+from elmo_jax.training.checkpoint import Checkpoints
+from elmo_jax.model.config import BiLMConfig
+from elmo_jax.training.lm import lm_losses
+from elmo_jax.model.params import init_params
+from elmo_jax.training.softmax import VOCAB_PAD_MULTIPLE, padded_vocab_size
+from elmo_jax.training.train_step import StepConfig, make_optimizer
 
 ATOL = 1e-5
 MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]

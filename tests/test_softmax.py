@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from elmo_jax.softmax import (expected_draws, full_softmax_loss, log_expected_count, sample_candidates,
+from elmo_jax.training.softmax import (expected_draws, full_softmax_loss, log_expected_count, sample_candidates,
                               sampled_softmax_loss)
 
 ATOL = 1e-5

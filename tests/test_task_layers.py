@@ -15,7 +15,7 @@ import optax
 import pytest
 
 import elmo_jax
-from elmo_jax.task_layers import ElmoTaskLayers, elmo_penalty
+from elmo_jax.features.task_layers import ElmoTaskLayers, elmo_penalty
 
 ATOL = 1e-5
 ONE_TOKEN = np.ones((1, 1, 50), np.int32)  # variables do not depend on the batch: init on the smallest one

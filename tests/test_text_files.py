@@ -8,8 +8,9 @@ import tracemalloc
 
 import pytest
 
-from elmo_jax import text_files
-from elmo_jax.text_files import ReadStats, expand_glob, iter_sentences
+from elmo_jax.data import text_files
+from elmo_jax.formats import atomic_write
+from elmo_jax.data.text_files import ReadStats, expand_glob, iter_sentences
 
 
 def write(path, data: bytes | str):
@@ -160,23 +161,23 @@ def test_a_bad_glob_fails_at_the_call(tmp_path):
         iter_sentences(str(tmp_path / "missing-*"))
 
 
-# ----------------------------------------------------------------------------- write_text_atomic
+# ----------------------------------------------------------------------------- atomic_write.write_text
 
 
 def test_write_text_atomic_replaces_whole_files_only(tmp_path):
     path = tmp_path / "out.txt"
-    text_files.write_text_atomic(path, "first\n")
+    atomic_write.write_text(path, "first\n")
     assert path.read_text(encoding="utf-8") == "first\n"
     assert os.stat(path).st_mode & 0o777 == 0o666 & ~_umask()
     with pytest.raises(UnicodeEncodeError):
-        text_files.write_text_atomic(path, "half written \ud800")  # fails mid-write
+        atomic_write.write_text(path, "half written \ud800")  # fails mid-write
     assert path.read_text(encoding="utf-8") == "first\n"
     assert sorted(os.listdir(tmp_path)) == ["out.txt"]  # no temporary file left behind
 
 
 def test_write_text_atomic_names_a_missing_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"cannot write .*out\.txt: directory .*nowhere does not exist"):
-        text_files.write_text_atomic(tmp_path / "nowhere" / "out.txt", "x")
+        atomic_write.write_text(tmp_path / "nowhere" / "out.txt", "x")
 
 
 def _umask() -> int:

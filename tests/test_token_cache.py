@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax import token_cache as tc
+from elmo_jax.features import token_cache as tc
 
 ATOL = 1e-6  # issue #6: cached-vocab outputs equal char-CNN outputs to 1e-6
 PARITY_ATOL = 1e-5  # against AllenNLP's own code, as in test_parity_allennlp.py

@@ -23,10 +23,10 @@ import pytest
 import elmo_jax
 from configs import default
 from elmo_jax import trainer
-from elmo_jax.checkpoint import Checkpoints
-from elmo_jax.train_step import init_train_state, make_optimizer
-from elmo_jax.training_data import open_training_data
-from elmo_jax.vocab import Vocab
+from elmo_jax.training.checkpoint import Checkpoints
+from elmo_jax.training.train_step import init_train_state, make_optimizer
+from elmo_jax.data.training_corpus import open_training_data
+from elmo_jax.formats.vocab_file import Vocab
 
 N, M = 160, 80  # run A: N + M steps with a checkpoint every N; run B: N steps, then resumed to N + M
 ATOL = 1e-5

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from elmo_jax import vocab as vocab_lib
-from elmo_jax.vocab import Vocab, build_vocab, count_tokens
+from elmo_jax.data.vocab_builder import build_vocab, count_tokens
+from elmo_jax.formats.vocab_file import Vocab
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax.params import iter_flat
+from elmo_jax.model.params import iter_flat
 
 PUBLISHED_COUNTS = {"small": 13_593_296, "medium": 28_027_728, "original": 93_600_848}
 

@@ -29,10 +29,10 @@ import h5py
 import jax
 import numpy as np
 
-from elmo_jax import atomic_write
-from elmo_jax.char_cnn import content_bucket, token_embedding
-from elmo_jax.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, batch_to_ids
-from elmo_jax.params import BiLMParams, iter_flat
+from elmo_jax.formats import atomic_write
+from elmo_jax.model.char_cnn import content_bucket, token_embedding
+from elmo_jax.model.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, batch_to_ids
+from elmo_jax.model.params import BiLMParams, iter_flat
 
 FORMAT = "elmo_jax.token_cache/1"
 DEFAULT_BATCH_SIZE = 1024  # tokens per char-CNN call while building
@@ -219,7 +219,7 @@ def _resolve_tokens(path: str, stored: list[str] | None, vocab_file) -> list[str
             raise ValueError(f"{path}: no 'tokens' dataset (a bilm-tf vocab_embedding.hdf5?); pass the vocabulary "
                              "file it was dumped from as vocab_file")
         return stored
-    from elmo_jax.vocab import Vocab  # here: `python -m elmo_jax.vocab` must not find it imported by the package
+    from elmo_jax.formats.vocab_file import Vocab
 
     words = Vocab.load(vocab_file).words
     if stored is not None and stored != words:

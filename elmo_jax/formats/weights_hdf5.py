@@ -16,9 +16,9 @@ import h5py
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax import atomic_write
-from elmo_jax.config import BiLMConfig, read_options
-from elmo_jax.params import BiLMParams, from_flat, iter_flat, weight_shapes
+from elmo_jax.formats import atomic_write
+from elmo_jax.model.config import BiLMConfig, read_options
+from elmo_jax.model.params import BiLMParams, from_flat, iter_flat, weight_shapes
 
 
 def load_hdf5(options_file: str | os.PathLike, weight_file: str | os.PathLike) -> BiLMParams:

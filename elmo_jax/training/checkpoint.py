@@ -29,7 +29,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from elmo_jax import multihost
+from elmo_jax.training import multihost
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a step directory being written
 CORRUPT_SUFFIX = ".corrupt"  # a step moved aside; no underscore: orbax would read "x_5" as step 5

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 import tensorflow_datasets as tfds
 from absl import logging
 
-from elmo_jax import text_files
+from elmo_jax.data import text_files
 
 SPLITS = ("train", "test")  # the split names of the stock lm1b dataset
 _NAME_RE = re.compile(r"[A-Za-z0-9_]+")

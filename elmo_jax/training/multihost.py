@@ -16,7 +16,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from elmo_jax.data import DIRECTIONS, merge_states
+from elmo_jax.data.batch_stream import DIRECTIONS, merge_states
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,

@@ -1,6 +1,6 @@
 """Plain-text corpora: one whitespace-tokenized sentence per line (the 1B Word Benchmark format).
 
-Reading them with every odd line accounted for, and writing text files atomically.
+Reading them with every odd line accounted for.
 
     files = expand_glob("corpus/news.en-*")
     stats = ReadStats()
@@ -32,7 +32,6 @@ import glob
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
-from elmo_jax import atomic_write
 
 DEFAULT_MAX_LINE_CHARS = 10_000  # far above real sentences; bounds the memory one line can take
 INVALID_UTF8_POLICIES = ("replace", "skip")
@@ -250,7 +249,3 @@ def _discard_rest_of_line(f) -> None:
         if not chunk or chunk.endswith(b"\n"):
             return
 
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Writes UTF-8 `text` so that `path` is only ever the old file or the complete new one."""
-    atomic_write.write_text(path, text)

@@ -24,8 +24,8 @@ from typing import Any, Sequence
 import grain
 import numpy as np
 
-from elmo_jax.chars import BOS_TOKEN, EOS_TOKEN, token_to_raw_ids
-from elmo_jax.vocab import Vocab
+from elmo_jax.model.chars import BOS_TOKEN, EOS_TOKEN, token_to_raw_ids
+from elmo_jax.formats.vocab_file import Vocab
 
 DIRECTIONS = ("forward", "backward")
 # Words whose character ids are cached; the cache stops growing past this (a 1B-Word vocabulary is

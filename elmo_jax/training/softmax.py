@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.precision import matmul
+from elmo_jax.model.precision import matmul
 
 # Vocabulary rows per step of the full softmax: bounds the (N, chunk) logits block.
 FULL_SOFTMAX_CHUNK = 8192

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.config import N_RAW_CHARACTERS, BiLMConfig
+from elmo_jax.model.config import N_RAW_CHARACTERS, BiLMConfig
 
 N_DIRECTIONS = 2  # RNN_0 forward, RNN_1 backward
 

@@ -24,13 +24,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.bilm import add_boundaries, contextual_layers, remove_boundaries, token_mask
-from elmo_jax.char_cnn import content_bucket, token_embedding
-from elmo_jax.chars import PAD_CHAR
-from elmo_jax.config import BiLMConfig
-from elmo_jax.lstm import zero_state
-from elmo_jax.params import BiLMParams, from_flat, iter_flat
-from elmo_jax.precision import check_compute_dtype
+from elmo_jax.model.bilm import add_boundaries, contextual_layers, remove_boundaries, token_mask
+from elmo_jax.model.char_cnn import content_bucket, token_embedding
+from elmo_jax.model.chars import PAD_CHAR
+from elmo_jax.model.config import BiLMConfig
+from elmo_jax.model.lstm import zero_state
+from elmo_jax.model.params import BiLMParams, from_flat, iter_flat
+from elmo_jax.model.precision import check_compute_dtype
 
 PLATFORMS = ("cpu", "cuda", "tpu")
 

@@ -13,13 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.bilm import bilm_layers, contextual_layers, remove_boundaries
-from elmo_jax.char_cnn import content_bucket, token_embedding
-from elmo_jax.config import N_SHIFTED_CHARACTERS
-from elmo_jax.lstm import LSTMState, zero_state
-from elmo_jax.params import N_DIRECTIONS, BiLMParams
-from elmo_jax.precision import check_compute_dtype
-from elmo_jax.token_cache import TokenCache, check_token_cache, lookup
+from elmo_jax.model.bilm import bilm_layers, contextual_layers, remove_boundaries
+from elmo_jax.model.char_cnn import content_bucket, token_embedding
+from elmo_jax.model.config import N_SHIFTED_CHARACTERS
+from elmo_jax.model.lstm import LSTMState, zero_state
+from elmo_jax.model.params import N_DIRECTIONS, BiLMParams
+from elmo_jax.model.precision import check_compute_dtype
+from elmo_jax.features.token_cache import TokenCache, check_token_cache, lookup
 
 # Measured on a 2-core CPU with the original model (bench/embed_throughput.py): unrolling the
 # time loop a little lets XLA overlap consecutive steps' elementwise work.

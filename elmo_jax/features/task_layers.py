@@ -25,12 +25,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from elmo_jax.bilm import bilm_layers, remove_boundaries, token_mask
-from elmo_jax.embed import check_char_ids
-from elmo_jax.lstm import zero_state
-from elmo_jax.mix import ElmoRepresentations
-from elmo_jax.params import BiLMParams
-from elmo_jax.precision import check_compute_dtype
+from elmo_jax.model.bilm import bilm_layers, remove_boundaries, token_mask
+from elmo_jax.features.embed import check_char_ids
+from elmo_jax.model.lstm import zero_state
+from elmo_jax.features.mix import ElmoRepresentations
+from elmo_jax.model.params import BiLMParams
+from elmo_jax.model.precision import check_compute_dtype
 
 
 class ElmoTaskLayers(nn.Module):

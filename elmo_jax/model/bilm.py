@@ -10,10 +10,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from elmo_jax.chars import BOS_CHAR, EOS_CHAR, boundary_char_ids
-from elmo_jax.char_cnn import token_embedding
-from elmo_jax.lstm import LSTMState, lstm_stack
-from elmo_jax.params import N_DIRECTIONS, BiLMParams
+from elmo_jax.model.chars import BOS_CHAR, EOS_CHAR, boundary_char_ids
+from elmo_jax.model.char_cnn import token_embedding
+from elmo_jax.model.lstm import LSTMState, lstm_stack
+from elmo_jax.model.params import N_DIRECTIONS, BiLMParams
 
 
 def token_mask(char_ids: jax.Array) -> jax.Array:

@@ -18,9 +18,10 @@ import os
 
 from absl import logging
 
-from elmo_jax import corpus, default_corpus, text_files, vocab as vocab_lib
-from elmo_jax.corpus import SentenceSource
-from elmo_jax.vocab import Vocab
+from elmo_jax.data import vocab_builder
+from elmo_jax.data import tfds_corpus, default_corpus, text_files
+from elmo_jax.data.tfds_corpus import SentenceSource
+from elmo_jax.formats.vocab_file import Vocab
 
 
 @dataclasses.dataclass
@@ -57,7 +58,7 @@ def open_training_data(data, workdir: str, *, write_files: bool = True) -> Train
     read_options = dict(max_line_chars=data.max_line_chars or None, invalid_utf8=data.invalid_utf8)
     if data.tfds_name:
         data_dir = data.tfds_data_dir or None
-        train = corpus.open_sentences(data.tfds_train_split, tfds_name=data.tfds_name, data_dir=data_dir)
+        train = tfds_corpus.open_sentences(data.tfds_train_split, tfds_name=data.tfds_name, data_dir=data_dir)
         heldout = _optional_split(data.tfds_heldout_split, tfds_name=data.tfds_name, data_dir=data_dir)
         description = f"TFDS {data.tfds_name}"
         train_files = None
@@ -68,10 +69,10 @@ def open_training_data(data, workdir: str, *, write_files: bool = True) -> Train
         else:
             train_files, heldout_files = default_corpus.build_default_corpus(os.path.join(cache_dir, "default_corpus"))
             description = "the embedded default corpus (Python standard library docstrings)"
-        builder = corpus.prepare_local_corpus(train_files, heldout_files, os.path.join(cache_dir, "tfds"),
+        builder = tfds_corpus.prepare_local_corpus(train_files, heldout_files, os.path.join(cache_dir, "tfds"),
                                               **read_options)
-        train = corpus.open_sentences("train", builder=builder)
-        heldout = corpus.open_sentences("test", builder=builder) if heldout_files else None
+        train = tfds_corpus.open_sentences("train", builder=builder)
+        heldout = tfds_corpus.open_sentences("test", builder=builder) if heldout_files else None
     vocab = _resolve_vocab(data, workdir, train_files, train, read_options, write_files)
     logging.info("corpus: %s; %d training sentences, %s heldout; vocabulary of %d", description, len(train),
                  len(heldout) if heldout is not None else "no", len(vocab))
@@ -82,7 +83,7 @@ def _optional_split(split: str, **kwargs) -> SentenceSource | None:
     if not split:
         return None
     try:
-        return corpus.open_sentences(split, **kwargs)
+        return tfds_corpus.open_sentences(split, **kwargs)
     except (ValueError, KeyError) as e:
         logging.warning("no heldout split %r (%s); evaluating nothing", split, e)
         return None
@@ -96,13 +97,13 @@ def _resolve_vocab(data, workdir: str, train_files, train: SentenceSource, read_
     if os.path.exists(path):
         return Vocab.load(path)
     if train_files is not None:
-        counts, stats = vocab_lib.count_tokens(train_files, **read_options)
+        counts, stats = vocab_builder.count_tokens(train_files, **read_options)
         logging.info("vocabulary counts: %s", stats.summary())
     else:  # a TFDS dataset without a vocab file: count its sentences
         counts = collections.Counter()
         for i in range(len(train)):
             counts.update(train[i].split())
-    vocab = vocab_lib.build_vocab(counts, min_count=data.min_count, max_size=data.max_vocab_size or None)
+    vocab = vocab_builder.build_vocab(counts, min_count=data.min_count, max_size=data.max_vocab_size or None)
     if write_files:
         vocab.save(path)
     return vocab

@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from elmo_jax.config import BiLMConfig
-from elmo_jax.params import N_DIRECTIONS, get_path, lstm_cell_path
-from elmo_jax.precision import einsum, linear
+from elmo_jax.model.config import BiLMConfig
+from elmo_jax.model.params import N_DIRECTIONS, get_path, lstm_cell_path
+from elmo_jax.model.precision import einsum, linear
 
 FORGET_BIAS = 1.0  # TF LSTMCell's default, added at run time and never stored in weight files.
 

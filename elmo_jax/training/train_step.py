@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from elmo_jax.config import BiLMConfig
-from elmo_jax.lm import lm_losses, lm_outputs, reset_state
-from elmo_jax.lstm import LSTMState, zero_state
-from elmo_jax.params import BiLMParams, init_params
-from elmo_jax.softmax import padded_vocab_size
+from elmo_jax.model.config import BiLMConfig
+from elmo_jax.training.lm import lm_losses, lm_outputs, reset_state
+from elmo_jax.model.lstm import LSTMState, zero_state
+from elmo_jax.model.params import BiLMParams, init_params
+from elmo_jax.training.softmax import padded_vocab_size
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ import time
 import jax
 from absl import logging
 
-from elmo_jax.metrics_log import MetricsLog
+from elmo_jax.training.metrics_log import MetricsLog
 
 
 class TrainingError(RuntimeError):

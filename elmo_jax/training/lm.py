@@ -14,10 +14,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from elmo_jax.char_cnn import token_embedding
-from elmo_jax.lstm import LSTMState, lstm_stack
-from elmo_jax.params import BiLMParams
-from elmo_jax.softmax import full_softmax_loss, sample_candidates, sampled_softmax_loss
+from elmo_jax.model.char_cnn import token_embedding
+from elmo_jax.model.lstm import LSTMState, lstm_stack
+from elmo_jax.model.params import BiLMParams
+from elmo_jax.training.softmax import full_softmax_loss, sample_candidates, sampled_softmax_loss
 
 
 def dropout(key: jax.Array, rate: float, x: jax.Array) -> jax.Array:

@@ -23,9 +23,9 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from elmo_jax.lstm import zero_state
-from elmo_jax.softmax import VOCAB_PAD_MULTIPLE
-from elmo_jax.train_step import StepConfig, eval_step_fn, init_train_state, train_step_fn
+from elmo_jax.model.lstm import zero_state
+from elmo_jax.training.softmax import VOCAB_PAD_MULTIPLE
+from elmo_jax.training.train_step import StepConfig, eval_step_fn, init_train_state, train_step_fn
 
 MESH_AXES = ("data", "model")
 

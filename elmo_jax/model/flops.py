@@ -7,8 +7,8 @@ redundant. Elementwise work (activations, gates, clipping) is not counted, as is
 
 from __future__ import annotations
 
-from elmo_jax.config import BiLMConfig
-from elmo_jax.params import N_DIRECTIONS
+from elmo_jax.model.config import BiLMConfig
+from elmo_jax.model.params import N_DIRECTIONS
 
 
 def char_cnn_flops_per_token(config: BiLMConfig) -> int:

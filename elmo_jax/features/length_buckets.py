@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from elmo_jax.char_cnn import content_bucket
+from elmo_jax.model.char_cnn import content_bucket
 
 # Sentence lengths (tokens, without <S> </S>): fine steps where most sentences are, then ~1.5x apart,
 # so padding wastes at most a third of a batch.

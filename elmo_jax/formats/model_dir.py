@@ -30,9 +30,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from elmo_jax import atomic_write
-from elmo_jax.config import BiLMConfig, read_options
-from elmo_jax.params import BiLMParams, from_flat, iter_flat, weight_shapes
+from elmo_jax.formats import atomic_write
+from elmo_jax.model.config import BiLMConfig, read_options
+from elmo_jax.model.params import BiLMParams, from_flat, iter_flat, weight_shapes
 
 FORMAT = "elmo-jax model directory"
 FORMAT_VERSION = 1
@@ -131,7 +131,7 @@ def load_model(model: str | None, options_file: str | None, weight_file: str | N
         return load(model)
     if not (options_file and weight_file):
         raise ValueError("--options and --weights go together")
-    from elmo_jax.weights_hdf5 import load_hdf5
+    from elmo_jax.formats.weights_hdf5 import load_hdf5
 
     return load_hdf5(options_file, weight_file)
 

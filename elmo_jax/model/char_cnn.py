@@ -17,9 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.chars import PAD_CHAR
-from elmo_jax.config import BiLMConfig
-from elmo_jax.precision import broadcast_trailing, linear, matmul
+from elmo_jax.model.chars import PAD_CHAR
+from elmo_jax.model.config import BiLMConfig
+from elmo_jax.model.precision import broadcast_trailing, linear, matmul
 
 # Tokens per block of the convolution: bounds the (tokens, C, F) intermediate (~400 MB for the
 # published model) whatever the batch size.

@@ -1,0 +1,107 @@
+"""Word vocabularies in the bilm-tf file format.
+
+File format: UTF-8, one token per line; the line order gives the ids. `<S>`, `</S>` and `<UNK>` must
+be present; bilm-tf writes them first (ids 0, 1, 2) followed by the words in descending frequency,
+which the log-uniform negative sampler of the training softmax relies on. Files written by bilm-tf's
+own tooling may contain a line `!!!MAXTERMID`; it is not a token, takes no id and is skipped.
+
+A literal `<S>`, `</S>` or `<UNK>` in a sentence maps to the reserved id when encoded, as in bilm-tf.
+Building a vocabulary from a corpus is `elmo_jax.data.vocab_builder`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from elmo_jax.formats import atomic_write
+
+BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
+SPECIALS = (BOS, EOS, UNK)
+MAX_TERM_ID = "!!!MAXTERMID"  # bilm-tf bookkeeping line, not a token
+
+
+class Vocab:
+    """An ordered word list with O(1) lookups; ids are positions in `words`.
+
+    Attributes:
+      words: the tokens in id order (V entries).
+      bos_id, eos_id, unk_id: the ids of `<S>`, `</S>`, `<UNK>`.
+    """
+
+    def __init__(self, words: Sequence[str], *, source: str = "<vocab>", line_numbers: Sequence[int] | None = None):
+        """Checks and indexes `words`.
+
+        Args:
+          words: the tokens in id order.
+          source: names the origin in error messages (a file path when loaded).
+          line_numbers: the file line of each word, for error messages; default 1..V.
+
+        Raises:
+          ValueError: an empty list, an empty token or one with whitespace inside, a duplicate
+            (both places named), or a missing `<S>`/`</S>`/`<UNK>` (which one is named).
+        """
+        lines = list(line_numbers) if line_numbers is not None else list(range(1, len(words) + 1))
+        if not words:
+            raise ValueError(f"{source}: no tokens; expected one token per line, including {', '.join(SPECIALS)}")
+        self._word_to_id: dict[str, int] = {}
+        for index, (word, line) in enumerate(zip(words, lines)):
+            if not isinstance(word, str) or not word or len(word.split()) != 1 or word != word.strip():
+                raise ValueError(f"{source}:{line}: expected one token without whitespace, found {word!r}")
+            first = self._word_to_id.setdefault(word, index)
+            if first != index:
+                raise ValueError(f"{source}:{line}: duplicate token {word!r}, first on line {lines[first]}")
+        missing = [special for special in SPECIALS if special not in self._word_to_id]
+        if missing:
+            raise ValueError(f"{source}: missing {', '.join(missing)}; a vocabulary must contain "
+                             f"{', '.join(SPECIALS)} (bilm-tf writes them as the first three lines)")
+        self.words: list[str] = list(words)
+        self.bos_id, self.eos_id, self.unk_id = (self._word_to_id[s] for s in SPECIALS)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Vocab:
+        """Reads a bilm-tf vocabulary file (surrounding whitespace on a line is ignored, as in bilm-tf)."""
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            raise IsADirectoryError(f"vocabulary {path} is a directory, expected a file with one token per line")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"vocabulary file {path} does not exist")
+        words, lines = [], []
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                try:
+                    word = raw.decode("utf-8").strip()
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+                if word == MAX_TERM_ID:
+                    continue
+                words.append(word)
+                lines.append(number)
+        return cls(words, source=path, line_numbers=lines)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes one token per line; an existing file is only ever replaced by a complete new one."""
+        atomic_write.write_text(path, "".join(word + "\n" for word in self.words))
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def __contains__(self, word: str) -> bool:
+        return word in self._word_to_id
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocab) and self.words == other.words
+
+    def __repr__(self) -> str:
+        return f"Vocab({len(self)} words: {' '.join(self.words[:6])}{' ...' if len(self) > 6 else ''})"
+
+    def word_to_id(self, word: str) -> int:
+        """The id of `word`; `unk_id` for a word not in the vocabulary."""
+        return self._word_to_id.get(word, self.unk_id)
+
+    def encode(self, tokens: Iterable[str]) -> np.ndarray:
+        """Ids of `tokens` (T,) int32, OOV -> `unk_id`. No `<S>`/`</S>` are added."""
+        lookup, unk = self._word_to_id.get, self.unk_id
+        return np.fromiter((lookup(token, unk) for token in tokens), dtype=np.int32)
