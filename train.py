@@ -48,8 +48,9 @@ class _QuietLibraries:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from elmo_jax.training.preemption import Stopped  # after flag parsing: --help stays fast
-    from elmo_jax.trainer import TrainingError, train_and_evaluate
+    from elmo_jax.training.loop import train_and_evaluate  # after flag parsing: --help stays fast
+    from elmo_jax.training.preemption import Stopped
+    from elmo_jax.training.step_report import TrainingError
 
     logging.get_absl_handler().addFilter(_QuietLibraries())
     try:

@@ -31,8 +31,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 FLAGS = flags.FLAGS
 flags.DEFINE_string("before", "HEAD", "Git revision of --files before the change (or WORKTREE).")
 flags.DEFINE_string("after", "WORKTREE", "Git revision of --files after the change (WORKTREE: as they are now).")
-flags.DEFINE_list("files", ["elmo_jax/char_cnn.py", "elmo_jax/lstm.py", "elmo_jax/train_step.py",
-                            "elmo_jax/softmax.py", "elmo_jax/lm.py", "elmo_jax/precision.py"],
+flags.DEFINE_list("files", ["elmo_jax/model/char_cnn.py", "elmo_jax/model/lstm.py", "elmo_jax/training/train_step.py",
+                            "elmo_jax/training/softmax.py", "elmo_jax/training/lm.py", "elmo_jax/model/precision.py"],
                   "Files that differ between the sides; everything else is the working tree's.")
 flags.DEFINE_string("model", "small", "Training config (bench/train_throughput.py --models).")
 flags.DEFINE_string("shape", "32x20", "Window BxT.")

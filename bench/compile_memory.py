@@ -6,7 +6,7 @@
 Each case runs in a child process with XLA_FLAGS=--xla_force_host_platform_device_count=N (XLA reads it
 once per process), builds the real jitted train step of configs/bilm_large.py (the original model, the
 793,471-word 1B Word vocabulary padded to 793,600 rows, 128 rows per data shard x 20 steps, 8192
-sampled negatives) with `sharding.jit_steps`, and compiles it from ShapeDtypeStructs carrying the
+sampled negatives) with `jitted_steps.jit_steps`, and compiles it from ShapeDtypeStructs carrying the
 shardings: `.lower(...).compile()`, nothing allocated. It prints the bytes one device needs according to
 `compiled.memory_analysis()`: arguments (the train state and the batch), outputs, the part of the
 outputs that reuses the donated state's buffers, temporaries, and their total (arguments + outputs -
@@ -50,20 +50,20 @@ def compile_case(case: str) -> dict:
     import numpy as np
 
     from configs import bilm_large
-    from elmo_jax import trainer
-    from elmo_jax.training import sharding
+    from elmo_jax.training import settings
+    from elmo_jax.training import jitted_steps, sharding
     from elmo_jax.training.train_step import make_optimizer
 
     devices, mesh_shape = case.split(":")
     data, model = (int(x) for x in mesh_shape.split("x"))
     config = bilm_large.get_config()
     batch_size = FLAGS.rows_per_shard * data
-    cfg = trainer.step_config(config, FLAGS.vocab_size)
+    cfg = settings.step_config(config, FLAGS.vocab_size)
     optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
     mesh = sharding.make_mesh(data, model)
     sharding.check_training_mesh(mesh, batch_size, jax.process_count())
     start = time.perf_counter()
-    steps = sharding.jit_steps(mesh, cfg, optimizer, batch_size)
+    steps = jitted_steps.jit_steps(mesh, cfg, optimizer, batch_size)
     D, T, C = 2, cfg.unroll_steps, cfg.model.max_characters_per_token
     shapes = {"char_ids": ((D, batch_size, T, C), np.int32), "targets": ((D, batch_size, T), np.int32),
               "mask": ((D, batch_size, T), np.bool_), "carry": ((D, batch_size), np.bool_),

@@ -19,7 +19,7 @@ Tokens are target tokens of both directions: the true entries of the forward and
 window's mask (every window is full with repeat=True, so 2 x B x T per window), as the trainer's
 tokens/s counts them. Each stream is timed for --seconds after --warmup_windows windows. Corpus
 preparation (building the text, writing ArrayRecord, counting the vocabulary) is timed separately
-and excluded. "+device_batch" adds `trainer.device_batch` (stacking the directions, the char CNN's
+and excluded. "+device_batch" adds `batch_feed.device_batch` (stacking the directions, the char CNN's
 content bucket), the rest of the trainer's host work per step.
 
 One core: the stream runs with the main thread pinned to one core (`os.sched_setaffinity`); the
@@ -71,7 +71,8 @@ from bench.synthetic_corpus import write_synthetic_corpus
 from configs import demo as demo_config
 from elmo_jax.data import vocab_builder
 from elmo_jax.data import tfds_corpus, batch_stream
-from elmo_jax.trainer import device_batch, step_config
+from elmo_jax.training.batch_feed import device_batch
+from elmo_jax.training.settings import step_config
 from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
 from elmo_jax.data.training_corpus import open_training_data
 
@@ -211,18 +212,18 @@ def time_demo_training(config, vocab_size: int, window, steps: int) -> dict[str,
 # (label, depth, file suffix or "~" for builtins, function name, "cum" or "own")
 PROFILE_ROWS = (
     ("reading sentences (_Direction.text; refills read up to 256 sentences per low row at once)", 0,
-     "elmo_jax/data.py", "text", "cum"),
+     "elmo_jax/data/batch_stream.py", "text", "cum"),
     ("ArrayRecord __getitems__ (a new Python thread pool per call, around the C++ read)", 1,
      "array_record_data_source.py", "__getitems__", "cum"),
     ("TFDS record decoding (_deserialize)", 1, "data_sources/base.py", "_deserialize", "cum"),
     ("grain index_shuffle", 1, "~", "index_shuffle", "cum"),
-    ("encoding sentences (BiLMBatchStream._encode, without the read)", 0, "elmo_jax/data.py", "_encode", "cum-text"),
+    ("encoding sentences (BiLMBatchStream._encode, without the read)", 0, "elmo_jax/data/batch_stream.py", "_encode", "cum-text"),
     ("str.split", 1, "~", "<method 'split' of 'str' objects>", "cum"),
     ("(vocabulary id, char row) per token (BiLMBatchStream._word_entry, one cached lookup)", 1,
-     "elmo_jax/data.py", "_word_entry", "cum"),
-    ("of which token_to_raw_ids (cache misses)", 2, "elmo_jax/chars.py", "token_to_raw_ids", "cum"),
+     "elmo_jax/data/batch_stream.py", "_word_entry", "cum"),
+    ("of which token_to_raw_ids (cache misses)", 2, "elmo_jax/model/chars.py", "token_to_raw_ids", "cum"),
     ("window assembly (BiLMBatchStream._window, own time: per-row loop, slice copies)", 0,
-     "elmo_jax/data.py", "_window", "own"),
+     "elmo_jax/data/batch_stream.py", "_window", "own"),
 )
 
 
@@ -242,7 +243,7 @@ def profile_stream(stream: batch_stream.BiLMBatchStream, windows: int) -> None:
                 if (name in func if suffix == "~" else func == name and file.endswith(suffix))]
         return (sum(h[0] for h in hits), sum(h[1] for h in hits), sum(h[2] for h in hits)) if hits else (0, 0.0, 0.0)
 
-    total = find("elmo_jax/data.py", "__next__")[2]
+    total = find("elmo_jax/data/batch_stream.py", "__next__")[2]
     print(f"\ncProfile of the 1b-like stream: {windows} windows, {tokens:,} tokens in {total:.2f} s under the "
           f"profiler ({tokens / total:,.0f} tokens/s; main thread only)")
     print(f"  {'stage':86}{'calls':>9}{'s':>7}{'share':>7}{'us/token':>9}")
@@ -250,7 +251,7 @@ def profile_stream(stream: batch_stream.BiLMBatchStream, windows: int) -> None:
         calls, own, cum = find(suffix, name)
         seconds = own if kind == "own" else cum
         if kind == "cum-text":
-            seconds = cum - find("elmo_jax/data.py", "text")[2]
+            seconds = cum - find("elmo_jax/data/batch_stream.py", "text")[2]
         print(f"  {'  ' * depth + label:86}{calls:>9,}{seconds:>7.2f}{seconds / total:>7.0%}"
               f"{1e6 * seconds / tokens:>9.2f}")
 

@@ -35,7 +35,7 @@ import jax
 import elmo_jax
 from bench.common import platform_line
 from bench.synthetic_corpus import write_synthetic_corpus
-from elmo_jax import embed_file as ef
+from elmo_jax.features import file_embedding as ef
 from elmo_jax.formats.model_dir import write_model_dir
 
 FLAGS = flags.FLAGS

@@ -5,7 +5,7 @@
 
 For each published size (random weights, same shapes as the published files) and batch shape B x T it
 prints tokens/s of `embed` (compile excluded, best of --repeats), the compile time, the achieved model
-FLOP/s (`elmo_jax.flops`, nominal architecture FLOPs) and that as a fraction of the float32 matmul
+FLOP/s (`elmo_jax.model.flops`, nominal architecture FLOPs) and that as a fraction of the float32 matmul
 throughput measured in the same run, plus the ratio to AllenNLP's tokens/s on this machine class where
 we have a reference. Memory: XLA's planned bytes for the call (arguments + temporaries + outputs) and the
 peak RSS of a fresh process that loads the model and runs one call.
@@ -36,6 +36,7 @@ from bench.common import matmul_throughput, platform_line
 from bench.workloads import word_batch
 from elmo_jax.features.embed import _content_bucket, _embed_jit  # embed's jitted core, for XLA's memory plan
 from elmo_jax.model.flops import embed_flops
+from elmo_jax.model.precision import ComputeOptions
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("sizes", ["small", "original"], "Published model sizes to run.")
@@ -76,9 +77,9 @@ def time_embed(params, ids: np.ndarray, repeats: int) -> tuple[float, float]:
 def planned_bytes(params, ids: np.ndarray) -> int:
     """XLA's memory plan for one embed call: arguments + temporaries + outputs."""
     config = params.config
+    compute = ComputeOptions(dtype=FLAGS.compute_dtype, content_positions=_content_bucket(ids, 50))
     compiled = _embed_jit.lower(params, ids, elmo_jax.zero_state(config, ids.shape[0]), return_state=False,
-                                keep_boundaries=False, compute_dtype=FLAGS.compute_dtype, unroll=1,
-                                content_positions=_content_bucket(ids, 50)).compile()
+                                keep_boundaries=False, compute=compute).compile()
     m = compiled.memory_analysis()
     return m.argument_size_in_bytes + m.temp_size_in_bytes + m.output_size_in_bytes
 

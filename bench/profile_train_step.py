@@ -36,7 +36,7 @@ from bench import train_throughput
 from bench.common import platform_line
 from bench.workloads import synthetic_window
 from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
-from elmo_jax.trainer import device_batch
+from elmo_jax.training.batch_feed import device_batch
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "small", f"Training config: {', '.join(train_throughput.CONFIGS)}.")
@@ -112,7 +112,7 @@ def main(argv):
         shutil.rmtree(trace_dir, ignore_errors=True)
     summed = sum(totals.values())
     print(f"{platform_line()}; {FLAGS.model} train step at {B}x{T}, S={positions}, V={cfg.vocab_size:,}, "
-          f"compute_dtype={cfg.compute_dtype}")
+          f"compute_dtype={cfg.compute.dtype}")
     print(f"wall {1e3 * wall:.1f} ms per step (traced); op time summed over threads "
           f"{summed / 1e6 / FLAGS.steps:.1f} ms per step\n")
     header = f"{'ms/step':>9}{'share':>7}  {'operation':32} {'shape':28} op_name"

@@ -18,7 +18,7 @@ what the fraction needs. The timed function is the real `elmo_jax.embed` / jitte
 already on the device; compile time is the first call's time less the best call's.
 
 Columns: tokens/s (embed: B x T; training: target tokens of both directions, 2 x B x T per step),
-GFLOP/s of nominal model FLOPs (`elmo_jax.flops`: every char CNN position counted; training 3 x
+GFLOP/s of nominal model FLOPs (`elmo_jax.model.flops`: every char CNN position counted; training 3 x
 forward), "of matmul" against the float32 (`Precision.HIGHEST`) or bfloat16 n^3 matmul measured in the
 same child, and on GPU/TPU "of peak" against the published dense peak of the device kind
 (`PUBLISHED_PEAKS`: bfloat16 for bfloat16 cases, float32 non-tensor-core for float32 ones; TPUs have
@@ -132,11 +132,13 @@ def _train_case(c: dict, backend: str):
     from bench.workloads import synthetic_window
     from elmo_jax.model.flops import train_flops
     from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
-    from elmo_jax.trainer import device_batch, step_config
+    from elmo_jax.training.batch_feed import device_batch
+    from elmo_jax.training.settings import step_config
 
     config = importlib.import_module(TRAIN_CONFIGS[c["size"]]).get_config()
     vocab_size = CPU_VOCAB_SIZE if backend == "cpu" else LM1B_VOCAB_SIZE
-    cfg = dataclasses.replace(step_config(config, vocab_size), unroll_steps=c["T"], compute_dtype=c["dtype"])
+    cfg = step_config(config, vocab_size)
+    cfg = dataclasses.replace(cfg, unroll_steps=c["T"], compute=dataclasses.replace(cfg.compute, dtype=c["dtype"]))
     optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
     state = init_train_state(jax.random.key(0), cfg, optimizer, c["B"])
     C = cfg.model.max_characters_per_token
@@ -249,7 +251,7 @@ def main(argv):
                       for k, v in PUBLISHED_PEAKS.items())
     notes = ["", f"Reference matmul: {matmul_size}^3 in the case's dtype (float32 at Precision.HIGHEST), best of "
              f"{rounds}, alternating with the {rounds} timed calls of the same child process.",
-             "Model FLOPs: elmo_jax.flops (nominal: every char CNN position; training = 3 x forward, sampled "
+             "Model FLOPs: elmo_jax.model.flops (nominal: every char CNN position; training = 3 x forward, sampled "
              f"softmax with 8192 negatives, vocabulary {CPU_VOCAB_SIZE if backend == 'cpu' else LM1B_VOCAB_SIZE:,}).",
              "Peak memory: " + ("peak RSS of the case's process (JAX runtime, weights, optimiser state, buffers)."
                                 if backend == "cpu" else "device peak_bytes_in_use of the case's process."),

@@ -5,7 +5,7 @@
     python bench/train_throughput.py --models=large --compute_dtype=bfloat16
 
 For each training config (configs/demo.py; the published small shape, configs/bilm_small.py; the original
-shape, configs/bilm_large.py) it builds the config's `StepConfig` (`trainer.step_config`: model, sampled
+shape, configs/bilm_large.py) it builds the config's `StepConfig` (`settings.step_config`: model, sampled
 softmax with the config's n_negative_samples, dropout, ...) and a fresh train state, and times
 `train_step` on one window of both directions that `data.BiLMBatchStream` makes of random sentences
 (lowercase words of 1-10 letters, English-like lengths, so the char CNN's content bucket is a real
@@ -17,7 +17,7 @@ does. Model FLOPs per step (`elmo_jax.model.flops.train_flops`; forward + backwa
 
     3 x [ 2·B·T · char_cnn + B·T · lstm + 2·B·T · 2·P·(n_negative_samples + 1) ]
 
-with char_cnn and lstm the nominal forward FLOPs per token of `elmo_jax.flops` (lstm sums both
+with char_cnn and lstm the nominal forward FLOPs per token of `elmo_jax.model.flops` (lstm sums both
 directions; every convolution start counted, whatever the content bucket skips) and the sampled softmax's
 logits for the true class and the candidates (V instead of n_negative_samples + 1 for a full softmax).
 The achieved model FLOP/s is shown as a fraction of the float32 matmul throughput measured in the same
@@ -50,7 +50,8 @@ from bench.common import matmul_throughput, platform_line
 from bench.workloads import synthetic_window
 from elmo_jax.model.flops import train_flops
 from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
-from elmo_jax.trainer import device_batch, step_config
+from elmo_jax.training.batch_feed import device_batch
+from elmo_jax.training.settings import step_config
 
 CONFIGS = {"demo": "configs.demo", "small": "configs.bilm_small", "medium": "configs.bilm_medium",
            "large": "configs.bilm_large"}
@@ -92,7 +93,7 @@ def resolve(name: str):
     else:
         vocab_size = CPU_VOCAB_SIZE if jax.default_backend() == "cpu" else LM1B_VOCAB_SIZE
     cfg = step_config(config, vocab_size)
-    overrides = {"compute_dtype": FLAGS.compute_dtype}
+    overrides = {"compute": dataclasses.replace(cfg.compute, dtype=FLAGS.compute_dtype)}
     if FLAGS.n_negative_samples >= 0:
         overrides["n_negative_samples"] = FLAGS.n_negative_samples
     cfg = dataclasses.replace(cfg, **overrides)

@@ -5,7 +5,5 @@ from configs import default
 
 def get_config():
     config = default.get_config()
-    config.model.lstm_dim = 1024
-    config.model.projection_dim = 128
-    config.model.n_highway = 1
+    config.model.update(default.published_model("small"))
     return config

@@ -6,9 +6,11 @@ Durations are in steps. Derived values (per-process batch, vocabulary size, para
 computed in code and logged, and the resolved config is saved with every checkpoint.
 """
 
+import dataclasses
+
 import ml_collections
 
-from elmo_jax.model.config import PUBLISHED_FILTERS
+from elmo_jax.model.config import PUBLISHED_FILTERS, BiLMConfig
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -83,3 +85,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.mesh.data = -1
     config.mesh.model = 1
     return config
+
+
+def published_model(name: str) -> dict:
+    """The `config.model` keys of a published model size ("small", "medium", "original"), from the one
+    table of them (`elmo_jax.model.config.PRESETS`): `config.model.update(published_model("small"))`."""
+    fields = dataclasses.asdict(BiLMConfig.preset(name))
+    del fields["extra_options"]  # not a config key: options-file keys beyond the architecture
+    return fields

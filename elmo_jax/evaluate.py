@@ -13,12 +13,10 @@ reads its share of the sentences in order, from a zero LSTM state carried across
 from __future__ import annotations
 
 import json
-import os
 
-import ml_collections
 from absl import app, flags
 
-from elmo_jax.data import tfds_corpus, text_files
+from elmo_jax.data import text_files, tfds_corpus
 from elmo_jax.formats.vocab_file import Vocab
 
 FLAGS = flags.FLAGS
@@ -32,19 +30,6 @@ def define_flags() -> None:
     flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir with --tfds_name.")
     flags.DEFINE_integer("batch_size", 0, "Rows per window (0: the training batch size).")
     flags.DEFINE_integer("max_batches", 0, "Stop after this many windows (0: all).")
-
-
-def load_trained(workdir: str, step: int | None = None):
-    """(params, step config, training config, vocab file, step) of a workdir's checkpoint (default newest)."""
-    from elmo_jax import trainer
-
-    if not os.path.isdir(workdir):
-        raise FileNotFoundError(f"--workdir={workdir}: not a directory")
-    state, _, meta = trainer.restore_checkpoint(workdir, step)
-    config = ml_collections.ConfigDict(meta["config"])
-    vocab_file = config.data.vocab_file or os.path.join(workdir, "vocab.txt")
-    vocab = Vocab.load(vocab_file)
-    return state.params, trainer.step_config(config, len(vocab)), config, vocab_file, int(state.step)
 
 
 def heldout_sentences(config, workdir: str):
@@ -64,7 +49,8 @@ def heldout_sentences(config, workdir: str):
 
 
 def run() -> dict:
-    from elmo_jax.trainer import evaluate
+    from elmo_jax.training.heldout import heldout_perplexity
+    from elmo_jax.training.start import load_trained
 
     if not FLAGS.workdir:
         raise ValueError("--workdir is required")
@@ -72,7 +58,7 @@ def run() -> dict:
     vocab = Vocab.load(vocab_file)
     sentences = heldout_sentences(config, FLAGS.workdir)
     batch_size = FLAGS.batch_size or config.batch_size
-    result = {"step": step, **evaluate(params, cfg, sentences, vocab, batch_size, FLAGS.max_batches)}
+    result = {"step": step, **heldout_perplexity(params, cfg, sentences, vocab, batch_size, FLAGS.max_batches)}
     print(json.dumps(result))
     return result
 

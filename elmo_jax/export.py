@@ -1,4 +1,4 @@
-"""Make a model directory (see `elmo_jax.model_dir`) from a training run or a published HDF5 model.
+"""Make a model directory (see `elmo_jax.formats.model_dir`) from a training run or a published HDF5 model.
 
     python -m elmo_jax.export --workdir=runs/demo --output=models/demo            # newest checkpoint
     python -m elmo_jax.export --workdir=runs/demo --step=400 --output=models/demo-400
@@ -50,8 +50,8 @@ def run() -> dict:
 
 
 def _from_workdir():
-    from elmo_jax.evaluate import load_trained
     from elmo_jax.model.params import BiLMParams
+    from elmo_jax.training.start import load_trained
 
     if FLAGS.vocab:
         raise ValueError("--vocab goes with --options/--weights; a workdir's own vocabulary is exported")

@@ -18,11 +18,12 @@ from elmo_jax.model.char_cnn import content_bucket, token_embedding
 from elmo_jax.model.config import N_SHIFTED_CHARACTERS
 from elmo_jax.model.lstm import LSTMState, zero_state
 from elmo_jax.model.params import N_DIRECTIONS, BiLMParams
-from elmo_jax.model.precision import check_compute_dtype
+from elmo_jax.model.precision import ComputeOptions
 from elmo_jax.features.token_cache import TokenCache, check_token_cache, lookup
 
-# Measured on a 2-core CPU with the original model (bench/embed_throughput.py): unrolling the
-# time loop a little lets XLA overlap consecutive steps' elementwise work.
+# No unrolling by default: on the 2-core CPU, unrolling the LSTM scan 2 / 4 / 20 times made the small
+# model's train step 0.88x / 0.68x / 0.50x as fast (bench/RESULTS.md): XLA:CPU does not overlap the
+# unrolled steps, it only makes the loop body larger. Accelerators may differ, hence the knob.
 DEFAULT_UNROLL = 1
 
 
@@ -58,11 +59,9 @@ def embed(params: BiLMParams, chars, *, initial_state: LSTMState | None = None, 
         initial_state = zero_state(params.config, chars.shape[0])
     else:
         _check_state(initial_state, params, chars.shape[0])
-    if not isinstance(unroll, int) or unroll < 1:
-        raise ValueError(f"unroll must be a positive integer, found {unroll!r}")
+    compute = ComputeOptions(dtype=compute_dtype, unroll=unroll, content_positions=_content_bucket(chars, C))
     return _embed_jit(params, chars, initial_state, return_state=bool(return_state),
-                      keep_boundaries=bool(keep_boundaries), compute_dtype=check_compute_dtype(compute_dtype).name,
-                      unroll=unroll, content_positions=_content_bucket(chars, C))
+                      keep_boundaries=bool(keep_boundaries), compute=compute)
 
 
 def _content_bucket(chars, max_characters_per_token: int) -> int | None:
@@ -72,12 +71,9 @@ def _content_bucket(chars, max_characters_per_token: int) -> int | None:
     return content_bucket(np.asarray(chars), max_characters_per_token)
 
 
-@functools.partial(jax.jit, static_argnames=("return_state", "keep_boundaries", "compute_dtype", "unroll",
-                                             "content_positions"))
-def _embed_jit(params, chars, initial_state, *, return_state, keep_boundaries, compute_dtype, unroll,
-               content_positions):
-    layers, mask, state = bilm_layers(params, chars, initial_state, compute_dtype=jnp.dtype(compute_dtype),
-                                      unroll=unroll, content_positions=content_positions)
+@functools.partial(jax.jit, static_argnames=("return_state", "keep_boundaries", "compute"))
+def _embed_jit(params, chars, initial_state, *, return_state, keep_boundaries, compute):
+    layers, mask, state = bilm_layers(params, chars, initial_state, compute=compute)
     if not keep_boundaries:
         layers, mask = remove_boundaries(layers, mask)
     return (layers, mask, state) if return_state else (layers, mask)
@@ -117,25 +113,19 @@ def embed_tokens(params: BiLMParams, cache: TokenCache, sentences, *, initial_st
         initial_state = zero_state(params.config, B)
     else:
         _check_state(initial_state, params, B)
-    if not isinstance(unroll, int) or unroll < 1:
-        raise ValueError(f"unroll must be a positive integer, found {unroll!r}")
+    compute = ComputeOptions(dtype=compute_dtype, unroll=unroll, content_positions=batch.content_positions)
     return _embed_tokens_jit(params, batch.known, batch.oov_index, batch.oov_chars, batch.mask, initial_state,
-                             return_state=bool(return_state), keep_boundaries=bool(keep_boundaries),
-                             compute_dtype=check_compute_dtype(compute_dtype).name, unroll=unroll,
-                             content_positions=batch.content_positions)
+                             return_state=bool(return_state), keep_boundaries=bool(keep_boundaries), compute=compute)
 
 
-@functools.partial(jax.jit, static_argnames=("return_state", "keep_boundaries", "compute_dtype", "unroll",
-                                             "content_positions"))
+@functools.partial(jax.jit, static_argnames=("return_state", "keep_boundaries", "compute"))
 def _embed_tokens_jit(params, known, oov_index, oov_chars, mask, initial_state, *, return_state, keep_boundaries,
-                      compute_dtype, unroll, content_positions):
+                      compute):
     """known (B, T2, P), oov_index (B, T2), oov_chars (U, C), mask (B, T2): see `token_cache.CachedBatch`."""
-    compute_dtype = jnp.dtype(compute_dtype)
-    oov = token_embedding(params.weights, params.config, oov_chars, compute_dtype, content_positions)  # (U, P)
+    oov = token_embedding(params.weights, params.config, oov_chars, compute)  # (U, P)
     computed = jnp.take(oov, jnp.maximum(oov_index, 0), axis=0)  # (B, T2, P)
     tokens = jnp.where((oov_index >= 0)[..., None], computed, known)
-    layers, mask, state = contextual_layers(params, tokens, mask, initial_state, compute_dtype=compute_dtype,
-                                            unroll=unroll)
+    layers, mask, state = contextual_layers(params, tokens, mask, initial_state, compute=compute)
     if not keep_boundaries:
         layers, mask = remove_boundaries(layers, mask)
     return (layers, mask, state) if return_state else (layers, mask)

@@ -30,7 +30,7 @@ from elmo_jax.features.embed import check_char_ids
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.features.mix import ElmoRepresentations
 from elmo_jax.model.params import BiLMParams
-from elmo_jax.model.precision import check_compute_dtype
+from elmo_jax.model.precision import ComputeOptions
 
 
 class ElmoTaskLayers(nn.Module):
@@ -73,7 +73,7 @@ class ElmoTaskLayers(nn.Module):
         chars = check_char_ids(char_ids, config.max_characters_per_token)
         weights = self._weights()
         layers, mask, _ = bilm_layers(BiLMParams(weights, config), chars, zero_state(config, chars.shape[0]),
-                                      compute_dtype=check_compute_dtype(self.compute_dtype))
+                                      compute=ComputeOptions(dtype=self.compute_dtype))
         mixes = ElmoRepresentations(num_output_representations=self.num_output_representations,
                                     num_layers=config.n_output_layers, layer_norm=self.do_layer_norm,
                                     dropout=self.dropout, l2_coef=self.l2_coef, name="mixes")(

@@ -33,6 +33,7 @@ from elmo_jax.formats import atomic_write
 from elmo_jax.model.char_cnn import content_bucket, token_embedding
 from elmo_jax.model.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, batch_to_ids
 from elmo_jax.model.params import BiLMParams, iter_flat
+from elmo_jax.model.precision import ComputeOptions
 
 FORMAT = "elmo_jax.token_cache/1"
 DEFAULT_BATCH_SIZE = 1024  # tokens per char-CNN call while building
@@ -95,7 +96,7 @@ def char_cnn_digest(params: BiLMParams) -> str:
 @functools.partial(jax.jit, static_argnames=("content_positions",))
 def _char_cnn(params: BiLMParams, char_ids: jax.Array, content_positions: int) -> jax.Array:
     """(N, C) shifted ids -> float32 (N, P), in float32."""
-    return token_embedding(params.weights, params.config, char_ids, content_positions=content_positions)
+    return token_embedding(params.weights, params.config, char_ids, ComputeOptions(content_positions=content_positions))
 
 
 def token_vectors(params: BiLMParams, char_ids: np.ndarray, *, batch_size: int = DEFAULT_BATCH_SIZE) -> np.ndarray:

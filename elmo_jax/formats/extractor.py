@@ -30,7 +30,7 @@ from elmo_jax.model.chars import PAD_CHAR
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.model.params import BiLMParams, from_flat, iter_flat
-from elmo_jax.model.precision import check_compute_dtype
+from elmo_jax.model.precision import ComputeOptions
 
 PLATFORMS = ("cpu", "cuda", "tpu")
 
@@ -61,7 +61,7 @@ def _bucket_index(chars: jax.Array, buckets: list[int]) -> jax.Array:
 
 def extract_fn(config: BiLMConfig, compute_dtype="float32"):
     """The pure function that is exported: (flat weights, chars) -> (layers, mask)."""
-    dtype = jnp.dtype(check_compute_dtype(compute_dtype).name)
+    compute = ComputeOptions(dtype=compute_dtype)
     buckets = content_buckets(config.max_characters_per_token)
 
     def extract(weights: dict[str, jax.Array], chars: jax.Array):
@@ -70,9 +70,9 @@ def extract_fn(config: BiLMConfig, compute_dtype="float32"):
         B, T, C = chars.shape
         ids, mask = add_boundaries(chars, token_mask(chars))
         flat_ids = ids.reshape(B * (T + 2), C)
-        branches = [lambda x, s=s: token_embedding(nested, config, x, dtype, content_positions=s) for s in buckets]
+        branches = [lambda x, s=s: token_embedding(nested, config, x, compute.with_positions(s)) for s in buckets]
         tokens = jax.lax.switch(_bucket_index(chars, buckets), branches, flat_ids).reshape(B, T + 2, -1)
-        layers, mask, _ = contextual_layers(params, tokens, mask, zero_state(config, B), compute_dtype=dtype)
+        layers, mask, _ = contextual_layers(params, tokens, mask, zero_state(config, B), compute=compute)
         return remove_boundaries(layers, mask)
 
     return extract

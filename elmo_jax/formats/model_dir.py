@@ -6,7 +6,7 @@
       params.npz      the same weights as the frozen parameter pytree: float32 arrays keyed by weight-file
                       path, readable with NumPy alone (`BiLMParams.weights` is `from_flat` of it)
       extractor.jax   `jax.export` StableHLO of the feature extractor, symbolic (batch, time), for CPU,
-                      CUDA and TPU; runs with jax alone (see USAGE.md and `elmo_jax.extractor`)
+                      CUDA and TPU; runs with jax alone (see USAGE.md and `elmo_jax.formats.extractor`)
       vocab.txt       the training vocabulary, when there is one (bilm-tf format)
       USAGE.md        how to run the extractor without elmo_jax
       manifest.json   format version, versions used, and the size and SHA-256 of every file above
@@ -60,7 +60,7 @@ def write_model_dir(params: BiLMParams, directory: str | os.PathLike, *, vocab_f
       FileExistsError, FileNotFoundError, NotADirectoryError: the target cannot be written; nothing is
         touched.
     """
-    from elmo_jax import extractor, weights_hdf5  # weights_hdf5 imports h5py; extractor traces the model
+    from elmo_jax.formats import extractor, weights_hdf5  # weights_hdf5 imports h5py; extractor traces the model
 
     target = os.path.abspath(os.fspath(directory))
     check_target(target, overwrite)

@@ -14,6 +14,7 @@ from elmo_jax.model.chars import BOS_CHAR, EOS_CHAR, boundary_char_ids
 from elmo_jax.model.char_cnn import token_embedding
 from elmo_jax.model.lstm import LSTMState, lstm_stack
 from elmo_jax.model.params import N_DIRECTIONS, BiLMParams
+from elmo_jax.model.precision import ComputeOptions
 
 
 def token_mask(char_ids: jax.Array) -> jax.Array:
@@ -71,18 +72,14 @@ def reverse_within_length(x: jax.Array, lengths: jax.Array) -> jax.Array:
 
 
 def bilm_layers(params: BiLMParams, char_ids: jax.Array, initial_state: LSTMState, *,
-                compute_dtype=jnp.float32, unroll: int = 1,
-                content_positions: int | None = None) -> tuple[jax.Array, jax.Array, LSTMState]:
+                compute: ComputeOptions = ComputeOptions()) -> tuple[jax.Array, jax.Array, LSTMState]:
     """All biLM layers, boundary tokens included, from character ids.
 
     Args:
       params: the biLM.
       char_ids: int (B, T, C) shifted character ids (checked by the caller).
       initial_state: (D, L, B, ·) state each row starts from.
-      compute_dtype: float32 or bfloat16 matrix products.
-      unroll: LSTM scan unroll factor.
-      content_positions: static bound on the characters of every real token (see
-        `char_cnn.token_embedding`); None computes all C positions.
+      compute: matmul dtype, LSTM scan unroll and the char CNN's position bound (`ComputeOptions`).
 
     Returns:
       layers float32 (B, L+1, T2, 2P) with exact zeros at padding; mask bool (B, T2); the final state
@@ -91,13 +88,12 @@ def bilm_layers(params: BiLMParams, char_ids: jax.Array, initial_state: LSTMStat
     config, weights = params.config, params.weights
     B, T, C = char_ids.shape
     ids, mask = add_boundaries(char_ids, token_mask(char_ids))
-    tokens = token_embedding(weights, config, ids.reshape(B * (T + 2), C), compute_dtype,
-                             content_positions).reshape(B, T + 2, -1)
-    return contextual_layers(params, tokens, mask, initial_state, compute_dtype=compute_dtype, unroll=unroll)
+    tokens = token_embedding(weights, config, ids.reshape(B * (T + 2), C), compute).reshape(B, T + 2, -1)
+    return contextual_layers(params, tokens, mask, initial_state, compute=compute)
 
 
 def contextual_layers(params: BiLMParams, tokens: jax.Array, mask: jax.Array, initial_state: LSTMState, *,
-                      compute_dtype=jnp.float32, unroll: int = 1) -> tuple[jax.Array, jax.Array, LSTMState]:
+                      compute: ComputeOptions = ComputeOptions()) -> tuple[jax.Array, jax.Array, LSTMState]:
     """All biLM layers from token vectors that already hold `<S>`/`</S>`: the LSTM half of `bilm_layers`.
 
     The one code path for the LSTM stacks, whether the token vectors come from the char CNN
@@ -108,7 +104,7 @@ def contextual_layers(params: BiLMParams, tokens: jax.Array, mask: jax.Array, in
       tokens: float32 (B, T2, P) char-CNN outputs, `<S>` first and `</S>` right after each row's tokens;
         values at padding positions are ignored.
       mask: bool (B, T2), a prefix of each row (its tokens and both boundaries).
-      initial_state, compute_dtype, unroll: as for `bilm_layers`.
+      initial_state, compute: as for `bilm_layers` (its char-CNN bound is not used here).
 
     Returns:
       as `bilm_layers`.
@@ -121,8 +117,7 @@ def contextual_layers(params: BiLMParams, tokens: jax.Array, mask: jax.Array, in
     tokens_tm = jnp.swapaxes(tokens, 0, 1)  # (T2, B, P)
     inputs = jnp.stack([tokens_tm, reverse_within_length(tokens_tm, lengths)], axis=1)  # (T2, D, B, P)
     mask_tm = jnp.broadcast_to(mask.T[:, None, :], (T2, N_DIRECTIONS, B))
-    outputs, final = lstm_stack(weights, config, inputs, mask_tm, initial_state, compute_dtype=compute_dtype,
-                                unroll=unroll)
+    outputs, final = lstm_stack(weights, config, inputs, mask_tm, initial_state, compute=compute)
 
     layers = [jnp.concatenate([tokens, tokens], axis=-1)]
     for out in outputs:  # (T2, D, B, P)

@@ -19,7 +19,7 @@ import numpy as np
 
 from elmo_jax.model.chars import PAD_CHAR
 from elmo_jax.model.config import BiLMConfig
-from elmo_jax.model.precision import broadcast_trailing, linear, matmul
+from elmo_jax.model.precision import ComputeOptions, broadcast_trailing, linear, matmul
 
 # Tokens per block of the convolution: bounds the (tokens, C, F) intermediate (~400 MB for the
 # published model) whatever the batch size.
@@ -171,19 +171,19 @@ def highway(x: jax.Array, layer_weights, compute_dtype=jnp.float32) -> jax.Array
     return gate * transform + (1.0 - gate) * x
 
 
-def token_embedding(weights, config: BiLMConfig, char_ids: jax.Array, compute_dtype=jnp.float32,
-                    content_positions: int | None = None, token_block: int | None = CNN_TOKEN_BLOCK) -> jax.Array:
+def token_embedding(weights, config: BiLMConfig, char_ids: jax.Array, compute: ComputeOptions = ComputeOptions(),
+                    token_block: int | None = CNN_TOKEN_BLOCK) -> jax.Array:
     """Token vectors from shifted character ids.
 
     Args:
       weights: `BiLMParams.weights`.
       config: the architecture.
       char_ids: int (N, C), shifted ids in [0, 262); 0 embeds as a zero vector.
-      compute_dtype: float32 or bfloat16 for the matrix products.
-      content_positions: static S <= C such that every real token holds only PAD from position S on
-        (`content_width` computes it). Starts >= S all see the same all-PAD window, so one window value
-        stands for them and only S starts are computed: words are short, and C = 50 is not. None = C.
-        Rows of all-zero padding tokens get meaningless vectors then; callers mask them.
+      compute: the matmul dtype, and `content_positions`: a static S <= C such that every real token
+        holds only PAD from position S on (`content_width` computes it). Starts >= S all see the same
+        all-PAD window, so one window value stands for them and only S starts are computed: words are
+        short, and C = 50 is not. None = C. Rows of all-zero padding tokens get meaningless vectors
+        then; callers mask them.
       token_block: tokens per step of a sequential loop over the tokens (bounds inference memory);
         None computes all at once, which training needs: there the token axis is sharded over the
         mesh, and a loop over it would gather the tokens onto every device.
@@ -192,6 +192,7 @@ def token_embedding(weights, config: BiLMConfig, char_ids: jax.Array, compute_dt
       float32 (N, P).
     """
     C = config.max_characters_per_token
+    compute_dtype, content_positions = compute.dtype, compute.content_positions
     S = C if content_positions is None else min(max(int(content_positions), 1), C)
     wmax = max(w for w, _ in config.filters)
     # Row 0 is the padding id, which the weight file does not store.

@@ -148,7 +148,7 @@ class BiLMConfig:
 
     @classmethod
     def preset(cls, name: str) -> "BiLMConfig":
-        """A published model size: "small", "medium" or "original" (see ELMO.md)."""
+        """A published model size: "small", "medium" or "original" (see docs/ELMO.md)."""
         try:
             lstm_dim, projection_dim, n_highway = PRESETS[name]
         except KeyError:

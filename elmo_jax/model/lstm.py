@@ -23,7 +23,7 @@ from jax import lax
 
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.params import N_DIRECTIONS, get_path, lstm_cell_path
-from elmo_jax.model.precision import einsum, linear
+from elmo_jax.model.precision import ComputeOptions, einsum
 
 FORGET_BIAS = 1.0  # TF LSTMCell's default, added at run time and never stored in weight files.
 
@@ -61,22 +61,6 @@ def _update(z, c_prev, cell_clip, w_proj, proj_clip, compute_dtype):
     return c, h
 
 
-def lstm_step(cell, config: BiLMConfig, x: jax.Array, c_prev: jax.Array, h_prev: jax.Array,
-              compute_dtype=jnp.float32) -> tuple[jax.Array, jax.Array]:
-    """One LSTM step of one cell, straight from the equations (the scan computes the same thing).
-
-    Args:
-      cell: one weight-file `LSTMCell` group: W_0 (2P, 4H), B (4H,), W_P_0 (H, P) if projected.
-      config: supplies the clips.
-      x: (B, P) input; c_prev (B, H); h_prev (B, P).
-
-    Returns:
-      (c, h): (B, H), (B, P).
-    """
-    z = linear(jnp.concatenate([x, h_prev], axis=-1), cell["W_0"], cell["B"], compute_dtype)
-    return _update(z, c_prev, config.cell_clip, cell.get("W_P_0"), config.proj_clip, compute_dtype)
-
-
 def stacked_cell(weights, config: BiLMConfig, layer: int) -> dict[str, jax.Array]:
     """One layer's weights of both directions, stacked on a leading D axis and split by input.
 
@@ -95,7 +79,7 @@ def stacked_cell(weights, config: BiLMConfig, layer: int) -> dict[str, jax.Array
 
 
 def lstm_layer(cell: dict[str, jax.Array], config: BiLMConfig, inputs: jax.Array, mask: jax.Array,
-               c0: jax.Array, h0: jax.Array, *, compute_dtype=jnp.float32, unroll: int = 1,
+               c0: jax.Array, h0: jax.Array, *, compute: ComputeOptions = ComputeOptions(),
                resets: jax.Array | None = None):
     """Runs one layer of both directions over time.
 
@@ -105,14 +89,14 @@ def lstm_layer(cell: dict[str, jax.Array], config: BiLMConfig, inputs: jax.Array
       inputs: float32 (T, D, B, P), time-major; the backward direction already reversed per row.
       mask: bool (T, D, B), where each direction's row has a token (a prefix of the row).
       c0, h0: (D, B, H), (D, B, P) initial state.
-      compute_dtype: float32 or bfloat16 for the matrix products; the state stays float32.
-      unroll: `lax.scan` unroll factor.
+      compute: the matmul dtype (the state stays float32) and the `lax.scan` unroll factor.
       resets: None, or bool (T, D, B): zero the state before reading the token at that position (a
         row that starts afresh mid-window, e.g. a sentence that training reads from a zero state).
 
     Returns:
       outputs (T, D, B, P) with zeros past each row's length, and the final (c, h).
     """
+    compute_dtype = compute.dtype
     # Input-to-gate products of every time step at once: (D, T, B, 4H).
     x_gates = einsum("tdbp,dpg->dtbg", inputs, cell["W_x"], compute_dtype) + cell["B"][:, None, None, :]
     w_proj = cell.get("W_P")
@@ -130,12 +114,12 @@ def lstm_layer(cell: dict[str, jax.Array], config: BiLMConfig, inputs: jax.Array
         h_out = jnp.where(live, h, 0.0)
         return (c, jnp.where(live, h, h_prev)), h_out
 
-    (c_final, h_final), outputs = lax.scan(step, (c0, h0), jnp.arange(inputs.shape[0]), unroll=unroll)
+    (c_final, h_final), outputs = lax.scan(step, (c0, h0), jnp.arange(inputs.shape[0]), unroll=compute.unroll)
     return outputs, (c_final, h_final)
 
 
 def lstm_stack(weights, config: BiLMConfig, inputs: jax.Array, mask: jax.Array, initial_state: LSTMState, *,
-               compute_dtype=jnp.float32, unroll: int = 1, dropout=None,
+               compute: ComputeOptions = ComputeOptions(), dropout=None,
                resets: jax.Array | None = None) -> tuple[list[jax.Array], LSTMState]:
     """All LSTM layers of both directions, with bilm-tf's residual connections and dropout.
 
@@ -145,7 +129,7 @@ def lstm_stack(weights, config: BiLMConfig, inputs: jax.Array, mask: jax.Array, 
       inputs: float32 (T, D, B, P) token embeddings, time-major, each direction in its reading order.
       mask: bool (T, D, B).
       initial_state: `LSTMState` (D, L, B, ·).
-      compute_dtype, unroll: as for `lstm_layer`.
+      compute: as for `lstm_layer`.
       dropout: None, or a function (x, layer) -> x applied to each layer's input, as TF's
         `DropoutWrapper(input_keep_prob)` does; the residual then adds the dropped-out input.
       resets: None or bool (T, D, B), see `lstm_layer` (applies to every layer).
@@ -159,7 +143,7 @@ def lstm_stack(weights, config: BiLMConfig, inputs: jax.Array, mask: jax.Array, 
             inputs = dropout(inputs, layer)
         out, (c, h) = lstm_layer(stacked_cell(weights, config, layer), config, inputs, mask,
                                  initial_state.c[:, layer], initial_state.h[:, layer],
-                                 compute_dtype=compute_dtype, unroll=unroll, resets=resets)
+                                 compute=compute, resets=resets)
         if layer > 0 and config.use_skip_connections:
             out = out + inputs  # residual on the output only, never on the carried state
         outputs.append(out)

@@ -3,9 +3,14 @@
 float32 results must match AllenNLP on every backend, but GPUs and TPUs default to reduced-precision
 passes (TF32, bf16x1) for float32 matmuls. So float32 compute asks for `Precision.HIGHEST` explicitly;
 bfloat16 compute casts the operands and accumulates in float32.
+
+`ComputeOptions` bundles the static settings of how the biLM computes (matmul dtype, LSTM scan unroll,
+the char CNN's position bound), so they travel through the model as one hashable value.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +25,36 @@ def check_compute_dtype(compute_dtype) -> jnp.dtype:
     if dtype.name not in COMPUTE_DTYPES:
         raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}, found {dtype.name}")
     return dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeOptions:
+    """How the biLM computes; static (hashable), so a jitted function specialises on it.
+
+    Attributes:
+      dtype: "float32" (full precision on every backend) or "bfloat16" (bfloat16 operands, float32
+        accumulation; states and outputs stay float32).
+      unroll: `lax.scan` unroll factor of the LSTM time loop (speed only: results differ by float32
+        rounding at most).
+      content_positions: a bound S on the character positions holding anything but PAD in every real
+        token (`char_cnn.content_bucket`); the char CNN then computes S start positions instead of C.
+        None computes all C (needed when the ids are not known at trace time).
+    """
+
+    dtype: str = "float32"
+    unroll: int = 1
+    content_positions: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", check_compute_dtype(self.dtype).name)
+        if isinstance(self.unroll, bool) or not isinstance(self.unroll, int) or self.unroll < 1:
+            raise ValueError(f"unroll must be a positive integer, found {self.unroll!r}")
+        if self.content_positions is not None:
+            object.__setattr__(self, "content_positions", int(self.content_positions))
+
+    def with_positions(self, content_positions: int | None) -> ComputeOptions:
+        """The same options with another char-CNN position bound (it changes with every batch)."""
+        return dataclasses.replace(self, content_positions=content_positions)
 
 
 def matmul(x: jax.Array, w: jax.Array, compute_dtype=jnp.float32) -> jax.Array:

@@ -70,7 +70,7 @@ class Checkpoints:
                                 "or its write failed); it was never restorable", tmp)
                 shutil.rmtree(tmp, ignore_errors=True)
         if writer:
-            multihost.barrier("elmo_jax.checkpoint: incomplete writes removed")
+            multihost.barrier("elmo_jax.training.checkpoint: incomplete writes removed")
         self._async = async_save
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                create=True)
@@ -193,7 +193,7 @@ class Checkpoints:
                         n, aside = n + 1, f"{path}{CORRUPT_SUFFIX}{n + 1}"
                     os.rename(path, aside)
                     logging.warning("moved the unrestorable checkpoint %s aside to %s (not deleted)", path, aside)
-            multihost.barrier("elmo_jax.checkpoint: corrupt checkpoints moved aside")
+            multihost.barrier("elmo_jax.training.checkpoint: corrupt checkpoints moved aside")
             self.manager.reload()
         logging.warning("USING THE OLDER CHECKPOINT %s: the newer %s cannot be restored (see above); the steps "
                         "after %d are done again", os.path.join(self.directory, str(step)), names, step)

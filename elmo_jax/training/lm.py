@@ -1,4 +1,4 @@
-"""The biLM as two language models, for training and evaluation on `data.BiLMBatchStream` windows.
+"""The biLM as two language models, for training and evaluation on `data.batch_stream.BiLMBatchStream` windows.
 
 Unlike `embed`, nothing is reversed or padded here: the backward stream already holds reversed
 sentences, so both directions run left to right over their own windows (bilm-tf's `static_rnn` over
@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from elmo_jax.model.char_cnn import token_embedding
 from elmo_jax.model.lstm import LSTMState, lstm_stack
 from elmo_jax.model.params import BiLMParams
+from elmo_jax.model.precision import ComputeOptions
 from elmo_jax.training.softmax import full_softmax_loss, sample_candidates, sampled_softmax_loss
 
 
@@ -35,8 +36,8 @@ def reset_state(state: LSTMState, carry: jax.Array) -> LSTMState:
 
 
 def lm_outputs(params: BiLMParams, char_ids: jax.Array, mask: jax.Array, state: LSTMState, *,
-               key: jax.Array | None = None, dropout_rate: float = 0.0, compute_dtype=jnp.float32,
-               unroll: int = 1, content_positions: int | None = None,
+               key: jax.Array | None = None, dropout_rate: float = 0.0,
+               compute: ComputeOptions = ComputeOptions(),
                resets: jax.Array | None = None) -> tuple[jax.Array, LSTMState]:
     """Top-layer LSTM outputs of both directions.
 
@@ -47,7 +48,7 @@ def lm_outputs(params: BiLMParams, char_ids: jax.Array, mask: jax.Array, state: 
       state: `LSTMState` (D, L, B, ·) to start from (already reset where rows start afresh).
       key: dropout randomness; required when dropout_rate > 0.
       dropout_rate: bilm-tf's `dropout`, on each LSTM layer's input and on the top output.
-      compute_dtype, unroll, content_positions: as for `embed`.
+      compute: matmul dtype, LSTM scan unroll and the char CNN's position bound (`ComputeOptions`).
       resets: None or bool (D, B, T): zero the state before these positions (see `lstm.lstm_layer`).
 
     Returns:
@@ -60,14 +61,14 @@ def lm_outputs(params: BiLMParams, char_ids: jax.Array, mask: jax.Array, state: 
     # CNN's table has the padding row 0 first. No token loop: it would run over the sharded axis, and
     # under autodiff it would not bound memory anyway (a loop keeps every block's residuals).
     flat = jnp.transpose(char_ids, (1, 0, 2, 3)).reshape(B * D * T, C) + 1
-    tokens = token_embedding(weights, config, flat, compute_dtype, content_positions, token_block=None)
+    tokens = token_embedding(weights, config, flat, compute, token_block=None)
     inputs = jnp.transpose(tokens.reshape(B, D, T, -1), (2, 1, 0, 3))  # (T, D, B, P)
     mask_tm = jnp.transpose(mask, (2, 0, 1))  # (T, D, B)
     keys = (None,) * (config.n_layers + 1) if key is None else jax.random.split(key, config.n_layers + 1)
     layer_dropout = None if dropout_rate <= 0.0 else (lambda x, layer: dropout(keys[layer], dropout_rate, x))
     resets_tm = None if resets is None else jnp.transpose(resets, (2, 0, 1))  # (T, D, B)
-    outputs, final = lstm_stack(weights, config, inputs, mask_tm, state, compute_dtype=compute_dtype,
-                                unroll=unroll, dropout=layer_dropout, resets=resets_tm)
+    outputs, final = lstm_stack(weights, config, inputs, mask_tm, state, compute=compute, dropout=layer_dropout,
+                                resets=resets_tm)
     top = outputs[-1] if dropout_rate <= 0.0 else dropout(keys[-1], dropout_rate, outputs[-1])
     return jnp.transpose(top, (1, 2, 0, 3)), final
 

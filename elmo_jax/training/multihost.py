@@ -16,8 +16,6 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from elmo_jax.data.batch_stream import DIRECTIONS, merge_states
-
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, local_device_ids: list[int] | None = None) -> None:
@@ -45,24 +43,6 @@ def agree_max(value: int) -> int:
     if jax.process_count() == 1:
         return value
     return int(np.max(multihost_utils.process_allgather(np.int32(value))))
-
-
-def gather_stream_state(state: dict[str, Any]) -> dict[str, Any]:
-    """One batch-stream state holding the rows of every process (what a checkpoint stores, so that a run
-    with N processes resumes with M). Each process passes its own `BiLMBatchStream.get_state()`."""
-    if jax.process_count() == 1:
-        return state
-    rows = sorted(int(r) for r in state[DIRECTIONS[0]])
-    table = np.array([[r] + [v for d in DIRECTIONS for v in state[d][str(r)]] for r in rows], np.int64)
-    # int64 travels as pairs of int32 (JAX without x64 would truncate stream positions past 2**31).
-    gathered = multihost_utils.process_allgather(table.view(np.int32))
-    per_process = []
-    for t in np.asarray(gathered).view(np.int64):  # (rows, 1 + 2 * len(DIRECTIONS))
-        part = {k: v for k, v in state.items() if k not in DIRECTIONS}
-        for i, d in enumerate(DIRECTIONS):
-            part[d] = {str(int(row[0])): [int(row[1 + 2 * i]), int(row[2 + 2 * i])] for row in t}
-        per_process.append(part)
-    return merge_states(per_process)
 
 
 def fetch(tree: Any) -> Any:

@@ -1,5 +1,6 @@
 """Where every array of training lives on the device mesh: the mesh, one table of partition rules, and
-the shardings of the train state and the batch derived from it.
+the shardings of the train state and the batch derived from it. `jitted_steps` compiles the
+train and eval steps with them.
 
 The mesh has two axes, `data` (batch rows) and `model` (the softmax's vocabulary), sized by
 `--config.mesh.data` and `--config.mesh.model`. Every array axis has a logical name ("batch",
@@ -13,19 +14,14 @@ P projection, H LSTM cell, V' padded vocabulary.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from elmo_jax.model.lstm import zero_state
 from elmo_jax.training.softmax import VOCAB_PAD_MULTIPLE
-from elmo_jax.training.train_step import StepConfig, eval_step_fn, init_train_state, train_step_fn
 
 MESH_AXES = ("data", "model")
 
@@ -213,82 +209,3 @@ def process_rows(sharding: NamedSharding, batch_size: int) -> tuple[int, int]:
         raise ValueError(f"this process's devices hold batch rows {rows}, not one contiguous block; build the "
                          "mesh with make_mesh (jax.make_mesh orders devices process by process)")
     return start // (stop - start), batch_size // (stop - start)
-
-
-@dataclasses.dataclass(frozen=True)
-class Steps:
-    """The training functions jitted for one mesh (pjit), and the shardings they read and write.
-
-    Attributes:
-      mesh: the mesh.
-      batch_size: B, global rows.
-      state: NamedShardings of the `TrainState`.
-      batch: NamedSharding of every batch array (D, B, ...).
-      abstract_state: the `TrainState` as ShapeDtypeStructs carrying `state` (restore targets).
-      init: (key, bilm: BiLMParams | None, softmax: dict | None) -> TrainState, created sharded.
-      train: (state, batch, content_positions) -> (state, metrics); the state is donated.
-      eval: (params, lstm, batch, content_positions) -> (loss sums (D,), counts (D,), lstm).
-      zero_lstm: () -> the zero `LSTMState` (D, L, B, ·), sharded like the carried state.
-    """
-
-    mesh: Mesh
-    batch_size: int
-    state: Any
-    batch: NamedSharding
-    abstract_state: Any
-    init: Any
-    train: Any
-    eval: Any
-    zero_lstm: Any
-
-
-@functools.lru_cache(maxsize=16)  # the same jitted functions (and their compile cache) for the same run
-def jit_steps(mesh: Mesh, cfg: StepConfig, optimizer: optax.GradientTransformation, batch_size: int,
-              rules=RULES, skip_nonfinite: bool = False) -> Steps:
-    """`init_train_state`, `train_step_fn` and `eval_step_fn` jitted with the shardings of `rules` on `mesh`.
-
-    The state's shapes come from `jax.eval_shape` (no allocation); `init` then creates every array
-    directly in its shards, so no device ever holds the whole softmax. With `skip_nonfinite` the train
-    step is wrapped by `skip_nonfinite_step`.
-    """
-    def init(key, bilm, softmax):
-        return init_train_state(key, cfg, optimizer, batch_size, bilm, softmax)
-
-    abstract = jax.eval_shape(init, jax.random.key(0), None, None)
-    shardings = state_shardings(mesh, abstract, optimizer, rules)
-    batch = batch_sharding(mesh, rules)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    def train(state, batch, content_positions):
-        step = functools.partial(train_step_fn, cfg=cfg, optimizer=optimizer, content_positions=content_positions)
-        return skip_nonfinite_step(step, state, batch) if skip_nonfinite else step(state, batch)
-
-    def evaluate(params, lstm, batch, content_positions):
-        return eval_step_fn(params, lstm, batch, cfg=cfg, content_positions=content_positions)
-
-    # content_positions (the char CNN's position bucket) is static and positional: pjit takes no kwargs.
-    train = jax.jit(train, static_argnums=(2,), in_shardings=(shardings, batch), out_shardings=(shardings, replicated),
-                    donate_argnums=(0,))
-    evaluate = jax.jit(evaluate, static_argnums=(3,), in_shardings=(shardings.params, shardings.lstm, batch),
-                       out_shardings=(replicated, replicated, shardings.lstm))
-    zero_lstm = jax.jit(lambda: zero_state(cfg.model, batch_size), out_shardings=shardings.lstm)
-    return Steps(mesh=mesh, batch_size=batch_size, state=shardings, batch=batch, abstract_state=with_shardings(abstract, shardings),
-                 init=jax.jit(init, out_shardings=shardings), train=train, eval=evaluate, zero_lstm=zero_lstm)
-
-
-def skip_nonfinite_step(step_fn, state, batch):
-    """`step_fn(state, batch)`, except that a step whose loss or gradient norm is not finite leaves the
-    parameters and optimiser state as they were (to be traced inside the jitted step).
-
-    The choice is made on the device (`jnp.where`), so the host need not read the loss before the next
-    step is dispatched; metrics gain "skipped" (1.0 for a skipped step, else 0.0), which the trainer
-    counts when it reads them. A skipped step still advances the step counter (and so the RNG) and the
-    data stream (its window is dropped), and its rows start the next window from a zero LSTM state,
-    since the carried one may be what overflowed.
-    """
-    new, metrics = step_fn(state, batch)
-    ok = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
-    keep = lambda updated, previous: jnp.where(ok, updated, previous)
-    new = new.replace(params=jax.tree.map(keep, new.params, state.params),
-                      opt_state=jax.tree.map(keep, new.opt_state, state.opt_state),
-                      lstm=jax.tree.map(lambda carried: jnp.where(ok, carried, jnp.zeros_like(carried)), new.lstm))
-    return new, {**metrics, "skipped": jnp.where(ok, 0.0, 1.0).astype(jnp.float32)}

@@ -4,7 +4,7 @@ on the device): the console line, `metrics.jsonl` / TensorBoard, and the non-fin
 Non-finite policy: a NaN or Inf loss or gradient norm stops training with a `TrainingError` naming the
 step; the state of that step is never checkpointed (the loop reads a step's metrics before saving it),
 so the last checkpoint is the last good one. With `max_nonfinite_steps` = N > 0 the jitted step skips
-such steps itself (`sharding.skip_nonfinite`: parameters and optimiser state unchanged, decided on the
+such steps itself (`jitted_steps.skip_nonfinite_step`: parameters and optimiser state unchanged, decided on the
 device) and this counts them: up to N are logged as warnings (and as `nonfinite_skipped` in every
 metrics record), the N+1-th stops training as above. The count is saved with each checkpoint.
 """

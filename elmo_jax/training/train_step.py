@@ -21,6 +21,7 @@ from elmo_jax.model.config import BiLMConfig
 from elmo_jax.training.lm import lm_losses, lm_outputs, reset_state
 from elmo_jax.model.lstm import LSTMState, zero_state
 from elmo_jax.model.params import BiLMParams, init_params
+from elmo_jax.model.precision import ComputeOptions
 from elmo_jax.training.softmax import padded_vocab_size
 
 
@@ -36,8 +37,7 @@ class StepConfig:
     full_softmax: bool = False
     softmax_chunk: int = 8192
     loss_scale_by_unroll: bool = True
-    compute_dtype: str = "float32"
-    scan_unroll: int = 1
+    compute: ComputeOptions = ComputeOptions()  # its content_positions is set per batch (`train_step_fn`)
 
 
 @flax.struct.dataclass
@@ -103,8 +103,7 @@ def _lm_pass(params, cfg: StepConfig, batch, lstm: LSTMState, key, *, train: boo
     k_dropout, k_sample = jax.random.split(key)
     outputs, final = lm_outputs(bilm, batch["char_ids"], batch["mask"], reset_state(lstm, batch["carry"]),
                                 key=k_dropout, dropout_rate=cfg.dropout if train else 0.0,
-                                compute_dtype=jnp.dtype(cfg.compute_dtype), unroll=cfg.scan_unroll,
-                                content_positions=content_positions, resets=batch.get("reset"))
+                                compute=cfg.compute.with_positions(content_positions), resets=batch.get("reset"))
     sampled = train and not cfg.full_softmax
     sums, counts = lm_losses(params["softmax"], outputs, batch["targets"], batch["mask"], vocab_size=cfg.vocab_size,
                              num_sampled=cfg.n_negative_samples if sampled else None, key=k_sample,
@@ -115,7 +114,7 @@ def _lm_pass(params, cfg: StepConfig, batch, lstm: LSTMState, key, *, train: boo
 def train_step_fn(state: TrainState, batch: dict[str, jax.Array], *, cfg: StepConfig,
                   optimizer: optax.GradientTransformation, content_positions: int | None = None):
     """One optimisation step on one window of both directions (pure; `train_step` is it jitted on one
-    device, `sharding.jit_steps` jitted for a mesh).
+    device, `jitted_steps.jit_steps` jitted for a mesh).
 
     Args:
       state: donated; the new state replaces it.
@@ -155,6 +154,6 @@ def eval_step_fn(params: dict, lstm: LSTMState, batch: dict[str, jax.Array], *, 
     return sums, counts, final
 
 
-# Jitted on whatever device their arguments are on (one device); the trainer uses `sharding.jit_steps`.
+# Jitted on whatever device their arguments are on (one device); the trainer uses `jitted_steps.jit_steps`.
 train_step = jax.jit(train_step_fn, static_argnames=("cfg", "optimizer", "content_positions"), donate_argnums=(0,))
 eval_step = jax.jit(eval_step_fn, static_argnames=("cfg", "content_positions"))

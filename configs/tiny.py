@@ -1,0 +1,28 @@
+"""A tiny biLM (H 16, P 8, three small filters) and schedule: the model every test that trains uses, and a
+smoke test of a new setup (a few seconds per hundred steps on one CPU core).
+
+    python train.py --config=configs/tiny.py --workdir=/tmp/tiny \
+        --config.data.train_files='corpus/*.txt' --config.data.heldout_files=heldout.txt
+
+Without corpus files it trains on the embedded default corpus (its vocabulary is far larger than such
+a model can use; give it a small corpus).
+"""
+
+from configs import default
+
+
+def get_config():
+    config = default.get_config()
+    config.model.char_embed_dim = 4
+    config.model.filters = ((1, 4), (2, 8), (3, 8))
+    config.model.n_highway = 1
+    config.model.lstm_dim = 16
+    config.model.projection_dim = 8
+    config.batch_size = 8
+    config.unroll_steps = 5
+    config.n_negative_samples = 8  # of a vocabulary of ~20: sampling and the log-Q correction are live
+    config.num_train_steps = 100
+    config.checkpoint_every_steps = 50
+    config.eval_every_steps = 0
+    config.log_every_steps = 1
+    return config

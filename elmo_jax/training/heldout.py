@@ -1,0 +1,69 @@
+"""Heldout perplexity with the full softmax, as bilm-tf reports it: one in-order pass over a corpus, each
+of the batch's rows reading its share of the sentences from a zero LSTM state carried across windows.
+Used during training (on the training mesh) and by `python -m elmo_jax.evaluate` (on one device).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from elmo_jax.data.batch_stream import BiLMBatchStream
+from elmo_jax.formats.vocab_file import Vocab
+from elmo_jax.model.lstm import zero_state
+from elmo_jax.training import multihost, sharding
+from elmo_jax.training.batch_feed import device_batch
+from elmo_jax.training.jitted_steps import Steps
+from elmo_jax.training.train_step import StepConfig, eval_step
+
+
+def heldout_perplexity(params: dict, cfg: StepConfig, sentences: Sequence[str], vocab: Vocab, batch_size: int,
+                       max_batches: int = 0, *, steps: Steps | None = None) -> dict[str, float]:
+    """Full-softmax perplexities over a heldout corpus.
+
+    Args:
+      params: `TrainState.params` ({"bilm", "softmax"}).
+      cfg: the steps' static settings (its vocabulary size must be `vocab`'s).
+      sentences: random-access sentences (text, tokens separated by spaces).
+      vocab: the training vocabulary.
+      batch_size: rows per window.
+      max_batches: stop after this many windows (0: the whole corpus).
+      steps: the jitted steps of the training mesh (params sharded as they say; with several processes
+        each feeds its own rows); None runs on the device `params` are on.
+
+    Returns: forward_perplexity, backward_perplexity, perplexity (exp of the mean of the two
+    cross-entropies), cross_entropy, and tokens (targets scored per direction).
+    """
+    if steps is not None and steps.batch_size != batch_size:
+        raise ValueError(f"heldout_perplexity: batch_size {batch_size} differs from the {steps.batch_size} rows the "
+                         "steps were built for")
+    block, blocks = sharding.process_rows(steps.batch, batch_size) if steps is not None else (0, 1)
+    stream = BiLMBatchStream(sentences, vocab, batch_size=batch_size, unroll_steps=cfg.unroll_steps, seed=None,
+                             repeat=False, process_index=block, process_count=blocks,
+                             max_characters_per_token=cfg.model.max_characters_per_token)
+    lstm = zero_state(cfg.model, batch_size) if steps is None else steps.zero_lstm()
+    several = jax.process_count() > 1
+    sums, counts = np.zeros(2), np.zeros(2)
+    for i in itertools.count():
+        window = next(stream, None)
+        if (max_batches and i >= max_batches) or (window is None and not several):
+            break
+        # Every process takes part in every step: one whose rows are done feeds empty windows until
+        # no process has tokens left.
+        batch, positions = device_batch(window or stream.empty_window(), cfg.model.max_characters_per_token)
+        if steps is None:
+            s, c, lstm = eval_step(params, lstm, batch, cfg=cfg, content_positions=positions)
+        else:
+            global_batch = multihost.global_batch(batch, steps.batch, batch_size)
+            s, c, lstm = steps.eval(params, lstm, global_batch, multihost.agree_max(positions))
+        c = np.asarray(c, np.float64)
+        if several and not c.any():
+            break
+        sums += np.asarray(s, np.float64)
+        counts += c
+    ce = sums / np.maximum(counts, 1.0)
+    return {"forward_perplexity": float(np.exp(ce[0])), "backward_perplexity": float(np.exp(ce[1])),
+            "perplexity": float(np.exp(ce.mean())), "cross_entropy": float(ce.mean()), "tokens": float(counts[0])}

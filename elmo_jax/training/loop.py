@@ -1,0 +1,235 @@
+"""Training the biLM: `train_and_evaluate(config, workdir)`, which `train.py` calls.
+
+The loop: take the next window of both directions from the batch stream, run the train step (jitted
+for the device mesh, `jitted_steps`), read the previous step's metrics (one step late, so the host
+never waits on the device), log, evaluate and checkpoint on schedule; at the end, evaluate and export
+a model directory. Re-running the same command resumes from the newest complete checkpoint (`start`)
+and continues exactly as if never stopped, on any mesh and any number of processes.
+
+Faults (BUILD.md has the table): SIGTERM/SIGINT checkpoint and stop (`preemption`); after a kill the
+newest complete checkpoint that restores is used (`checkpoint`); non-finite steps stop training or
+are skipped (`step_report`).
+
+With several processes (`multihost`), each reads and feeds only its own rows of the global batch;
+process 0 alone writes logs, metrics and the export; checkpoints are written by all of them (orbax).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Callable
+
+import jax
+import ml_collections
+from absl import logging
+
+from elmo_jax.data.batch_stream import BiLMBatchStream
+from elmo_jax.data.training_corpus import TrainingData, open_training_data
+from elmo_jax.formats import model_dir
+from elmo_jax.formats.vocab_file import Vocab
+from elmo_jax.model.flops import char_cnn_flops_per_token, lstm_flops_per_token
+from elmo_jax.model.params import BiLMParams, count_parameters
+from elmo_jax.training import multihost, preemption, settings, sharding
+from elmo_jax.training.batch_feed import device_batch, gather_stream_state
+from elmo_jax.training.checkpoint import Checkpoints
+from elmo_jax.training.heldout import heldout_perplexity
+from elmo_jax.training.jitted_steps import Steps, jit_steps
+from elmo_jax.training.metrics_log import MetricsLog
+from elmo_jax.training.softmax import padded_vocab_size
+from elmo_jax.training.start import resume_or_start, run_meta
+from elmo_jax.training.step_report import StepReport, log_resume
+from elmo_jax.training.train_step import StepConfig, TrainState
+from elmo_jax.training.workdir import make_workdir
+
+
+@dataclasses.dataclass
+class Run:
+    """What a training run holds while it steps; built once by `train_and_evaluate`.
+
+    Attributes:
+      config: the run's config.
+      cfg: the steps' static settings.
+      steps: the train/eval steps jitted for the mesh.
+      stream: this process's share of the training batch stream.
+      checkpoints: the workdir's checkpoint manager (writer).
+      meta: what each checkpoint is saved with (`start.run_meta`).
+      heldout: params -> heldout metrics, or None without heldout data.
+      signals: SIGTERM/SIGINT requests (`preemption.StopSignals`).
+      report: reads, checks and logs each step's metrics.
+    """
+
+    config: ml_collections.ConfigDict
+    cfg: StepConfig
+    steps: Steps
+    stream: BiLMBatchStream
+    checkpoints: Checkpoints
+    meta: dict
+    heldout: Callable[[dict], dict[str, float]] | None
+    signals: preemption.StopSignals
+    report: StepReport | None = None
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+    """Trains (or resumes training) in `workdir`; returns the final heldout metrics (empty without heldout).
+
+    Raises:
+      preemption.Stopped: SIGTERM or SIGINT arrived; the step was finished and checkpointed first.
+      TrainingError: a non-finite loss or gradient (beyond `max_nonfinite_steps` skipped steps).
+      CheckpointWriteError (an OSError): a checkpoint could not be written; the previous one is intact.
+      CheckpointCorruptError (a ValueError): checkpoints exist but none restores.
+    """
+    # A mesh, batch or schedule that cannot work is reported before anything is written or compiled.
+    settings.check_schedule(config)
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
+    sharding.check_training_mesh(mesh, config.batch_size, jax.process_count())
+    make_workdir(workdir, config)
+    is_main = jax.process_index() == 0
+    data = _open_data(config, workdir, is_main)
+    cfg = settings.step_config(config, len(data.vocab))
+    steps = jit_steps(mesh, cfg, settings.optimizer(config), config.batch_size,
+                      skip_nonfinite=config.max_nonfinite_steps > 0)
+    block, blocks = sharding.process_rows(steps.batch, config.batch_size)
+    stream = BiLMBatchStream(data.train, data.vocab, batch_size=config.batch_size, unroll_steps=config.unroll_steps,
+                             seed=config.seed, process_index=block, process_count=blocks,
+                             max_characters_per_token=cfg.model.max_characters_per_token,
+                             reset_probability=config.state_reset_probability)
+    heldout = None if data.heldout is None else (
+        lambda params: heldout_perplexity(params, cfg, data.heldout, data.vocab, config.batch_size,
+                                          config.eval_max_batches, steps=steps))
+    checkpoints = Checkpoints(workdir, keep=config.keep_checkpoints, writer=True)
+    log = None
+    with preemption.StopSignals() as signals, _closing(checkpoints, lambda: log):
+        run = Run(config, cfg, steps, stream, checkpoints, run_meta(config, cfg), heldout, signals)
+        state, data_state, skipped = resume_or_start(config, cfg, data.vocab, steps, checkpoints, run.meta)
+        if data_state is not None:
+            stream.set_state(data_state)
+        _log_run(config, cfg, mesh)
+        log = MetricsLog(workdir, enabled=is_main)
+        run.report = StepReport(config, log, int(state.step), skipped)
+        if state.step > 0:
+            _log_resumption(run, state, workdir, is_main)
+        state = _train_loop(run, state)
+        return _finish(run, state, data.vocab, workdir, is_main)
+
+
+def _train_loop(run: Run, state: TrainState) -> TrainState:
+    """Steps from `state.step` to `num_train_steps`, checkpointing and evaluating on schedule; returns
+    the final state. After SIGTERM/SIGINT it finishes the step, checkpoints it and raises `Stopped`."""
+    config, report = run.config, run.report
+    pending = None  # (step, metrics on device) of the previous step, read one step late
+    for step in range(int(state.step), config.num_train_steps):
+        local, positions = device_batch(next(run.stream), run.cfg.model.max_characters_per_token)
+        positions, stop = preemption.agree(positions, run.signals.received is not None)
+        batch = multihost.global_batch(local, run.steps.batch, config.batch_size)
+        state, metrics = run.steps.train(state, batch, positions)
+        if pending is not None:
+            report(*pending)
+        pending, done = (step + 1, metrics), step + 1
+        # One process stops after the step it was in; several after the step they agreed on.
+        stop = stop or (jax.process_count() == 1 and run.signals.received is not None)
+        if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps or stop:
+            report(*pending)  # never checkpoint a non-finite state
+            pending = None
+            run.checkpoints.save(done, state, gather_stream_state(run.stream.get_state()),
+                                 {**run.meta, "progress": {"nonfinite_skipped": report.skipped}})
+        if stop:  # the evaluation due here, if any, runs when training resumes
+            run.signals.stop_if_requested(done, run.checkpoints, agreed=True)
+        if _eval_due(config, done, run.heldout):
+            report.log.write(done, run.heldout(state.params), kind="eval")
+    if pending is not None:
+        report(*pending)
+    return state
+
+
+def _finish(run: Run, state: TrainState, vocab: Vocab, workdir: str, is_main: bool) -> dict[str, float]:
+    """The end of training: the last checkpoint on disk, the final heldout evaluation (logged and
+    returned) and the export to `WORKDIR/export`; a stop signal is honoured between them."""
+    step = int(state.step)
+    run.checkpoints.wait()  # a failed last write is reported before the export
+    run.signals.stop_if_requested(step, run.checkpoints)
+    final = {}
+    if run.heldout is not None:
+        final = run.heldout(state.params)
+        run.report.log.write(step, final, kind="eval")
+        logging.info("heldout after step %d: perplexity %.2f (forward %.2f, backward %.2f) on %d tokens",
+                     step, final["perplexity"], final["forward_perplexity"], final["backward_perplexity"],
+                     final["tokens"])
+    run.signals.stop_if_requested(step, run.checkpoints)
+    weights = multihost.fetch(state.params["bilm"])  # every process takes part
+    if is_main:
+        export = os.path.join(workdir, "export")
+        export_model(BiLMParams(weights=weights, config=run.cfg.model), vocab, export, source=f"{workdir} step {step}")
+        logging.info("exported the biLM to %s (a model directory: options.json + weights.hdf5, vocab.txt, "
+                     "the StableHLO extractor)", export)
+    return final
+
+
+def export_model(bilm: BiLMParams, vocab: Vocab, directory: str, source: str = "") -> None:
+    """Writes a model directory (`formats.model_dir`) for a trained biLM, replacing an earlier export only
+    once the new one is complete. `bilm` must be addressable here (`multihost.fetch` of the weights)."""
+    try:
+        model_dir.write_model_dir(bilm, directory, vocab=vocab, source=source, overwrite=True)
+    except OSError as e:  # e.g. a full disk: the new directory is built aside and renamed only when complete
+        raise OSError(f"could not write the export to {directory} ({e}); the previous export, if any, is "
+                      "untouched and nothing partial is left") from e
+
+
+def _log_resumption(run: Run, state: TrainState, workdir: str, is_main: bool) -> None:
+    """Logs where training resumes and how many steps are done again, and runs an evaluation that was
+    due at the checkpoint's step (the interrupted run may have stopped before it)."""
+    start = int(state.step)
+    # Steps logged after this checkpoint by the interrupted run are logged again: a reader keeps, for
+    # each step, the record after the last "resume" marker at or below it.
+    lost = log_resume(workdir, start, is_main)
+    run.report.log.write(start, {} if lost is None else {"lost_steps": lost}, kind="resume")
+    if _eval_due(run.config, start, run.heldout):
+        run.report.log.write(start, run.heldout(state.params), kind="eval")
+
+
+def _eval_due(config, step: int, heldout) -> bool:
+    """Whether a heldout evaluation is logged after `step` (the one after the last step is the final one)."""
+    return (heldout is not None and config.eval_every_steps > 0 and step % config.eval_every_steps == 0
+            and 0 < step < config.num_train_steps)
+
+
+@contextlib.contextmanager
+def _closing(checkpoints: Checkpoints, log):
+    """Closes the checkpoints (waiting for the last write) and the metrics log (`log()`, maybe None)
+    however training ends; an error while closing does not hide the one that ended training."""
+    try:
+        yield
+    except BaseException:
+        try:
+            checkpoints.close()
+        except Exception as e:  # e.g. the last write failed too: say so, but report the first error
+            logging.error("%s", e)
+        if log() is not None:
+            log().close()
+        raise
+    try:
+        checkpoints.close()
+    finally:
+        if log() is not None:
+            log().close()
+
+
+def _open_data(config, workdir: str, is_main: bool) -> TrainingData:
+    """The corpus and vocabulary: process 0 prepares them (and writes vocab.txt) before the others read."""
+    data = open_training_data(config.data, workdir, write_files=True) if is_main else None
+    multihost.barrier("elmo_jax.training.loop: training data prepared")
+    return data or open_training_data(config.data, workdir, write_files=False)
+
+
+def _log_run(config, cfg: StepConfig, mesh) -> None:
+    n = count_parameters(cfg.model)
+    per_token = char_cnn_flops_per_token(cfg.model) + lstm_flops_per_token(cfg.model)
+    logging.info("biLM: %s parameters + softmax %d x %d (%d rows with padding); %.1f MFLOP per token forward",
+                 f"{n:,}", cfg.vocab_size, cfg.model.projection_dim, padded_vocab_size(cfg.vocab_size),
+                 per_token / 1e6)
+    logging.info("mesh: data %d x model %d on %d devices, %d processes", mesh.shape["data"], mesh.shape["model"],
+                 jax.device_count(), jax.process_count())
+    logging.info("batch: %d rows x %d steps global, %d rows per process, %d per data shard",
+                 config.batch_size, config.unroll_steps, config.batch_size // jax.process_count(),
+                 config.batch_size // mesh.shape["data"])

@@ -1,0 +1,170 @@
+"""Where a training run starts, and reading a finished one back.
+
+A run resumes from the newest checkpoint of its workdir that restores (parameters, optimiser, RNG,
+carried LSTM state and the stream's position), after checking that the checkpoint was made for the
+same model, vocabulary and batch. Without one it starts fresh, or from `init_from` (fine-tuning): a
+training workdir (its biLM, and its softmax when the vocabulary is the same) or a model directory /
+published HDF5 pair (its biLM, a fresh softmax).
+
+`restore_checkpoint` and `load_trained` read a workdir's checkpoint on one device, for the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+from absl import logging
+
+from elmo_jax.formats import weights_hdf5
+from elmo_jax.formats.vocab_file import Vocab
+from elmo_jax.model.config import BiLMConfig
+from elmo_jax.model.params import BiLMParams
+from elmo_jax.training import sharding
+from elmo_jax.training.checkpoint import Checkpoints
+from elmo_jax.training.jitted_steps import Steps
+from elmo_jax.training.settings import step_config
+from elmo_jax.training.train_step import StepConfig, TrainState, init_train_state, make_optimizer
+
+RESUME_KEYS = ("model_options", "vocab_size", "batch_size", "unroll_steps")  # what a resume must agree on
+
+
+def run_meta(config: ml_collections.ConfigDict, cfg: StepConfig) -> dict[str, Any]:
+    """What a checkpoint was made for (saved with it): the model, vocabulary size, batch, and the config."""
+    return {"model_options": cfg.model.to_options(), "vocab_size": cfg.vocab_size,
+            "batch_size": config.batch_size, "unroll_steps": config.unroll_steps,
+            "config": json.loads(config.to_json_best_effort())}
+
+
+def _differences(there: Any, here: Any, path: str) -> list[str]:
+    """'path.to.key is X there but Y in this config' for each leaf where two JSON-like values differ."""
+    if isinstance(there, dict) and isinstance(here, dict):
+        return [d for k in sorted(set(there) | set(here), key=str)
+                for d in _differences(there.get(k), here.get(k), f"{path}.{k}")]
+    return [] if there == here else [f"{path} is {there!r} there but {here!r} in this config"]
+
+
+def check_resume(meta: dict, expected: dict, directory: str) -> None:
+    """Raises ValueError naming every difference when a checkpoint's meta is of another run."""
+    differences = [d for key in RESUME_KEYS for d in _differences(meta.get(key), expected[key], key)]
+    if differences:
+        raise ValueError(f"{directory} holds checkpoints of a different run: {'; '.join(differences)}. Use "
+                         "another --workdir (the existing checkpoints are left untouched).")
+
+
+def _same_architecture(options: dict, model: BiLMConfig) -> bool:
+    """Whether an options dict describes `model` (training keys aside)."""
+    expected = model.to_options()
+    return all(options.get(section) == expected[section] for section in ("lstm", "char_cnn"))
+
+
+def abstract_state(meta: dict) -> tuple[TrainState, Any]:
+    """The shapes of the `TrainState` a checkpoint holds (from its meta), and its run's optimiser."""
+    config = ml_collections.ConfigDict(meta["config"])
+    model = BiLMConfig.from_options(meta["model_options"], source="checkpoint meta")
+    optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
+    cfg = StepConfig(model=model, vocab_size=meta["vocab_size"], unroll_steps=meta["unroll_steps"])
+    return jax.eval_shape(lambda: init_train_state(jax.random.key(0), cfg, optimizer, meta["batch_size"])), optimizer
+
+
+def resume_or_start(config: ml_collections.ConfigDict, cfg: StepConfig, vocab: Vocab, steps: Steps,
+                    checkpoints: Checkpoints, meta: dict) -> tuple[TrainState, dict | None, int]:
+    """(state, data stream state or None, non-finite steps skipped so far).
+
+    The newest checkpoint that restores (an unrestorable newer one is reported and moved aside), with
+    the stream state to move the stream to; else a fresh state, created sharded, from `init_from`'s
+    weights when set.
+    """
+    directory = os.path.dirname(checkpoints.directory)
+    found = checkpoints.restore_newest(lambda _: steps.abstract_state, lambda m: check_resume(m, meta, directory),
+                                       move_aside=True)
+    if found is None:
+        bilm, softmax = _initial_weights(config, cfg, vocab, steps.mesh)
+        return steps.init(jax.random.key(config.seed), bilm, softmax), None, 0
+    _, state, data_state, saved_meta = found
+    return state, data_state, int(saved_meta.get("progress", {}).get("nonfinite_skipped", 0))
+
+
+def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMParams | None, dict | None]:
+    """Fine-tuning start: (biLM, softmax) from `init_from`, or (None, None) for a fresh model.
+
+    A checkpoint's arrays are restored directly into their shards on `mesh`.
+    """
+    source = config.init_from
+    if not source:
+        return None, None
+    if not os.path.isdir(source):
+        raise FileNotFoundError(f"--config.init_from={source}: not a directory (expected a training workdir or "
+                                "a model directory with options.json and weights.hdf5)")
+    options, weights = os.path.join(source, "options.json"), os.path.join(source, "weights.hdf5")
+    if os.path.exists(weights):  # a published or exported model: the softmax starts fresh
+        bilm = weights_hdf5.load_hdf5(options, weights)
+        if not _same_architecture(bilm.config.to_options(), cfg.model):
+            raise ValueError(f"--config.init_from={source}: its options describe a different model than "
+                             "config.model; set config.model to match the options file")
+        logging.info("initialising the biLM from %s (fresh softmax)", weights)
+        return bilm, None
+
+    def check(meta):
+        if not _same_architecture(meta["model_options"], cfg.model):
+            raise ValueError(f"--config.init_from={source}: its checkpoint is of a different model than config.model")
+
+    def target(meta):
+        abstract, optimizer = abstract_state(meta)
+        # That run's carried LSTM state is not used; replicated, its batch need not divide this mesh.
+        return sharding.with_shardings(abstract, sharding.state_shardings(mesh, abstract, optimizer,
+                                                                          replicate_lstm=True))
+
+    checkpoints = Checkpoints(source, async_save=False)
+    try:
+        found = checkpoints.restore_newest(target, check)
+    finally:
+        checkpoints.close()
+    if found is None:
+        raise FileNotFoundError(f"--config.init_from={source}: no weights.hdf5 and no checkpoint in it")
+    step, state = found[:2]
+    source_vocab = os.path.join(source, "vocab.txt")
+    same_vocab = os.path.exists(source_vocab) and Vocab.load(source_vocab).words == vocab.words
+    logging.info("initialising from %s step %d (softmax %s)", source, step, "kept" if same_vocab else "fresh")
+    return BiLMParams(weights=state.params["bilm"], config=cfg.model), (state.params["softmax"] if same_vocab else None)
+
+
+def restore_checkpoint(workdir: str, step: int | None = None) -> tuple[TrainState, dict, dict]:
+    """(state, data stream state, meta) of a workdir's checkpoint, on one device.
+
+    Without `step`, the newest one that restores: a newer one that does not (a truncated or deleted
+    file) is named in an error log line and left where it is.
+
+    Raises FileNotFoundError when the workdir has no checkpoint (and creates nothing there), and
+    `CheckpointCorruptError` (a ValueError naming each one) when none restores.
+    """
+    if not os.path.isdir(os.path.join(workdir, "checkpoints")):  # checked first: opening would create it
+        raise FileNotFoundError(f"{workdir}: no checkpoint (no checkpoints/ directory)")
+    checkpoints = Checkpoints(workdir, async_save=False)
+    try:
+        if step is not None:
+            return checkpoints.restore(step, abstract_state(checkpoints.restore_meta(step))[0])
+        found = checkpoints.restore_newest(lambda meta: abstract_state(meta)[0])
+        if found is None:
+            raise FileNotFoundError(f"{workdir}: no checkpoint in {checkpoints.directory}")
+        return found[1:]
+    finally:
+        checkpoints.close()
+
+
+def load_trained(workdir: str, step: int | None = None):
+    """A workdir's checkpoint (default: the newest that restores) with what it needs to be used.
+
+    Returns:
+      (params {"bilm", "softmax"}, step config, training config, vocabulary file, step).
+    """
+    if not os.path.isdir(workdir):
+        raise FileNotFoundError(f"--workdir={workdir}: not a directory")
+    state, _, meta = restore_checkpoint(workdir, step)
+    config = ml_collections.ConfigDict(meta["config"])
+    vocab_file = config.data.vocab_file or os.path.join(workdir, "vocab.txt")
+    vocab = Vocab.load(vocab_file)
+    return state.params, step_config(config, len(vocab)), config, vocab_file, int(state.step)
