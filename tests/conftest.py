@@ -1,7 +1,9 @@
-"""Shared test setup: 8 forced CPU devices, strict rank promotion, and the AllenNLP parity fixture.
+"""Shared test setup: 8 forced CPU devices, strict rank promotion, the AllenNLP parity fixture, one
+compilation cache for the commands the tests start, and the session's tiny corpus and trained run.
 
 XLA reads `XLA_FLAGS` once, when the CPU backend starts, so the device count is set here, before
-anything imports jax; sharding code then runs on 8 devices in every CI run.
+anything imports jax; sharding code then runs on 8 devices in every CI run. Helpers live in
+tests/support and the NumPy references in tests/reference; test modules never import each other.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import pytest  # noqa: E402
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 import elmo_jax  # noqa: E402
+from tests.support.configs import TRAINED_STEPS, tiny_config  # noqa: E402
+from tests.support.corpora import write_agreement_corpus  # noqa: E402
 
 FIXTURE_DIR = Path(__file__).parent / "fixtures" / "allennlp_tiny"
 FIXTURE_BATCHES = ("main", "main_extra_pad", "edge")
@@ -80,3 +84,57 @@ def fixture_batch(request) -> FixtureBatch:
 def load_batch():
     """The `load_fixture_batch(name)` helper, for tests that need one particular batch."""
     return load_fixture_batch
+
+
+@pytest.fixture(scope="session", autouse=True)
+def command_compilation_cache(tmp_path_factory):
+    """A persistent JAX compilation cache for every process the tests start (train.py, the commands, the
+    notebooks' kernels): the same small programs are compiled once per session instead of once per
+    process. Set after this process imported jax, so it applies to the children only."""
+    cache = tmp_path_factory.mktemp("jax_compilation_cache")
+    names = {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    previous = {k: os.environ.get(k) for k in names}
+    os.environ.update(names)
+    yield cache
+    for k, v in previous.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> dict:
+    """The agreement-language corpus (tests/support/corpora.py): 300 training and 60 heldout sentences."""
+    return write_agreement_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedRun:
+    """A finished training run of configs/tiny.py on `corpus`: N + M steps, checkpoints at N and N + M.
+
+    Attributes:
+      workdir: its workdir (checkpoints, metrics.jsonl, vocab.txt, export/); tests only read it.
+      config: the config it ran with.
+      final: the final heldout metrics `train_and_evaluate` returned.
+    """
+
+    workdir: str
+    config: object
+    final: dict
+
+
+
+
+
+@pytest.fixture(scope="session")
+def trained_run(corpus, tmp_path_factory) -> TrainedRun:
+    """The session's one uninterrupted tiny training run, shared by every test that reads a trained
+    workdir, a checkpoint or an export (train, evaluate, export, fine-tuning)."""
+    from elmo_jax.training.loop import train_and_evaluate
+
+    n, m = TRAINED_STEPS
+    workdir = str(tmp_path_factory.mktemp("trained_run"))
+    config = tiny_config(corpus, num_train_steps=n + m, checkpoint_every_steps=n)
+    return TrainedRun(workdir, config, train_and_evaluate(config, workdir))

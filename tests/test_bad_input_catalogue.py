@@ -14,18 +14,16 @@ test_evaluate_cli, test_export, test_embed_file, test_faults).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax import embed_file as ef
+from elmo_jax.features import file_embedding as ef
 from elmo_jax.formats.model_dir import write_model_dir
-from test_train_cli import tree_digest
+from tests.support.commands import error_line, run_command
+from tests.support.compare import tree_digest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNWRITABLE = "/sys"  # sysfs refuses new files even to root
 
 
@@ -55,20 +53,6 @@ def files(tmp_path_factory, fixture_dir, tiny_params):
     return paths
 
 
-def run_cli(*argv):
-    env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-
-
-def assert_one_line_error(result, *expected):
-    assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error:"), last
-    for part in expected:
-        assert part in last, (part, last)
-
-
 # ----------------------------------------------------------------------------- CLIs
 
 CLI_CASES = {
@@ -87,61 +71,62 @@ CLI_CASES = {
                                                     f"--workdir={f['root'] / 'w3'}", f"--config.data.train_files={f['good']}",
                                                     f"--config.data.vocab_file={f['dir']}"], ["a_directory", "directory"]),
     "vocab: output directory missing": (
-        lambda f: ["-m", "elmo_jax.vocab", f"--files={f['good']}", f"--output={f['root'] / 'no' / 'v.txt'}"],
+        lambda f: ["elmo_jax.vocab", f"--files={f['good']}", f"--output={f['root'] / 'no' / 'v.txt'}"],
         ["does not exist"]),
-    "vocab: empty corpus": (lambda f: ["-m", "elmo_jax.vocab", f"--files={f['empty']}",
+    "vocab: empty corpus": (lambda f: ["elmo_jax.vocab", f"--files={f['empty']}",
                                        f"--output={f['existing_output']}"], ["empty.txt"]),
-    "vocab: output is a directory": (lambda f: ["-m", "elmo_jax.vocab", f"--files={f['good']}", f"--output={f['dir']}"],
+    "vocab: output is a directory": (lambda f: ["elmo_jax.vocab", f"--files={f['good']}", f"--output={f['dir']}"],
                                      ["a_directory"]),
-    "vocab: read-only output": (lambda f: ["-m", "elmo_jax.vocab", f"--files={f['good']}",
+    "vocab: read-only output": (lambda f: ["elmo_jax.vocab", f"--files={f['good']}",
                                            f"--output={UNWRITABLE}/vocab.txt"], [f"cannot write {UNWRITABLE}/vocab.txt"]),
-    "evaluate: workdir is a file": (lambda f: ["-m", "elmo_jax.evaluate", f"--workdir={f['good']}"],
+    "evaluate: workdir is a file": (lambda f: ["elmo_jax.evaluate", f"--workdir={f['good']}"],
                                     ["good.txt", "not a directory"]),
-    "evaluate: workdir without checkpoints": (lambda f: ["-m", "elmo_jax.evaluate", f"--workdir={f['dir']}"],
+    "evaluate: workdir without checkpoints": (lambda f: ["elmo_jax.evaluate", f"--workdir={f['dir']}"],
                                               ["no checkpoint"]),
-    "export: truncated weights": (lambda f: ["-m", "elmo_jax.export", f"--options={f['options']}",
+    "export: truncated weights": (lambda f: ["elmo_jax.export", f"--options={f['options']}",
                                              f"--weights={f['truncated_hdf5']}", f"--output={f['root'] / 'm1'}"],
                                   ["truncated_hdf5.txt"]),
-    "export: options is a directory": (lambda f: ["-m", "elmo_jax.export", f"--options={f['dir']}",
+    "export: options is a directory": (lambda f: ["elmo_jax.export", f"--options={f['dir']}",
                                                   f"--weights={f['weights']}", f"--output={f['root'] / 'm2'}"],
                                        ["a_directory"]),
-    "export: read-only output": (lambda f: ["-m", "elmo_jax.export", f"--options={f['options']}",
+    "export: read-only output": (lambda f: ["elmo_jax.export", f"--options={f['options']}",
                                             f"--weights={f['weights']}", f"--output={UNWRITABLE}/model"],
                                  [f"{UNWRITABLE}/model"]),
     "export: existing output without --overwrite": (
-        lambda f: ["-m", "elmo_jax.export", f"--options={f['options']}", f"--weights={f['weights']}",
+        lambda f: ["elmo_jax.export", f"--options={f['options']}", f"--weights={f['weights']}",
                    f"--output={f['model']}"], ["already exists", "--overwrite"]),
-    "embed_file: non-UTF-8 line": (lambda f: ["-m", "elmo_jax.embed_file", f"--model={f['model']}",
+    "embed_file: non-UTF-8 line": (lambda f: ["elmo_jax.embed_file", f"--model={f['model']}",
                                               f"--input={f['non_utf8']}", f"--output={f['existing_output']}"],
                                    ["non_utf8.txt:2", "UTF-8"]),
-    "embed_file: NUL byte": (lambda f: ["-m", "elmo_jax.embed_file", f"--model={f['model']}", f"--input={f['nul']}",
+    "embed_file: NUL byte": (lambda f: ["elmo_jax.embed_file", f"--model={f['model']}", f"--input={f['nul']}",
                                         f"--output={f['existing_output']}"], ["nul.txt:2", "NUL byte"]),
-    "embed_file: 10 MB line": (lambda f: ["-m", "elmo_jax.embed_file", f"--model={f['model']}",
+    "embed_file: 10 MB line": (lambda f: ["elmo_jax.embed_file", f"--model={f['model']}",
                                           f"--input={f['ten_mb_line']}", f"--output={f['existing_output']}"],
                                ["ten_mb_line.txt:1", "2,097,152 tokens", "--max_sentence_tokens", "--long_sentences"]),
-    "embed_file: empty input": (lambda f: ["-m", "elmo_jax.embed_file", f"--model={f['model']}", f"--input={f['empty']}",
+    "embed_file: empty input": (lambda f: ["elmo_jax.embed_file", f"--model={f['model']}", f"--input={f['empty']}",
                                            f"--output={f['existing_output']}"], ["empty.txt", "empty"]),
-    "embed_file: input is a directory": (lambda f: ["-m", "elmo_jax.embed_file", f"--model={f['model']}",
+    "embed_file: input is a directory": (lambda f: ["elmo_jax.embed_file", f"--model={f['model']}",
                                                     f"--input={f['dir']}", f"--output={f['root'] / 'o.hdf5'}"],
                                          ["a_directory", "is a directory"]),
-    "embed_file: read-only output": (lambda f: ["-m", "elmo_jax.embed_file", f"--model={f['model']}",
+    "embed_file: read-only output": (lambda f: ["elmo_jax.embed_file", f"--model={f['model']}",
                                                 f"--input={f['good']}", f"--output={UNWRITABLE}/out.hdf5"],
                                      [f"{UNWRITABLE}/out.hdf5"]),
-    "embed_file: model is a file": (lambda f: ["-m", "elmo_jax.embed_file", f"--model={f['good']}",
+    "embed_file: model is a file": (lambda f: ["elmo_jax.embed_file", f"--model={f['good']}",
                                                f"--input={f['good']}", f"--output={f['root'] / 'o.hdf5'}"],
                                     ["good.txt", "expected a model directory"]),
-    "embed_file: truncated weights": (lambda f: ["-m", "elmo_jax.embed_file", f"--options={f['options']}",
+    "embed_file: truncated weights": (lambda f: ["elmo_jax.embed_file", f"--options={f['options']}",
                                                  f"--weights={f['truncated_hdf5']}", f"--input={f['good']}",
                                                  f"--output={f['root'] / 'o.hdf5'}"], ["truncated_hdf5.txt"]),
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CLI_CASES))
 def test_cli_bad_input_is_one_line_and_touches_nothing(files, case):
     argv, expected = CLI_CASES[case]
     before = tree_digest(files["root"])
     listing = sorted(os.listdir(files["root"]))
-    assert_one_line_error(run_cli(*argv(files)), *expected)
+    error_line(run_command(*argv(files)), *expected)
     assert tree_digest(files["root"]) == before  # the existing output, the model directory, every input
     assert sorted(os.listdir(files["root"])) == listing  # no new output, no temporary left behind
 

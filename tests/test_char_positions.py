@@ -10,6 +10,7 @@ import numpy as np
 
 import elmo_jax
 from elmo_jax.model.char_cnn import content_width, token_embedding
+from elmo_jax.model.precision import ComputeOptions
 
 SHORT_ROWS = [0, 1, 6, 7]  # "The quick brown fox ...", "Elmo", "Hello !", "In 1872 , the committee ..."
 
@@ -35,7 +36,7 @@ def test_trimmed_positions_equal_the_full_computation(tiny_params):
     assert width == 13
     full = token_embedding(tiny_params.weights, tiny_params.config, ids)
     for positions in (width, 16, 40):
-        trimmed = token_embedding(tiny_params.weights, tiny_params.config, ids, content_positions=positions)
+        trimmed = token_embedding(tiny_params.weights, tiny_params.config, ids, ComputeOptions(content_positions=positions))
         np.testing.assert_allclose(np.asarray(trimmed), np.asarray(full), atol=1e-6, rtol=0)
 
 
@@ -54,5 +55,5 @@ def test_tanh_and_no_highway_trimmed_equal_full():
     params = elmo_jax.init_params(config, jax.random.key(1))
     ids = elmo_jax.batch_to_ids([["a", "bb", "ccccccc", "", "d" * 30]])[0]
     full = token_embedding(params.weights, config, ids)
-    trimmed = token_embedding(params.weights, config, ids, content_positions=content_width(ids))
+    trimmed = token_embedding(params.weights, config, ids, ComputeOptions(content_positions=content_width(ids)))
     np.testing.assert_allclose(np.asarray(trimmed), np.asarray(full), atol=1e-6, rtol=0)

@@ -14,19 +14,19 @@ import jax
 import pytest
 
 import elmo_jax
-from elmo_jax import trainer
+from elmo_jax.training import loop, start
 from elmo_jax.training.checkpoint import CheckpointCorruptError
-from test_faults import tree_digest
-from test_train import assert_trees_equal, corpus, read_metrics, tiny_config, without_timing  # noqa: F401
+from tests.support.compare import assert_trees_equal, read_metrics, tree_digest, without_timing
+from tests.support.configs import tiny_config
 
 
-def train(corpus, workdir, steps: int):  # noqa: F811
-    config = tiny_config(corpus, num_train_steps=steps, checkpoint_every_steps=2, eval_every_steps=0)
-    return trainer.train_and_evaluate(config, str(workdir))
+def train(corpus, workdir, steps: int):
+    config = tiny_config(corpus, num_train_steps=steps, checkpoint_every_steps=2)
+    return loop.train_and_evaluate(config, str(workdir))
 
 
 @pytest.fixture(scope="module")
-def six_steps(corpus, tmp_path_factory):  # noqa: F811
+def six_steps(corpus, tmp_path_factory):
     """A workdir trained for 6 steps: checkpoints 2, 4 and 6."""
     workdir = tmp_path_factory.mktemp("six_steps")
     train(corpus, workdir, 6)
@@ -35,7 +35,7 @@ def six_steps(corpus, tmp_path_factory):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def clean_eight(corpus, six_steps, tmp_path_factory):  # noqa: F811
+def clean_eight(corpus, six_steps, tmp_path_factory):
     """The undamaged six-step workdir resumed to step 8 (what a damaged one must end equal to)."""
     workdir = tmp_path_factory.mktemp("clean_eight") / "w"
     shutil.copytree(six_steps, workdir)
@@ -67,7 +67,7 @@ DAMAGE = {"truncated_arrays": truncate_arrays, "deleted_stream_position": delete
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_training_falls_back_to_the_previous_checkpoint_loudly(corpus, six_steps, clean_eight, tmp_path, caplog,  # noqa: F811
+def test_training_falls_back_to_the_previous_checkpoint_loudly(corpus, six_steps, clean_eight, tmp_path, caplog,
                                                                damage):
     """Checkpoint 6 damaged: re-running training names it, moves it aside to 6.corrupt, says it uses
     checkpoint 4, resumes there and ends at step 8 exactly like the undamaged workdir."""
@@ -83,8 +83,8 @@ def test_training_falls_back_to_the_previous_checkpoint_loudly(corpus, six_steps
                for m in messages), messages
     assert os.path.isdir(directory / "6.corrupt")  # kept for a person to look at
     assert [r["step"] for r in read_metrics(workdir, "resume")] == [4]
-    state, data, _ = trainer.restore_checkpoint(str(workdir), 8)
-    state_ref, data_ref, _ = trainer.restore_checkpoint(str(clean_eight), 8)
+    state, data, _ = start.restore_checkpoint(str(workdir), 8)
+    state_ref, data_ref, _ = start.restore_checkpoint(str(clean_eight), 8)
     assert_trees_equal(jax.device_get(state), jax.device_get(state_ref))
     assert data == data_ref
     want = {r["step"]: without_timing(r) for r in read_metrics(clean_eight)}
@@ -99,16 +99,16 @@ def test_readers_use_the_previous_checkpoint_and_move_nothing(six_steps, tmp_pat
     truncate_arrays(workdir / "checkpoints" / "6")
     before = tree_digest(workdir)
     with caplog.at_level(logging.WARNING):
-        state, _, _ = trainer.restore_checkpoint(str(workdir))
+        state, _, _ = start.restore_checkpoint(str(workdir))
     assert int(state.step) == 4
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith(f"USING THE OLDER CHECKPOINT {workdir / 'checkpoints' / '4'}") for m in messages)
     assert tree_digest(workdir) == before
     with pytest.raises(Exception):  # asking for the damaged step itself fails rather than return garbage
-        trainer.restore_checkpoint(str(workdir), 6)
+        start.restore_checkpoint(str(workdir), 6)
 
 
-def test_training_refuses_when_no_checkpoint_restores(corpus, six_steps, tmp_path):  # noqa: F811
+def test_training_refuses_when_no_checkpoint_restores(corpus, six_steps, tmp_path):
     """Every checkpoint damaged: training does not start from scratch silently; the error names the
     directory and each checkpoint, and nothing is moved or written there."""
     workdir = tmp_path / "w"

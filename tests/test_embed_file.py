@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import h5py
@@ -22,12 +21,12 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax import embed_file as ef
+from elmo_jax.features import file_embedding as ef
 from elmo_jax.formats import model_dir
 from elmo_jax.features.embed import _embed_jit
 from elmo_jax.features.length_buckets import LENGTHS
+from tests.support.commands import REPO, command_argv, command_env, error_line, run_command
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATOL = 1e-5  # float32, different batch shapes (see the module doc)
 WORDS = ["the", "bank", "of", "river", ".", "a", "Zürich", "naïve", "'s", "x" * 20, "日本語", "<S>", "y" * 60]
 
@@ -56,9 +55,7 @@ def reference(params, tokens):
 
 
 def cli(*args):
-    env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([sys.executable, "-m", "elmo_jax.embed_file", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return run_command("elmo_jax.embed_file", *args)
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +166,7 @@ def test_ten_thousand_varied_sentences_compile_one_shape_per_bucket(tiny_params,
           f"{counts['compiled_shapes']} compiled shapes, {counts['seconds']:.1f} s")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
 def test_a_killed_run_leaves_nothing_under_the_target_name(fixture_dir, tmp_path, signum):
     """SIGKILL: the target keeps its old contents (the temporary file may stay, under another name).
@@ -177,11 +175,10 @@ def test_a_killed_run_leaves_nothing_under_the_target_name(fixture_dir, tmp_path
     path = write_lines(tmp_path / "in.txt", [" ".join(s) for s in random_sentences(rng, 20_000, max_len=40)])
     target = tmp_path / "out.hdf5"
     target.write_bytes(b"previous results")
-    env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
-    process = subprocess.Popen([sys.executable, "-m", "elmo_jax.embed_file", f"--options={fixture_dir / 'options.json'}",
-                                f"--weights={fixture_dir / 'weights.hdf5'}", f"--input={path}", f"--output={target}",
-                                "--batch_tokens=256"], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command_argv("elmo_jax.embed_file", f"--options={fixture_dir / 'options.json'}",
+                                            f"--weights={fixture_dir / 'weights.hdf5'}", f"--input={path}",
+                                            f"--output={target}", "--batch_tokens=256"),
+                               cwd=REPO, env=command_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
         while not glob.glob(str(tmp_path / "out.hdf5.*.tmp")) and time.time() < deadline:
@@ -201,6 +198,7 @@ def test_a_killed_run_leaves_nothing_under_the_target_name(fixture_dir, tmp_path
         assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.hdf5"]
 
 
+@pytest.mark.slow
 def test_cli_writes_the_file_and_reports_bad_input_in_one_line(fixture_dir, tmp_path):
     model = ["--options=" + str(fixture_dir / "options.json"), "--weights=" + str(fixture_dir / "weights.hdf5")]
     good = write_lines(tmp_path / "good.txt", ["The bank of the river .", "Hello !"])
@@ -216,11 +214,7 @@ def test_cli_writes_the_file_and_reports_bad_input_in_one_line(fixture_dir, tmp_
                            ([f"--model={tmp_path}", f"--input={good}", out], "missing manifest.json"),
                            ([*model, f"--input={good}", out, "--layers=mix", "--mix_scalars=1,x"], "--mix_scalars"),
                            ([model[0], f"--input={good}", out], "--weights")):
-        result = cli(*args)
-        assert result.returncode == 1, (args, result.stderr[-3000:])
-        assert "Traceback" not in result.stderr
-        last = result.stderr.strip().splitlines()[-1]
-        assert last.startswith("error:") and expected in last, (expected, last)
+        error_line(cli(*args), expected)
     assert not (tmp_path / "x.hdf5").exists() and not glob.glob(str(tmp_path / "x.hdf5.*"))
 
 

@@ -4,11 +4,12 @@ reports bad flags in one line."""
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from tests.support.commands import error_line, run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "replaced_token_detection.py"
@@ -59,9 +60,6 @@ def test_runs_end_to_end_on_a_tiny_bilm(tmp_path, fixture_dir):
 
 
 def test_cli_errors_are_one_line(tmp_path):
-    result = subprocess.run([sys.executable, str(EXAMPLE), f"--biLM={tmp_path / 'missing'}"], capture_output=True,
-                            text=True, cwd=ROOT, timeout=120)
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (f"error: --biLM: {tmp_path / 'missing'} is not a directory "
-                                                      "(expected WORKDIR/export with options.json and weights.hdf5)")
-    assert "Traceback" not in result.stderr
+    result = run_command(str(EXAMPLE), f"--biLM={tmp_path / 'missing'}")
+    assert error_line(result) == (f"error: --biLM: {tmp_path / 'missing'} is not a directory "
+                                  "(expected WORKDIR/export with options.json and weights.hdf5)")

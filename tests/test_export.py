@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax import trainer
 from elmo_jax.formats import model_dir
-from elmo_jax.model.char_cnn import content_bucket
 from elmo_jax.formats.extractor import content_buckets
+from elmo_jax.model.char_cnn import content_bucket
 from elmo_jax.model.params import iter_flat
-from test_train import corpus, run_a  # noqa: F401  (module fixtures: the tiny corpus and a trained run)
+from elmo_jax.training import start
+from tests.support.commands import error_line, run_command
+from tests.support.configs import TRAINED_STEPS
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ATOL = 1e-6
 
 # A process that can import jax and NumPy but not elmo_jax (nor flax or h5py, which it would pull in).
@@ -52,24 +52,11 @@ print("modules:", sorted(m for m in sys.modules if m.split(".")[0] in ("elmo_jax
 """
 
 
-def cli(module, *args):
-    env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
-
-
-def assert_one_line_error(result, expected):
-    assert result.returncode == 1, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error:") and expected in last, last
-
-
 @pytest.fixture(scope="module")
 def exported(fixture_dir, tmp_path_factory):
     """The fixture model exported through the CLI."""
     out = tmp_path_factory.mktemp("models") / "tiny"
-    result = cli("elmo_jax.export", f"--options={fixture_dir / 'options.json'}",
+    result = run_command("elmo_jax.export", f"--options={fixture_dir / 'options.json'}",
                  f"--weights={fixture_dir / 'weights.hdf5'}", f"--output={out}")
     assert result.returncode == 0, result.stderr[-3000:]
     return out
@@ -130,23 +117,24 @@ def test_extractor_in_a_jax_only_process_equals_embed(exported, tiny_params, tmp
     assert set(buckets_seen) <= set(content_buckets(50))
 
 
-def test_export_of_a_training_workdir_embeds_like_the_trained_parameters(run_a, tmp_path):  # noqa: F811
-    workdir, config, _ = run_a
+@pytest.mark.slow
+def test_export_of_a_training_workdir_embeds_like_the_trained_parameters(trained_run, tmp_path):
+    workdir, config = trained_run.workdir, trained_run.config
     out = tmp_path / "trained"
-    result = cli("elmo_jax.export", f"--workdir={workdir}", f"--output={out}")
+    result = run_command("elmo_jax.export", f"--workdir={workdir}", f"--output={out}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert (out / "vocab.txt").read_text() == open(os.path.join(workdir, "vocab.txt")).read()
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["source"] == f"{workdir} step {config.num_train_steps}"
-    state, _, _ = trainer.restore_checkpoint(workdir)
+    state, _, _ = start.restore_checkpoint(workdir)
     trained = elmo_jax.BiLMParams(weights=state.params["bilm"], config=elmo_jax.load(out).config)
     chars = elmo_jax.batch_to_ids([["the", "cat", "meows"], ["a", "dog", "barks", "loudly", "and", "the", "cow"]])
     np.testing.assert_allclose(np.asarray(elmo_jax.embed(elmo_jax.load(out), chars)[0]),
                                np.asarray(elmo_jax.embed(trained, chars)[0]), rtol=0, atol=ATOL)
     # An older checkpoint by --step.
-    older = cli("elmo_jax.export", f"--workdir={workdir}", "--step=160", f"--output={tmp_path / 'older'}")
+    older = run_command("elmo_jax.export", f"--workdir={workdir}", f"--step={TRAINED_STEPS[0]}", f"--output={tmp_path / 'older'}")
     assert older.returncode == 0, older.stderr[-3000:]
-    assert json.loads((tmp_path / "older" / "manifest.json").read_text())["source"].endswith("step 160")
+    assert json.loads((tmp_path / "older" / "manifest.json").read_text())["source"].endswith(f"step {TRAINED_STEPS[0]}")
 
 
 @pytest.mark.parametrize("damage, expected", [
@@ -184,18 +172,18 @@ def test_export_cli_refuses_bad_requests_and_keeps_what_exists(exported, fixture
     existing = tmp_path / "existing"
     shutil.copytree(exported, existing)
     before = {name: (existing / name).read_bytes() for name in os.listdir(existing)}
-    assert_one_line_error(cli("elmo_jax.export", options, weights, f"--output={existing}"), "--overwrite")
+    error_line(run_command("elmo_jax.export", options, weights, f"--output={existing}"), "--overwrite")
     assert {name: (existing / name).read_bytes() for name in os.listdir(existing)} == before
-    assert_one_line_error(cli("elmo_jax.export", options, weights, f"--output={tmp_path / 'no' / 'such' / 'dir'}"),
+    error_line(run_command("elmo_jax.export", options, weights, f"--output={tmp_path / 'no' / 'such' / 'dir'}"),
                           "does not exist")
-    assert_one_line_error(cli("elmo_jax.export", options, f"--output={tmp_path / 'x'}"), "--weights")
-    assert_one_line_error(cli("elmo_jax.export", f"--workdir={tmp_path}", f"--output={tmp_path / 'x'}"),
+    error_line(run_command("elmo_jax.export", options, f"--output={tmp_path / 'x'}"), "--weights")
+    error_line(run_command("elmo_jax.export", f"--workdir={tmp_path}", f"--output={tmp_path / 'x'}"),
                           "no checkpoint")
-    assert_one_line_error(cli("elmo_jax.export", f"--workdir={tmp_path}", options, weights, f"--output={tmp_path / 'x'}"),
+    error_line(run_command("elmo_jax.export", f"--workdir={tmp_path}", options, weights, f"--output={tmp_path / 'x'}"),
                           "either --workdir")
     assert not (tmp_path / "x").exists()
     # --overwrite replaces it with a complete new directory.
-    result = cli("elmo_jax.export", options, weights, f"--output={existing}", "--overwrite")
+    result = run_command("elmo_jax.export", options, weights, f"--output={existing}", "--overwrite")
     assert result.returncode == 0, result.stderr[-3000:]
     assert elmo_jax.load(existing).config == elmo_jax.load(exported).config
     assert sorted(os.listdir(tmp_path)) == ["existing"]
@@ -208,7 +196,7 @@ def test_manifest_check_names_a_directory_that_is_only_an_hdf5_pair(fixture_dir)
 
 def test_embed_text_cli_reads_a_model_directory(exported, tiny_params, tmp_path):
     """The README's last step: `python -m elmo_jax.embed_text --model=DIR "sentence" ... --output=x.npz`."""
-    result = cli("elmo_jax.embed_text", f"--model={exported}", f"--output={tmp_path / 'x.npz'}",
+    result = run_command("elmo_jax.embed_text", f"--model={exported}", f"--output={tmp_path / 'x.npz'}",
                  "The bank of the river .", "Hello !")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "bank" in result.stdout
@@ -217,7 +205,7 @@ def test_embed_text_cli_reads_a_model_directory(exported, tiny_params, tmp_path)
     with np.load(tmp_path / "x.npz") as saved:
         np.testing.assert_allclose(saved["layers"], np.asarray(expected), rtol=0, atol=ATOL)
         np.testing.assert_array_equal(saved["mask"], np.asarray(mask))
-    assert_one_line_error(cli("elmo_jax.embed_text", f"--model={tmp_path}", "Hello"), "missing manifest.json")
+    error_line(run_command("elmo_jax.embed_text", f"--model={tmp_path}", "Hello"), "missing manifest.json")
 
 
 def test_overwrite_replaces_only_a_model_directory(tiny_params, tmp_path):

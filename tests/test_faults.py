@@ -7,7 +7,7 @@ Each recovered run is compared with one uninterrupted run of the same command: e
 any attempt logged, the final checkpoint (parameters, Adagrad accumulators, RNG key, carried LSTM
 state, data stream position) and the exported weights, bit for bit.
 
-The processes run on one CPU device with a shared JAX compilation cache, so each costs a JAX import
+The processes run on one CPU device with the session's JAX compilation cache, so each costs a JAX import
 and little compilation (the uninterrupted run fills the cache; cached executables are the same code).
 """
 
@@ -28,77 +28,33 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax import trainer
+from elmo_jax.training import loop
 from elmo_jax.training.checkpoint import TMP_SUFFIX
-from test_train import assert_trees_equal, without_timing
-from test_train_cli import tree_digest
+from elmo_jax.training.start import restore_checkpoint
+from tests.support.commands import REPO, LIMIT_FILE_SIZE, command_argv, command_env
+from tests.support.compare import assert_trees_equal, read_metrics, tree_digest, without_timing
+from tests.support.configs import tiny_flags
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS, EVERY, EVAL_EVERY = 80, 5, 20  # training steps, checkpoint and evaluation intervals
 
-CONFIG = '''
-from configs import default
+
+def train_args(corpus, workdir, *args) -> list[str]:
+    """train.py's arguments: configs/tiny.py for STEPS steps, checkpoints every EVERY, evaluations every
+    EVAL_EVERY; `args` come last (they override)."""
+    return tiny_flags(corpus, workdir, num_train_steps=STEPS, checkpoint_every_steps=EVERY,
+                      eval_every_steps=EVAL_EVERY) + list(args)
 
 
-def get_config():
-    config = default.get_config()
-    config.model.char_embed_dim = 4
-    config.model.filters = [[1, 4], [2, 8], [3, 8]]
-    config.model.n_highway = 1
-    config.model.lstm_dim = 16
-    config.model.projection_dim = 8
-    config.data.train_files = "{root}/train.txt"
-    config.data.heldout_files = "{root}/heldout.txt"
-    config.data.cache_dir = "{root}/prepared"
-    config.batch_size = 8
-    config.unroll_steps = 5
-    config.n_negative_samples = 8
-    config.num_train_steps = {steps}
-    config.checkpoint_every_steps = {every}
-    config.eval_every_steps = {eval_every}
-    config.eval_max_batches = 2
-    config.log_every_steps = 1
-    return config
-'''
-
-
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """{"config": path of a tiny config file, "env": the processes' environment}."""
-    root = tmp_path_factory.mktemp("faults")
-    rng = np.random.default_rng(0)
-    words = ["the", "cat", "dog", "sat", "ran", "on", "a", "mat", "log", "and", "big", "small"]
-    for split, n in (("train", 300), ("heldout", 20)):
-        lines = [" ".join(rng.choice(words, int(rng.integers(2, 9)))) for _ in range(n)]
-        (root / f"{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    config = root / "tiny_config.py"
-    config.write_text(CONFIG.format(root=root, steps=STEPS, every=EVERY, eval_every=EVAL_EVERY), encoding="utf-8")
-    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=1",
-               JAX_COMPILATION_CACHE_DIR=str(root / "jax_cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-    return {"config": config, "env": env, "root": root}
-
-
-def start(setup, workdir, log_path, *args) -> subprocess.Popen:
-    """train.py on the tiny config, stderr appended to `log_path`."""
+def launch(corpus, workdir, log_path, *args) -> subprocess.Popen:
+    """train.py in the background, stderr appended to `log_path`."""
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "train.py", f"--config={setup['config']}", f"--workdir={workdir}",
-                                 *args], cwd=REPO, env=setup["env"], stdout=subprocess.DEVNULL, stderr=log)
+        return subprocess.Popen(command_argv("train.py", *train_args(corpus, workdir, *args)), cwd=REPO,
+                                env=command_env(), stdout=subprocess.DEVNULL, stderr=log)
 
 
 def finish(proc: subprocess.Popen, log_path, timeout=240) -> tuple[int, str]:
     code = proc.wait(timeout=timeout)
     return code, Path(log_path).read_text(encoding="utf-8", errors="replace")
-
-
-def records(workdir, kind="train") -> list[dict]:
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
 
 
 def max_logged_step(workdir) -> int:
@@ -136,10 +92,10 @@ def tmp_checkpoints(workdir) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(setup, tmp_path_factory):
+def uninterrupted(corpus, tmp_path_factory):
     """The reference: the same command run once, never interrupted."""
     workdir = tmp_path_factory.mktemp("uninterrupted")
-    code, log = finish(start(setup, workdir, workdir / "stderr.txt"), workdir / "stderr.txt")
+    code, log = finish(launch(corpus, workdir, workdir / "stderr.txt"), workdir / "stderr.txt")
     assert code == 0, log[-5000:]
     return workdir
 
@@ -148,19 +104,19 @@ def assert_same_run(workdir, reference, other_evals=()):
     """Every record any attempt logged equals the uninterrupted run's record of that step, every step
     and evaluation is there, and the final checkpoint and export are the reference's, bit for bit.
     `other_evals`: steps where an attempt with fewer num_train_steps made its final evaluation."""
-    want = {r["step"]: without_timing(r) for r in records(reference)}
-    got = records(workdir)
+    want = {r["step"]: without_timing(r) for r in read_metrics(reference)}
+    got = read_metrics(workdir)
     assert sorted({r["step"] for r in got}) == list(range(1, STEPS + 1))
     for r in got:
         assert without_timing(r) == want[r["step"]], f"step {r['step']} differs from the uninterrupted run"
-    want_eval = {r["step"]: r for r in records(reference, "eval")}
-    got_eval = [r for r in records(workdir, "eval") if r["step"] not in other_evals]
+    want_eval = {r["step"]: r for r in read_metrics(reference, "eval")}
+    got_eval = [r for r in read_metrics(workdir, "eval") if r["step"] not in other_evals]
     assert {r["step"] for r in got_eval} == set(want_eval) == {*range(EVAL_EVERY, STEPS, EVAL_EVERY), STEPS}
     for r in got_eval:
         assert r == want_eval[r["step"]]
 
-    state, data, _ = trainer.restore_checkpoint(str(workdir), STEPS)
-    state_ref, data_ref, _ = trainer.restore_checkpoint(str(reference), STEPS)
+    state, data, _ = restore_checkpoint(str(workdir), STEPS)
+    state_ref, data_ref, _ = restore_checkpoint(str(reference), STEPS)
     assert int(state.step) == STEPS
     assert_trees_equal(jax.device_get(state), jax.device_get(state_ref))
     assert data == data_ref
@@ -184,7 +140,8 @@ def _stop_inside_a_checkpoint_write(proc: subprocess.Popen, workdir, before: int
         proc.send_signal(signal.SIGCONT)
 
 
-def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(setup, uninterrupted, tmp_path):
+@pytest.mark.slow
+def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(corpus, uninterrupted, tmp_path):
     """Six `kill -9`s (seeded): two at a random time in start-up (import, data, compilation, restore:
     before the first step is logged), two when training has passed a random step, two inside a
     checkpoint write (the process frozen while its orbax tmp directory exists, then killed). Each time
@@ -197,7 +154,7 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(setup
     kills = []
     for attempt, moment in enumerate(plan):
         before = max_logged_step(workdir)
-        proc = start(setup, workdir, log_path)
+        proc = launch(corpus, workdir, log_path)
         if moment == "start":  # a random moment before the first step is logged
             delay = float(rng.uniform(0.2, 4.0))
             wait_until(lambda: max_logged_step(workdir) > before, proc, timeout=delay)
@@ -215,24 +172,25 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(setup
             assert tmps, f"a checkpoint-write kill did not land inside the write: {kills}"
     assert max(step for _, step, _ in kills) < STEPS, kills
 
-    code, log = finish(start(setup, workdir, log_path), log_path)
+    code, log = finish(launch(corpus, workdir, log_path), log_path)
     assert code == 0, log[-5000:]
     assert "an incomplete checkpoint write" in log  # the killed writes were found and removed
     assert "steps since it were lost" in log
-    resumes = records(workdir, "resume")
+    resumes = read_metrics(workdir, "resume")
     assert resumes and all(r["step"] % EVERY == 0 for r in resumes)
     assert any(r.get("lost_steps", 0) > 0 for r in resumes), resumes
     assert_same_run(workdir, uninterrupted)
 
 
-def test_sigterm_and_sigint_checkpoint_exit_0_and_resume_exactly(setup, uninterrupted, tmp_path):
+@pytest.mark.slow
+def test_sigterm_and_sigint_checkpoint_exit_0_and_resume_exactly(corpus, uninterrupted, tmp_path):
     """SIGTERM mid-training: the step is finished and checkpointed (not on the checkpoint schedule),
     the process exits 0 with a message naming the signal and step; the same command resumes. Then
     SIGINT likewise. The run ends equal to the uninterrupted one."""
     workdir, log_path = tmp_path / "w", tmp_path / "stderr.txt"
     stopped = []
     for sig, target in ((signal.SIGTERM, 12), (signal.SIGINT, 43)):
-        proc = start(setup, workdir, log_path)
+        proc = launch(corpus, workdir, log_path)
         assert wait_until(lambda: max_logged_step(workdir) >= target, proc), log_path.read_text()[-3000:]
         proc.send_signal(sig)
         code, log = finish(proc, log_path)
@@ -246,22 +204,15 @@ def test_sigterm_and_sigint_checkpoint_exit_0_and_resume_exactly(setup, uninterr
         assert max(int(n) for n in os.listdir(workdir / "checkpoints") if n.isdigit()) == step
         assert max_logged_step(workdir) == step  # the stopped step's metrics were read and logged
         stopped.append(step)
-    code, log = finish(start(setup, workdir, log_path), log_path)
+    code, log = finish(launch(corpus, workdir, log_path), log_path)
     assert code == 0, log[-5000:]
-    assert [r["step"] for r in records(workdir, "resume")] == stopped
-    assert all(r.get("lost_steps") == 0 for r in records(workdir, "resume"))
+    assert [r["step"] for r in read_metrics(workdir, "resume")] == stopped
+    assert all(r.get("lost_steps") == 0 for r in read_metrics(workdir, "resume"))
     assert_same_run(workdir, uninterrupted)
 
 
-# Runs argv[2:] with every file it writes limited to argv[1] bytes: the limit is set in a small Python
-# that then execs the command (no preexec_fn: forking this multithreaded process to run Python is unsafe).
-# SIGXFSZ is ignored, so a write past the limit fails with EFBIG ("File too large") instead of killing.
-LIMIT_FILE_SIZE = ("import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-                   "resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2); "
-                   "os.execv(sys.executable, [sys.executable] + sys.argv[2:])")
-
-
-def test_disk_full_checkpoint_write_fails_cleanly_and_the_run_resumes(setup, uninterrupted, tmp_path):
+@pytest.mark.slow
+def test_disk_full_checkpoint_write_fails_cleanly_and_the_run_resumes(corpus, uninterrupted, tmp_path):
     """A run trained to step 10 (checkpoints 5 and 10, an export) is continued with every file
     limited to 24 kB: writing the step-15 checkpoint (its arrays are larger) fails. The command exits
     1 with one error line naming the failed checkpoint and the intact one; the older checkpoints and
@@ -269,7 +220,7 @@ def test_disk_full_checkpoint_write_fails_cleanly_and_the_run_resumes(setup, uni
     the same command removes any leftover, resumes from step 10 and ends equal to the uninterrupted
     run."""
     workdir, log_path = tmp_path / "w", tmp_path / "stderr.txt"
-    code, log = finish(start(setup, workdir, log_path, "--config.num_train_steps=10"), log_path)
+    code, log = finish(launch(corpus, workdir, log_path, "--config.num_train_steps=10"), log_path)
     assert code == 0, log[-5000:]
     sizes = {p: os.path.getsize(p) for p in glob.glob(str(workdir / "checkpoints" / "10" / "**"), recursive=True)
              if os.path.isfile(p)}
@@ -278,9 +229,8 @@ def test_disk_full_checkpoint_write_fails_cleanly_and_the_run_resumes(setup, uni
     before = {"checkpoints": complete(), "export": tree_digest(workdir / "export")}
 
     # stderr to a pipe: a log file would hit the limit too.
-    limited = subprocess.run([sys.executable, "-c", LIMIT_FILE_SIZE, "24000", "train.py", f"--config={setup['config']}",
-                              f"--workdir={workdir}"], cwd=REPO, env=setup["env"], capture_output=True, text=True,
-                             timeout=240)
+    limited = subprocess.run([sys.executable, "-c", LIMIT_FILE_SIZE, "24000", "train.py", *train_args(corpus, workdir)],
+                             cwd=REPO, env=command_env(), capture_output=True, text=True, timeout=240)
     assert limited.returncode == 1, limited.stderr[-5000:]
     errors = [line for line in limited.stderr.splitlines() if line.startswith("error:")]
     assert errors == [limited.stderr.rstrip().splitlines()[-1]], limited.stderr[-5000:]
@@ -291,7 +241,7 @@ def test_disk_full_checkpoint_write_fails_cleanly_and_the_run_resumes(setup, uni
     assert complete() == before["checkpoints"]
     assert tree_digest(workdir / "export") == before["export"]
 
-    code, log = finish(start(setup, workdir, log_path), log_path)
+    code, log = finish(launch(corpus, workdir, log_path), log_path)
     assert code == 0, log[-5000:]
     assert not tmp_checkpoints(workdir)
     assert_same_run(workdir, uninterrupted, other_evals={10})
@@ -301,13 +251,11 @@ def test_disk_full_export_keeps_the_previous_export(tiny_params, tmp_path):
     """Writing an export over an existing one with every file limited to 50 kB (the weights are 116
     kB) fails with an error naming the directory; the previous files are untouched and no temporary
     file is left."""
-    from elmo_jax.training.train_step import StepConfig
     from elmo_jax.formats.vocab_file import Vocab
 
     vocab = Vocab(["<S>", "</S>", "<UNK>", "the"])
-    cfg = StepConfig(model=tiny_params.config, vocab_size=len(vocab), unroll_steps=5)
     directory = tmp_path / "export"
-    trainer.export_model({"bilm": tiny_params.weights}, cfg, vocab, str(directory))
+    loop.export_model(tiny_params, vocab, str(directory))
     before = tree_digest(directory)
     doubled = jax.tree.map(lambda w: w * 2, tiny_params.weights)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -315,7 +263,7 @@ def test_disk_full_export_keeps_the_previous_export(tiny_params, tmp_path):
     resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, hard))
     try:
         with pytest.raises(OSError, match=f"^could not write the export to {directory} \\(.*File too large"):
-            trainer.export_model({"bilm": doubled}, cfg, vocab, str(directory))
+            loop.export_model(elmo_jax.BiLMParams(doubled, tiny_params.config), vocab, str(directory))
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, previous)

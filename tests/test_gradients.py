@@ -16,6 +16,7 @@ from elmo_jax.model import char_cnn
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.params import init_params
 from elmo_jax.model.precision import matmul
+from elmo_jax.model.precision import ComputeOptions
 
 
 def _plain_conv_max(windows, kernel, last_start):
@@ -93,7 +94,7 @@ def test_token_embedding_gradient_equals_plain_autodiff(monkeypatch, content_pos
     g = jax.random.normal(jax.random.key(5), (24, config.projection_dim))
 
     def loss(w):
-        return jnp.sum(char_cnn.token_embedding(w, config, ids, content_positions=content_positions) * g)
+        return jnp.sum(char_cnn.token_embedding(w, config, ids, ComputeOptions(content_positions=content_positions)) * g)
 
     ours = jax.grad(loss)(weights)
     monkeypatch.setattr(char_cnn, "_conv_max", _jnp_max_conv)

@@ -7,8 +7,8 @@ layers above the first add their input (residual). Dropout, when on, drops each 
 the top output, scaling what it keeps by 1 / (1 - rate), and the residual adds the dropped-out input
 (TF's DropoutWrapper around the ResidualWrapper in bilm-tf).
 
-The token layer reference is `np_token_embedding` of test_numpy_reference.py (loops over tokens and
-filter positions); the LSTM step is `np_lstm_step` from the same file.
+The reference is `np_lm_outputs` (tests/reference/elmo_equations.py), built on the same token-layer and
+LSTM-step re-derivations as test_numpy_reference.py.
 """
 
 from __future__ import annotations
@@ -21,46 +21,11 @@ import pytest
 import elmo_jax
 from elmo_jax.training import lm
 from elmo_jax.model.lstm import LSTMState
-from test_numpy_reference import np_lstm_step, np_token_embedding, randomize, tiny_config, to_numpy
+from elmo_jax.model.precision import ComputeOptions
+from tests.reference.elmo_equations import BOS, BOW, EOW, PAD, np_lm_outputs
+from tests.support.models import randomize, tiny_bilm_config, to_numpy
 
 ATOL = 1e-5
-BOS, BOW, EOW, PAD = 256, 258, 259, 260  # raw character ids (training windows are unshifted)
-
-
-# ----------------------------------------------------------------------------- NumPy reference
-
-
-def np_lm_outputs(w, config, char_ids, mask, c0, h0, carry, rate=0.0, keep=None):
-    """Top-layer outputs (D, B, T, P) and the final state, one direction, row, step and layer at a time.
-
-    char_ids raw (D, B, T, C); mask (D, B, T); c0 (D, L, B, H), h0 (D, L, B, P); carry (D, B).
-    keep: None, or L + 1 boolean masks (T, D, B, P): each layer's input, then the top output.
-    """
-    D, B, T, C = char_ids.shape
-    P, L = config.projection_dim, config.n_layers
-    tokens = np_token_embedding(w, config, char_ids.reshape(-1, C) + 1).reshape(D, B, T, P)
-    scale = lambda x, k, d, b, t: x if keep is None else x * keep[k][t, d, b] / (1.0 - rate)
-    out = np.zeros((D, B, T, P))
-    c_final, h_final = np.zeros(c0.shape), np.zeros(h0.shape)
-    for d in range(D):
-        for b in range(B):
-            state = [(c0[d, l, b], h0[d, l, b]) if carry[d, b] else (np.zeros(c0.shape[-1]), np.zeros(P))
-                     for l in range(L)]
-            for t in range(T):
-                if not mask[d, b, t]:
-                    continue  # state held, output zero
-                x = tokens[d, b, t]
-                for l in range(L):
-                    x_in = scale(x, l, d, b, t)
-                    cell = w[f"RNN_{d}"]["RNN"]["MultiRNNCell"][f"Cell{l}"]["LSTMCell"]
-                    c, h = np_lstm_step(cell["W_0"], cell["B"], cell.get("W_P_0"), x_in, *state[l],
-                                        config.cell_clip, config.proj_clip)
-                    state[l] = (c, h)
-                    x = h + x_in if (l > 0 and config.use_skip_connections) else h
-                out[d, b, t] = scale(x, L, d, b, t)
-            for l in range(L):
-                c_final[d, l, b], h_final[d, l, b] = state[l]
-    return out, c_final, h_final
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -85,7 +50,7 @@ CARRY = np.array([[True, False, True, False], [False, True, True, False]])
 
 
 def _setup(config_overrides, seed):
-    config = tiny_config(**config_overrides)
+    config = tiny_bilm_config(**config_overrides)
     params = randomize(elmo_jax.init_params(config, jax.random.key(seed)), seed=seed + 100)
     rng = np.random.default_rng(seed)
     D, (_, B, T) = 2, MASK.shape
@@ -125,7 +90,7 @@ def test_lm_outputs_match_numpy(overrides, content_positions):
     """Outputs and final state equal the loop reference: the carried state where `carry` is true and
     zeros where not, masked positions (a tail, a whole row, a hole) skipped, residual on layers > 0."""
     config, params, char_ids, c0, h0 = _setup(overrides, seed=1)
-    out, c, h = _run(params, char_ids, c0, h0, content_positions=content_positions)
+    out, c, h = _run(params, char_ids, c0, h0, compute=ComputeOptions(content_positions=content_positions))
     ref_out, ref_c, ref_h = np_lm_outputs(to_numpy(params.weights), config, char_ids, MASK, c0, h0, CARRY)
 
     assert out.shape == MASK.shape + (config.projection_dim,)

@@ -9,34 +9,32 @@ the same training losses and heldout perplexity, one metrics file written by pro
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-from configs import default
-from elmo_jax import trainer
 from elmo_jax.data.batch_stream import BiLMBatchStream
 from elmo_jax.formats.vocab_file import Vocab
+from elmo_jax.training import loop
+from tests.support.commands import REPO, command_argv, command_env
+from tests.support.compare import read_metrics, restored
+from tests.support.configs import tiny_config, tiny_flags
 
-REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
 ATOL = 1e-5
 STOP, END = 3, 5  # the 2-process run stops (and checkpoints) after STOP steps; the 1-process runs go to END
 TIMEOUT = 240  # seconds for the 2-process run
-OVERRIDES = {"model.char_embed_dim": 4, "model.filters": ((1, 4), (2, 8), (3, 8)), "model.n_highway": 1,
-             "model.lstm_dim": 16, "model.projection_dim": 8, "batch_size": 8, "unroll_steps": 5,
-             "n_negative_samples": 8, "log_every_steps": 1, "eval_every_steps": STOP, "eval_max_batches": 0}
+OVERRIDES = {"eval_every_steps": STOP, "eval_max_batches": 0}
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
+def small_corpus(tmp_path_factory):
     """Train and heldout text; 9 heldout sentences over 8 rows, so the processes' rows run out at different
     windows of the evaluation pass."""
     root = tmp_path_factory.mktemp("multihost_corpus")
@@ -45,14 +43,7 @@ def corpus(tmp_path_factory):
     for split, n in (("train", 80), ("heldout", 9)):
         lines = [" ".join(rng.choice(words, int(rng.integers(2, 9)))) for _ in range(n)]
         (root / f"{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return {"data.train_files": str(root / "train.txt"), "data.heldout_files": str(root / "heldout.txt"),
-            "data.cache_dir": str(root / "prepared")}
-
-
-def config_of(corpus, **overrides):
-    config = default.get_config()
-    config.update_from_flattened_dict({**OVERRIDES, **corpus, **overrides})
-    return config
+    return {"train": str(root / "train.txt"), "heldout": str(root / "heldout.txt"), "cache_dir": str(root / "prepared")}
 
 
 def free_port() -> int:
@@ -63,15 +54,13 @@ def free_port() -> int:
 
 def run_two_processes(corpus, workdir: Path) -> None:
     """train.py as 2 processes with 2 CPU devices each; fails with both logs if either fails or hangs."""
-    values = {**OVERRIDES, **corpus, "num_train_steps": STOP, "checkpoint_every_steps": STOP, "mesh.model": 2}
-    args = [f"--config.{k}={v}" for k, v in values.items()]
-    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    args = tiny_flags(corpus, workdir, **OVERRIDES, num_train_steps=STOP, checkpoint_every_steps=STOP, **{"mesh.model": 2})
+    env = command_env(XLA_FLAGS="--xla_force_host_platform_device_count=2")
     port = free_port()
     logs = [open(workdir.parent / f"process_{i}.log", "w+") for i in range(2)]
-    processes = [subprocess.Popen([sys.executable, "train.py", "--config=configs/default.py", f"--workdir={workdir}",
-                                   *args, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
-                                   f"--process_id={i}"], cwd=REPO, env=env, stdout=logs[i], stderr=subprocess.STDOUT)
+    processes = [subprocess.Popen(command_argv("train.py", *args, f"--coordinator_address=127.0.0.1:{port}",
+                                               "--num_processes=2", f"--process_id={i}"),
+                                  cwd=REPO, env=env, stdout=logs[i], stderr=subprocess.STDOUT)
                  for i in range(2)]
     try:
         codes = [p.wait(timeout=TIMEOUT) for p in processes]
@@ -90,33 +79,24 @@ def run_two_processes(corpus, workdir: Path) -> None:
     assert codes == [0, 0], f"exit codes {codes} (None: timed out after {TIMEOUT} s)\n" + "\n".join(output)
 
 
-def read_metrics(workdir, kind):
-    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-        return [r for r in map(json.loads, f) if r["kind"] == kind]
-
-
-def restore(workdir, config=None, step=None):
-    """(TrainState on the host, data stream state) of a workdir's checkpoint (default: the newest)."""
-    state, data_state, _ = trainer.restore_checkpoint(workdir, step)
-    return jax.device_get(state), data_state
-
-
 @pytest.fixture(scope="module")
-def runs(corpus, tmp_path_factory):
+def runs(small_corpus, tmp_path_factory):
     """{"one": uninterrupted 1-process run to END, "two": 2-process run to STOP, "resumed": the 2-process
     workdir continued to END by 1 process}, each a workdir."""
     root = tmp_path_factory.mktemp("multihost")
     one, two = root / "one", root / "two" / "workdir"
     two.parent.mkdir()
-    trainer.train_and_evaluate(config_of(corpus, num_train_steps=END, checkpoint_every_steps=END), str(one))
-    run_two_processes(corpus, two)  # after the first run: the corpus is prepared, the processes only read it
+    loop.train_and_evaluate(tiny_config(small_corpus, **OVERRIDES, num_train_steps=END, checkpoint_every_steps=END),
+                            str(one))
+    run_two_processes(small_corpus, two)  # after the first run: the corpus is prepared, the processes only read it
     resumed = root / "resumed"
     shutil.copytree(two, resumed)
-    trainer.train_and_evaluate(config_of(corpus, num_train_steps=END, checkpoint_every_steps=END), str(resumed))
+    loop.train_and_evaluate(tiny_config(small_corpus, **OVERRIDES, num_train_steps=END, checkpoint_every_steps=END),
+                            str(resumed))
     return {"one": one, "two": two, "resumed": resumed}
 
 
-def test_two_processes_train_like_one(runs, corpus):
+def test_two_processes_train_like_one(runs, small_corpus):
     """Steps 1..STOP: the same losses (and gradient norms) as one process with the same global batch; the
     heldout perplexity at STOP, over a full pass whose rows end at different windows in the two
     processes, is the same too. Process 0 alone wrote the metrics (each step once)."""
@@ -126,7 +106,7 @@ def test_two_processes_train_like_one(runs, corpus):
         for key in ("loss", "forward_loss", "backward_loss", "grad_norm"):
             assert abs(a[key] - b[key]) <= ATOL, (a["step"], key, a[key], b[key])
         assert a["tokens"] == b["tokens"]
-    heldout = Path(corpus["data.heldout_files"]).read_text(encoding="utf-8").splitlines()
+    heldout = Path(small_corpus["heldout"]).read_text(encoding="utf-8").splitlines()
     vocab = Vocab.load(os.path.join(runs["two"], "vocab.txt"))
     windows = [sum(1 for _ in BiLMBatchStream(heldout, vocab, batch_size=8, unroll_steps=5, seed=None, repeat=False,
                                               process_index=i, process_count=2)) for i in range(2)]
@@ -140,20 +120,19 @@ def test_two_processes_train_like_one(runs, corpus):
     assert sorted(os.listdir(runs["two"] / "checkpoints")) == [str(STOP)]
 
 
-def test_a_two_process_checkpoint_resumes_in_one_process(runs, corpus):
+def test_a_two_process_checkpoint_resumes_in_one_process(runs):
     """The checkpoint holds both processes' rows of the data stream; one process resumes from it and
     logs the uninterrupted run's steps STOP+1..END and ends with its state (within 1e-5) and exactly
     its data stream position."""
-    config = config_of(corpus)
-    _, data_two = restore(runs["two"], config, STOP)
+    _, data_two = restored(runs["two"], STOP)
     for direction in ("forward", "backward"):
         assert sorted(map(int, data_two[direction])) == list(range(8))
     resumed, one = read_metrics(runs["resumed"], "train"), read_metrics(runs["one"], "train")
     assert [r["step"] for r in resumed] == list(range(1, END + 1))
     for a, b in zip(resumed[STOP:], one[STOP:]):
         assert abs(a["loss"] - b["loss"]) <= ATOL, (a["step"], a["loss"], b["loss"])
-    state_resumed, data_resumed = restore(runs["resumed"], config, END)
-    state_one, data_one = restore(runs["one"], config, END)
+    state_resumed, data_resumed = restored(runs["resumed"], END)
+    state_one, data_one = restored(runs["one"], END)
     assert data_resumed == data_one
     leaves_resumed, tree_resumed = jax.tree.flatten(state_resumed)
     leaves_one, tree_one = jax.tree.flatten(state_one)

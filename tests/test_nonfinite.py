@@ -11,20 +11,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from elmo_jax import trainer
-from elmo_jax.training import sharding
-from test_train import assert_trees_equal, corpus, read_metrics, restore, tiny_config  # noqa: F401
+from elmo_jax.training import jitted_steps, loop, step_report
+from tests.support.compare import assert_trees_equal, read_metrics, restored
+from tests.support.configs import tiny_config
 
 
-def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(corpus, tmp_path):  # noqa: F811
+def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(corpus, tmp_path):
     # Adagrad's first step moves every parameter by about the learning rate: 1e30 overflows the next loss.
     config = tiny_config(corpus, **{"learning_rate": 1e30, "num_train_steps": 6, "checkpoint_every_steps": 1})
     workdir = str(tmp_path / "w")
-    with pytest.raises(trainer.TrainingError, match=r"non-finite loss or gradient at step (\d+)") as info:
-        trainer.train_and_evaluate(config, workdir)
+    with pytest.raises(step_report.TrainingError, match=r"non-finite loss or gradient at step (\d+)") as info:
+        loop.train_and_evaluate(config, workdir)
     bad_step = int(re.search(r"at step (\d+)", str(info.value)).group(1))
     assert 1 <= bad_step <= 6
-    state, _ = restore(workdir, config)  # the newest checkpoint on disk
+    state, _ = restored(workdir)  # the newest checkpoint on disk
     assert int(state.step) < bad_step
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(state.params))
     logged = read_metrics(workdir)
@@ -41,7 +41,7 @@ def poisoned_steps():
     """The real train step, except that steps BAD_STEPS return a NaN loss and NaN parameters (what an
     overflow does), decided on the device from the step counter. The jitted steps are rebuilt around
     it (and again afterwards, so no other test gets them); the tests here share one compilation."""
-    real = sharding.train_step_fn
+    real = jitted_steps.train_step_fn
 
     def poisoned(state, batch, **kwargs):
         new, metrics = real(state, batch, **kwargs)
@@ -51,26 +51,26 @@ def poisoned_steps():
         return new, {**metrics, "loss": metrics["loss"] + nan}
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sharding, "train_step_fn", poisoned)
-        sharding.jit_steps.cache_clear()
+        patch.setattr(jitted_steps, "train_step_fn", poisoned)
+        jitted_steps.jit_steps.cache_clear()
         yield
-    sharding.jit_steps.cache_clear()
+    jitted_steps.jit_steps.cache_clear()
 
 
-def skip_config(corpus, steps, limit):  # noqa: F811
+def skip_config(corpus, steps, limit):
     return tiny_config(corpus, **{"num_train_steps": steps, "checkpoint_every_steps": 1, "keep_checkpoints": 10,
                                   "eval_every_steps": 0, "max_nonfinite_steps": limit})
 
 
-def test_skipped_nonfinite_steps_leave_parameters_unchanged_and_are_counted(corpus, tmp_path, poisoned_steps):  # noqa: F811
+def test_skipped_nonfinite_steps_leave_parameters_unchanged_and_are_counted(corpus, tmp_path, poisoned_steps):
     """max_nonfinite_steps=2 with steps 3 and 5 non-finite: each is skipped on the device (the
     checkpoint after it holds exactly the parameters and Adagrad state of the one before), logged with
     its NaN loss and the running count, and training goes on; the count survives a resume (the run
     stops after step 4 and is re-run to 6)."""
     workdir = str(tmp_path / "w")
-    trainer.train_and_evaluate(skip_config(corpus, 4, 2), workdir)
-    trainer.train_and_evaluate(skip_config(corpus, 6, 2), workdir)
-    states = {step: restore(workdir, step=step)[0] for step in range(1, 7)}
+    loop.train_and_evaluate(skip_config(corpus, 4, 2), workdir)
+    loop.train_and_evaluate(skip_config(corpus, 6, 2), workdir)
+    states = {step: restored(workdir, step=step)[0] for step in range(1, 7)}
     for bad in BAD_STEPS:
         assert int(states[bad].step) == bad
         assert_trees_equal(states[bad].params, states[bad - 1].params)
@@ -87,13 +87,13 @@ def test_skipped_nonfinite_steps_leave_parameters_unchanged_and_are_counted(corp
         assert r["nonfinite_skipped"] == sum(bad <= step for bad in BAD_STEPS), r
 
 
-def test_more_nonfinite_steps_than_allowed_stop_training(corpus, tmp_path, poisoned_steps):  # noqa: F811
+def test_more_nonfinite_steps_than_allowed_stop_training(corpus, tmp_path, poisoned_steps):
     """max_nonfinite_steps=1: step 3 is skipped, step 5 stops training with a message naming the step
     and the limit; the newest checkpoint is step 4's, finite."""
     workdir = str(tmp_path / "w")
-    with pytest.raises(trainer.TrainingError, match=r"at step 5 .*1 such steps skipped already, the most "
+    with pytest.raises(step_report.TrainingError, match=r"at step 5 .*1 such steps skipped already, the most "
                        r"--config.max_nonfinite_steps allows; stopped without saving it"):
-        trainer.train_and_evaluate(skip_config(corpus, 6, 1), workdir)
-    state, _ = restore(workdir)
+        loop.train_and_evaluate(skip_config(corpus, 6, 1), workdir)
+    state, _ = restored(workdir)
     assert int(state.step) == 4
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(state))

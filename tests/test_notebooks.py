@@ -109,6 +109,7 @@ def test_a_failing_cell_fails_the_run(tmp_path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.slow
 def test_runs_end_to_end_in_smoke_mode(path, tmp_path):
     nb = smoke_notebook(path)
     try:

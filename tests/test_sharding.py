@@ -5,11 +5,7 @@ softmax equals the unsharded one, checkpoints move between meshes, and bad meshe
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +13,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from elmo_jax.training import sharding
+from elmo_jax.training import jitted_steps, sharding
+from tests.support.commands import command_env, error_line, run_command
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.training.lm import lm_losses
@@ -49,7 +46,7 @@ def random_batch(seed: int, carry: bool) -> dict[str, np.ndarray]:
 
 def two_steps(mesh):
     """(loss of step 1, state after step 1, state after step 2) of a fresh model on `mesh`."""
-    steps = sharding.jit_steps(mesh, CFG, OPTIMIZER, B)
+    steps = jitted_steps.jit_steps(mesh, CFG, OPTIMIZER, B)
     state = steps.init(jax.random.key(0), None, None)
     losses, states = [], []
     for i in range(2):
@@ -85,7 +82,7 @@ def test_parameter_shardings_follow_the_rules_table():
     mesh = sharding.make_mesh(2, 4)
     assert mesh.axis_names == ("data", "model") and dict(mesh.shape) == {"data": 2, "model": 4}
     assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
-    state = sharding.jit_steps(mesh, CFG, OPTIMIZER, B).init(jax.random.key(0), None, None)
+    state = jitted_steps.jit_steps(mesh, CFG, OPTIMIZER, B).init(jax.random.key(0), None, None)
     rules = dict(sharding.RULES)
     assert rules["vocab"] == "model" and rules["batch"] == "data"
 
@@ -112,7 +109,7 @@ def test_changing_the_rules_table_changes_the_parallelism():
     and gate bias over its 4H columns, and their accumulators with them; nothing else changes."""
     mesh = sharding.make_mesh(2, 4)
     rules = tuple((name, "model" if name == "gates" else axis) for name, axis in sharding.RULES)
-    abstract = sharding.jit_steps(mesh, CFG, OPTIMIZER, B).abstract_state
+    abstract = jitted_steps.jit_steps(mesh, CFG, OPTIMIZER, B).abstract_state
     shardings = sharding.state_shardings(mesh, abstract, OPTIMIZER, rules)
     cell = shardings.params["bilm"]["RNN_0"]["RNN"]["MultiRNNCell"]["Cell1"]["LSTMCell"]
     assert cell["W_0"].spec == P(None, "model") and cell["B"].spec == P("model")
@@ -190,7 +187,7 @@ def test_vocab_sharded_softmax_equals_the_unsharded_one(num_sampled):
 def test_sharded_steps_never_gather_the_softmax_or_the_batch():
     """The compiled train and eval steps on a 2 x 4 mesh contain no all-gather: each device works on its
     own rows of the batch and of the softmax (only reductions cross devices)."""
-    steps = sharding.jit_steps(sharding.make_mesh(2, 4), CFG, OPTIMIZER, B)
+    steps = jitted_steps.jit_steps(sharding.make_mesh(2, 4), CFG, OPTIMIZER, B)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=steps.batch) for k, v in random_batch(0, True).items()}
     state = steps.abstract_state
     for compiled in (steps.train.lower(state, batch, 8).compile(),
@@ -205,10 +202,10 @@ def test_sharded_steps_never_gather_the_softmax_or_the_batch():
 
 def test_a_checkpoint_written_on_one_mesh_restores_on_another(tmp_path):
     """Saved from (8, 1), restored into the shardings of (1, 8): the same values, the new layout."""
-    state = sharding.jit_steps(sharding.make_mesh(8, 1), CFG, OPTIMIZER, B).init(jax.random.key(0), None, None)
+    state = jitted_steps.jit_steps(sharding.make_mesh(8, 1), CFG, OPTIMIZER, B).init(jax.random.key(0), None, None)
     checkpoints = Checkpoints(str(tmp_path), async_save=False)
     checkpoints.save(1, state, {"rows": 1}, {"meta": 1})
-    target = sharding.jit_steps(sharding.make_mesh(1, 8), CFG, OPTIMIZER, B).abstract_state
+    target = jitted_steps.jit_steps(sharding.make_mesh(1, 8), CFG, OPTIMIZER, B).abstract_state
     restored, data_state, _ = checkpoints.restore(1, target)
     checkpoints.close()
     assert data_state == {"rows": 1}
@@ -248,13 +245,10 @@ def test_a_batch_or_vocabulary_that_does_not_split_is_refused():
 
 
 def test_the_cli_refuses_a_bad_mesh_in_one_line_before_writing_anything(tmp_path):
-    repo = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=str(repo), JAX_PLATFORMS="cpu")
-    result = subprocess.run([sys.executable, "train.py", "--config=configs/default.py", f"--workdir={tmp_path / 'w'}",
-                             "--config.batch_size=6", "--config.mesh.model=2"],
-                            cwd=repo, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.stderr.rstrip().splitlines()[-1] == (
+    result = run_command("train.py", "--config=configs/default.py", f"--workdir={tmp_path / 'w'}",
+                         "--config.batch_size=6", "--config.mesh.model=2",
+                         env=command_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+    assert error_line(result) == (
         "error: --config.batch_size=6 is not divisible by the 4 shards of mesh axis 'data' (--config.mesh.data=4 "
         "--config.mesh.model=2); use a batch size that is a multiple of 4")
     assert not (tmp_path / "w").exists()

@@ -1,11 +1,9 @@
-"""End-to-end training: the real `trainer.train_and_evaluate(config, workdir)` on a tiny biLM and a tiny
-synthetic language written to tmp_path.
+"""End-to-end training: the real `loop.train_and_evaluate(config, workdir)` on configs/tiny.py and the
+agreement language of tests/support/corpora.py.
 
-The language: one or two clauses "the|a NOUN VERB [ADVERB]" joined by "and", where each noun has its own
-two verbs. A biLM can learn the agreement and the clause structure, a unigram model cannot.
-
-One uninterrupted run (`run_a`: N + M steps, a checkpoint every N) is shared by the tests that only read
-its outputs; the resume, fine-tuning and baseline runs are started by the tests that need them.
+The session's uninterrupted run (`trained_run`: N + M steps, a checkpoint every N) is shared by the tests
+that only read its outputs; the resume, fine-tuning and baseline runs are started by the tests that need
+them.
 """
 
 from __future__ import annotations
@@ -21,102 +19,17 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from configs import default
-from elmo_jax import trainer
-from elmo_jax.training.checkpoint import Checkpoints
-from elmo_jax.training.train_step import init_train_state, make_optimizer
 from elmo_jax.data.training_corpus import open_training_data
 from elmo_jax.formats.vocab_file import Vocab
+from elmo_jax.training import heldout, loop, settings
+from elmo_jax.training.checkpoint import Checkpoints
+from elmo_jax.training.train_step import init_train_state
 
-N, M = 160, 80  # run A: N + M steps with a checkpoint every N; run B: N steps, then resumed to N + M
+from tests.support.compare import assert_trees_equal, read_metrics, restored, without_timing
+from tests.support.configs import TRAINED_STEPS, with_overrides
+
+N, M = TRAINED_STEPS  # the trained run: N + M steps with a checkpoint every N; run B: N steps, then resumed
 ATOL = 1e-5
-TIMING_KEYS = ("tokens_per_s", "steps_per_s")
-
-NOUNS = {"cat": ("meows", "purrs"), "dog": ("barks", "growls"), "cow": ("moos", "grazes"),
-         "bird": ("sings", "flies")}
-ADVERBS = ("loudly", "softly", "today")
-
-
-def make_sentence(rng) -> str:
-    words = []
-    for clause in range(int(rng.integers(1, 3))):
-        if clause:
-            words.append("and")
-        noun = str(rng.choice(list(NOUNS)))
-        words += [str(rng.choice(["the", "a"])), noun, str(rng.choice(NOUNS[noun]))]
-        if rng.random() < 0.5:
-            words.append(str(rng.choice(ADVERBS)))
-    return " ".join(words)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """{"train", "heldout": file paths, "train_sentences", "heldout_sentences", "cache_dir"}."""
-    root = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng(0)
-    sentences = {"train": [make_sentence(rng) for _ in range(300)],
-                 "heldout": [make_sentence(rng) for _ in range(60)]}
-    out = {"cache_dir": str(root / "prepared")}  # prepared once, shared by every run
-    for split, lines in sentences.items():
-        path = root / f"{split}.txt"
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        out[split], out[f"{split}_sentences"] = str(path), lines
-    return out
-
-
-def tiny_config(corpus, **overrides):
-    """configs/default.py with a tiny model and schedule; `overrides` use dotted keys ("model.lstm_dim")."""
-    config = default.get_config()
-    config.model.char_embed_dim = 4
-    config.model.filters = [[1, 4], [2, 8], [3, 8]]
-    config.model.n_highway = 1
-    config.model.lstm_dim = 16
-    config.model.projection_dim = 8
-    config.data.train_files = corpus["train"]
-    config.data.heldout_files = corpus["heldout"]
-    config.data.cache_dir = corpus["cache_dir"]
-    config.batch_size = 8
-    config.unroll_steps = 5
-    config.n_negative_samples = 8  # of a vocabulary of 22: sampling and the log-Q correction are live
-    config.num_train_steps = N + M
-    config.checkpoint_every_steps = N
-    config.eval_every_steps = 0
-    config.log_every_steps = 1
-    config.update_from_flattened_dict(overrides)
-    return config
-
-
-def restore(workdir, config=None, step=None):
-    """(TrainState on the host, data stream state) of a workdir's checkpoint (default: the newest)."""
-    state, data_state, _ = trainer.restore_checkpoint(workdir, step)
-    return jax.device_get(state), data_state
-
-
-def read_metrics(workdir, kind="train"):
-    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-        records = [json.loads(line) for line in f]
-    return [r for r in records if r.get("kind") == kind]
-
-
-def without_timing(record):
-    return {k: v for k, v in record.items() if k not in TIMING_KEYS}
-
-
-def assert_trees_equal(a, b):
-    leaves_a, tree_a = jax.tree.flatten(a)
-    leaves_b, tree_b = jax.tree.flatten(b)
-    assert tree_a == tree_b
-    for x, y in zip(leaves_a, leaves_b):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
-@pytest.fixture(scope="module")
-def run_a(corpus, tmp_path_factory):
-    """The uninterrupted run: N + M steps, checkpoints at N and N + M. Returns (workdir, config, final)."""
-    workdir = str(tmp_path_factory.mktemp("run_a"))
-    config = tiny_config(corpus)
-    final = trainer.train_and_evaluate(config, workdir)
-    return workdir, config, final
 
 
 # ----------------------------------------------------------------------------- learning
@@ -133,15 +46,15 @@ def unigram_perplexity(train_sentences, heldout_sentences):
     return math.exp(-np.mean([math.log(counts[w] / total) for w in targets]))
 
 
-def test_training_lowers_heldout_perplexity(run_a, corpus):
+def test_training_lowers_heldout_perplexity(trained_run, corpus):
     """After N + M steps the heldout perplexity is far below the untrained model's (the same
     initialisation, evaluated on the same heldout windows) and below the unigram perplexity."""
-    workdir, config, final = run_a
+    workdir, config, final = trained_run.workdir, trained_run.config, trained_run.final
     data = open_training_data(config.data, workdir)
-    cfg = trainer.step_config(config, len(data.vocab))
-    optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
+    cfg = settings.step_config(config, len(data.vocab))
+    optimizer = settings.optimizer(config)
     fresh = init_train_state(jax.random.key(config.seed), cfg, optimizer, config.batch_size)
-    untrained = trainer.evaluate(fresh.params, cfg, data.heldout, data.vocab, config.batch_size)
+    untrained = heldout.heldout_perplexity(fresh.params, cfg, data.heldout, data.vocab, config.batch_size)
     unigram = unigram_perplexity(corpus["train_sentences"], corpus["heldout_sentences"])
 
     n_targets = sum(len(s.split()) + 1 for s in corpus["heldout_sentences"])
@@ -159,15 +72,15 @@ def test_training_lowers_heldout_perplexity(run_a, corpus):
 # ----------------------------------------------------------------------------- resume
 
 
-def test_resume_continues_exactly_like_an_uninterrupted_run(run_a, corpus, tmp_path):
+def test_resume_continues_exactly_like_an_uninterrupted_run(trained_run, corpus, tmp_path):
     """Run B stops after N steps and is re-run with num_train_steps = N + M in the same workdir: it
     resumes from the step-N checkpoint, logs exactly A's metrics for steps N+1..N+M and ends with
     A's state bit for bit (parameters, Adagrad accumulators, RNG, carried LSTM state, data position)."""
-    workdir_a, config_a, final_a = run_a
+    workdir_a, config_a, final_a = trained_run.workdir, trained_run.config, trained_run.final
     workdir_b = str(tmp_path / "run_b")
-    trainer.train_and_evaluate(tiny_config(corpus, num_train_steps=N), workdir_b)
+    loop.train_and_evaluate(with_overrides(config_a, num_train_steps=N), workdir_b)
     assert Checkpoints(workdir_b, async_save=False).latest_step() == N
-    final_b = trainer.train_and_evaluate(tiny_config(corpus), workdir_b)
+    final_b = loop.train_and_evaluate(config_a, workdir_b)
 
     train_a, train_b = read_metrics(workdir_a), read_metrics(workdir_b)
     assert [r["step"] for r in train_b] == list(range(1, N + M + 1))
@@ -176,8 +89,8 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(run_a, corpus, tmp_p
     assert len(set(losses[N:])) == M, "every step's loss should differ (a stuck run would compare equal)"
     assert final_b == final_a
 
-    state_a, data_a = restore(workdir_a, config_a, step=N + M)
-    state_b, data_b = restore(workdir_b, config_a, step=N + M)
+    state_a, data_a = restored(workdir_a, step=N + M)
+    state_b, data_b = restored(workdir_b, step=N + M)
     assert int(state_b.step) == N + M
     assert_trees_equal(state_a, state_b)
     assert data_a == data_b
@@ -191,21 +104,21 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(run_a, corpus, tmp_p
 # ----------------------------------------------------------------------------- export
 
 
-def test_export_loads_and_embeds_like_the_trained_parameters(run_a, corpus):
+def test_export_loads_and_embeds_like_the_trained_parameters(trained_run, corpus):
     """WORKDIR/export is a model directory (options.json + weights.hdf5 + vocab.txt + params.npz + the
     extractor); `load_hdf5` and `load` of it give the same ELMo vectors as the parameters of the final
     checkpoint, which are not the initial ones."""
-    workdir, config, _ = run_a
+    workdir, config = trained_run.workdir, trained_run.config
     export = os.path.join(workdir, "export")
     assert sorted(os.listdir(export)) == ["USAGE.md", "extractor.jax", "manifest.json", "options.json", "params.npz",
                                           "vocab.txt", "weights.hdf5"]
     assert Vocab.load(os.path.join(export, "vocab.txt")).words == Vocab.load(os.path.join(workdir, "vocab.txt")).words
     loaded = elmo_jax.load_hdf5(os.path.join(export, "options.json"), os.path.join(export, "weights.hdf5"))
-    model = trainer.model_config(config)
+    model = settings.model_config(config)
     for section in ("lstm", "char_cnn"):
         assert loaded.config.to_options()[section] == model.to_options()[section]
 
-    state, _ = restore(workdir, config)
+    state, _ = restored(workdir)
     assert int(state.step) == N + M
     trained = elmo_jax.BiLMParams(weights=state.params["bilm"], config=model)
     sentences = [s.split() for s in corpus["heldout_sentences"][:4]] + [["a", "zebra", "dances"], []]
@@ -243,10 +156,10 @@ def read_tensorboard_scalars(directory):
     return files, scalars
 
 
-def test_metrics_jsonl_and_tensorboard(run_a):
+def test_metrics_jsonl_and_tensorboard(trained_run):
     """metrics.jsonl: one JSON object per logged step (every step here) with step and a finite loss,
     plus the final evaluation; TensorBoard event files under WORKDIR/tensorboard hold the same losses."""
-    workdir, _, _ = run_a
+    workdir = trained_run.workdir
     with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
         records = [json.loads(line) for line in f]  # every line is one JSON object
     train = [r for r in records if r["kind"] == "train"]
@@ -268,28 +181,29 @@ def test_metrics_jsonl_and_tensorboard(run_a):
 # ----------------------------------------------------------------------------- fine-tuning
 
 
-def test_init_from_workdir_keeps_the_softmax_and_export_starts_a_fresh_one(run_a, corpus, tmp_path):
+def test_init_from_workdir_keeps_the_softmax_and_export_starts_a_fresh_one(trained_run, corpus, tmp_path):
     """A run started from run A's workdir (same vocabulary) begins with A's final biLM and softmax; one
     started from A's export begins with A's biLM and the fresh softmax of a new run. Learning rate 0
     keeps the initial parameters in the step-1 checkpoint. The step-1 loss (computed before the update)
     shows the head start: the same seed gives the same first batch as run A's from-scratch step 1."""
-    workdir_a, config_a, _ = run_a
-    state_a, _ = restore(workdir_a, config_a)
+    workdir_a, config_a = trained_run.workdir, trained_run.config
+    state_a, _ = restored(workdir_a)
     steps = dict(num_train_steps=1, checkpoint_every_steps=1, learning_rate=0.0)
 
     from_workdir = str(tmp_path / "from_workdir")
-    trainer.train_and_evaluate(tiny_config(corpus, init_from=workdir_a, **steps), from_workdir)
-    state_w, _ = restore(from_workdir, config_a)
+    loop.train_and_evaluate(with_overrides(config_a, init_from=workdir_a, **steps), from_workdir)
+    state_w, _ = restored(from_workdir)
     assert_trees_equal(state_w.params, state_a.params)
     loss_a, loss_w = read_metrics(workdir_a)[0]["loss"], read_metrics(from_workdir)[0]["loss"]
     assert loss_w < loss_a - 1.0, (loss_w, loss_a)
 
     from_export = str(tmp_path / "from_export")
-    trainer.train_and_evaluate(tiny_config(corpus, init_from=os.path.join(workdir_a, "export"), **steps), from_export)
-    state_e, _ = restore(from_export, config_a)
+    loop.train_and_evaluate(with_overrides(config_a, init_from=os.path.join(workdir_a, "export"), **steps),
+                           from_export)
+    state_e, _ = restored(from_export)
     assert_trees_equal(state_e.params["bilm"], state_a.params["bilm"])
-    cfg = trainer.step_config(config_a, len(Vocab.load(os.path.join(workdir_a, "vocab.txt"))))
-    optimizer = make_optimizer(config_a.learning_rate, config_a.adagrad_initial_accumulator, config_a.clip_norm)
+    cfg = settings.step_config(config_a, len(Vocab.load(os.path.join(workdir_a, "vocab.txt"))))
+    optimizer = settings.optimizer(config_a)
     fresh = init_train_state(jax.random.key(config_a.seed), cfg, optimizer, config_a.batch_size)
     assert_trees_equal(state_e.params["softmax"], fresh.params["softmax"])
     assert np.max(np.abs(np.asarray(fresh.params["softmax"]["W"]) - np.asarray(state_a.params["softmax"]["W"]))) > 0.1

@@ -2,76 +2,31 @@
 that names the key, value or file at fault, never a Python traceback; and a refused run leaves an
 existing workdir's checkpoints untouched.
 
-Each case is one subprocess (a JAX import each, so they are few). The model is configs/default.py
-with command-line overrides for a tiny LSTM; `model.filters` is a list, which config flags cannot
-override, so the published filter bank stays, without highway layers to keep it cheap.
+Each case is one subprocess (a JAX import each, so they are few), on configs/tiny.py and the session's
+corpus.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import subprocess
-import sys
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 import elmo_jax
+from tests.support.commands import error_line, run_command
+from tests.support.compare import tree_digest
+from tests.support.configs import tiny_flags
 
-REPO = Path(__file__).resolve().parents[1]
-LSTM_DIM = 16
-
-
-def run_train(*args, timeout=300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-    return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+LSTM_DIM = 16  # configs/tiny.py's
 
 
-def error_line(result: subprocess.CompletedProcess) -> str:
-    """Checks a refused run (exit 1, no traceback, exactly one `error:` line, last) and returns that line."""
-    assert result.returncode == 1, f"exit code {result.returncode}\n{result.stderr[-3000:]}"
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, result.stderr[-3000:]
-    assert result.stderr.rstrip().splitlines()[-1] == errors[0], "the error line must end the output"
-    return errors[0]
-
-
-def tree_digest(directory) -> str:
-    """Hash of every file's relative path and bytes under `directory`."""
-    digest = hashlib.sha256()
-    for root, dirs, files in sorted(os.walk(directory)):
-        dirs.sort()
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            digest.update(os.path.relpath(path, directory).encode())
-            with open(path, "rb") as f:
-                digest.update(f.read())
-    return digest.hexdigest()
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("cli_corpus")
-    rng = np.random.default_rng(0)
-    words = ["the", "cat", "dog", "sat", "ran", "on", "a", "mat", "log"]
-    for split, n in (("train", 60), ("heldout", 10)):
-        lines = [" ".join(rng.choice(words, int(rng.integers(2, 7)))) for _ in range(n)]
-        (root / f"{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return root
+def run_train(*args):
+    return run_command("train.py", *args)
 
 
 def tiny_args(corpus, workdir, **overrides) -> list[str]:
-    values = {"model.char_embed_dim": 4, "model.n_highway": 0, "model.lstm_dim": LSTM_DIM,
-              "model.projection_dim": 8, "batch_size": 8, "unroll_steps": 5, "num_train_steps": 2,
-              "n_negative_samples": 8, "checkpoint_every_steps": 1, "eval_max_batches": 2,
-              "data.train_files": corpus / "train.txt", "data.heldout_files": corpus / "heldout.txt",
-              "data.cache_dir": corpus / "prepared"}
-    values.update(overrides)
-    return ["--config=configs/default.py", f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in values.items()]
+    """configs/tiny.py for 2 steps, a checkpoint after each."""
+    return tiny_flags(corpus, workdir, **{"num_train_steps": 2, "checkpoint_every_steps": 1, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +41,7 @@ def trained(corpus, tmp_path_factory):
 def test_cli_trains_checkpoints_and_exports(trained):
     assert sorted(os.listdir(trained / "checkpoints")) == ["1", "2"]
     loaded = elmo_jax.load_hdf5(trained / "export" / "options.json", trained / "export" / "weights.hdf5")
-    assert loaded.config.lstm_dim == LSTM_DIM and loaded.config.n_highway == 0
+    assert loaded.config.lstm_dim == LSTM_DIM
 
 
 @pytest.mark.parametrize("override,named", [
@@ -129,10 +84,6 @@ def test_workdir_of_a_different_model_is_refused_and_left_untouched(corpus, trai
 def test_schedule_settings_below_one_are_refused_before_training(tmp_path):
     """checkpoint_every_steps=0 used to divide by zero after the first (compiled) step."""
     for key in ("checkpoint_every_steps", "log_every_steps", "num_train_steps"):
-        result = subprocess.run([sys.executable, "train.py", "--config=configs/demo.py",
-                                 f"--workdir={tmp_path / key}", f"--config.{key}=0"], cwd=REPO,
-                                env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
-        assert result.returncode == 1
-        assert "Traceback" not in result.stderr
-        assert result.stderr.strip().splitlines()[-1] == f"error: --config.{key} must be at least 1, found 0"
+        result = run_train("--config=configs/demo.py", f"--workdir={tmp_path / key}", f"--config.{key}=0")
+        assert error_line(result) == f"error: --config.{key} must be at least 1, found 0"
         assert not (tmp_path / key).exists()

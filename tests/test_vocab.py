@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import collections
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +12,7 @@ import pytest
 from elmo_jax import vocab as vocab_lib
 from elmo_jax.data.vocab_builder import build_vocab, count_tokens
 from elmo_jax.formats.vocab_file import Vocab
+from tests.support.commands import run_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -149,11 +148,8 @@ def test_missing_vocab_file_is_named(tmp_path):
 # ----------------------------------------------------------------------------- CLI
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               JAX_PLATFORMS="cpu")
-    return subprocess.run([sys.executable, "-m", "elmo_jax.vocab", *args], capture_output=True, text=True,
-                          env=env, timeout=120)
+def run_cli(*args: str):
+    return run_command("elmo_jax.vocab", *args)
 
 
 def test_cli_writes_the_vocabulary(tmp_path, corpus):

@@ -159,7 +159,7 @@ def test_save_with_weights_into_missing_directory_writes_no_options(tiny_params,
 @pytest.mark.parametrize("name", sorted(PUBLISHED_COUNTS))
 def test_published_parameter_counts(name):
     """`count_parameters` and the shapes `init_params` produces (traced, never materialised) give the
-    published counts (ELMO.md; no softmax)."""
+    published counts (docs/ELMO.md; no softmax)."""
     config = elmo_jax.BiLMConfig.preset(name)
     assert elmo_jax.count_parameters(config) == PUBLISHED_COUNTS[name]
     shapes = jax.eval_shape(functools.partial(elmo_jax.init_params, config), jax.random.key(0))

@@ -1,0 +1,65 @@
+"""Running the commands as a person does: a subprocess from the repository root, checked for the one
+`error:` line a refused command must end with."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Runs argv[2:] with every file it writes limited to argv[1] bytes: the limit is set in a small Python
+# that then execs the command (no preexec_fn: forking the multithreaded test process to run Python is
+# unsafe). SIGXFSZ is ignored, so a write past the limit fails with EFBIG ("File too large").
+LIMIT_FILE_SIZE = ("import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+                   "resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2); "
+                   "os.execv(sys.executable, [sys.executable] + sys.argv[2:])")
+
+
+def command_env(**extra: str) -> dict[str, str]:
+    """The environment of a command under test: this checkout importable, JAX on the CPU (one device
+    unless `XLA_FLAGS` says otherwise; the session's compilation cache is inherited, see conftest)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env.update(extra)
+    return env
+
+
+def command_argv(command: str, *args) -> list[str]:
+    """argv of `python train.py ...` (command "train.py") or `python -m command ...` (a module name)."""
+    head = [command] if command.endswith(".py") else ["-m", command]
+    return [sys.executable, *head, *(str(a) for a in args)]
+
+
+def run_command(command: str, *args, timeout: float = 300, env: dict | None = None, input: str | None = None,
+                file_size_limit: int | None = None) -> subprocess.CompletedProcess:
+    """Runs a command to completion (text output captured).
+
+    Args:
+      command: "train.py" or a module such as "elmo_jax.embed_file".
+      args: its arguments (paths are converted to str).
+      timeout: seconds before the test fails.
+      env: the environment (default `command_env()`).
+      input: standard input.
+      file_size_limit: bytes every file it writes is limited to (a full disk, as RLIMIT_FSIZE).
+    """
+    argv = command_argv(command, *args)
+    if file_size_limit is not None:
+        argv = [sys.executable, "-c", LIMIT_FILE_SIZE, str(file_size_limit), *argv[1:]]
+    return subprocess.run(argv, cwd=REPO, env=env or command_env(), capture_output=True, text=True, timeout=timeout,
+                          input=input)
+
+
+def error_line(result: subprocess.CompletedProcess, *expected: str) -> str:
+    """Checks a refused command — exit 1, no traceback, exactly one `error:` line and it ends the
+    output, containing each of `expected` — and returns that line."""
+    assert result.returncode == 1, f"exit code {result.returncode}\n{result.stderr[-3000:]}"
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert result.stderr.rstrip().splitlines()[-1] == errors[0], "the error line must end the output"
+    for part in expected:
+        assert part in errors[0], (part, errors[0])
+    return errors[0]

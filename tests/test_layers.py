@@ -1,0 +1,76 @@
+"""The package's layers, read from the source with `ast`: every import of an elmo_jax module points down
+the layers (docs/ARCHITECTURE.md), and nothing imports a command module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "elmo_jax"
+# Layer of each top-level name under elmo_jax; a module may import its own layer and those below it.
+# features and data sit side by side: neither imports the other.
+LAYERS = {"model": 0, "formats": 1, "features": 2, "data": 2, "training": 3}
+COMMAND = 4  # elmo_jax/<name>.py: the commands (python -m elmo_jax.X) and their shared ending (cli)
+FACADE = "elmo_jax/__init__.py"  # the public API: re-exports model, formats and features
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    """(layer, top-level name) of a dotted elmo_jax module name; the package itself is the facade."""
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else ""
+    return LAYERS.get(top, COMMAND), top
+
+
+def imported_modules(path: Path, root: Path) -> list[tuple[int, str]]:
+    """(line, module) of every elmo_jax module `path` imports, `from elmo_jax import x` resolved to x
+    (`root`: the package directory, where subpackages are looked up)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "elmo_jax"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "elmo_jax":
+            is_package = (root.parent / node.module.replace(".", "/") / "__init__.py").exists()
+            found += [(node.lineno, f"{node.module}.{a.name}" if is_package else node.module) for a in node.names]
+    return found
+
+
+def upward_imports(root: Path = PACKAGE) -> list[str]:
+    problems = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root.parent).as_posix()
+        own_layer, own_top = layer_of(relative[: -len(".py")].replace("/__init__", "").replace("/", "."))
+        for line, module in imported_modules(path, root):
+            layer, top = layer_of(module)
+            if relative == FACADE:
+                allowed = layer <= LAYERS["features"] and module != "elmo_jax"
+            else:
+                allowed = layer < own_layer or top == own_top
+            if layer == COMMAND and own_layer == COMMAND:
+                allowed = module == "elmo_jax.cli" or relative == "elmo_jax/cli.py" or module == "elmo_jax"
+            if not allowed:
+                problems.append(f"{relative}:{line} imports {module}")
+    return problems
+
+
+def test_imports_point_down_the_layers():
+    assert upward_imports() == []
+
+
+def test_an_upward_import_is_caught(tmp_path):
+    """The check itself can fail: a model module importing the trainer, and a library module importing
+    a command, are both reported."""
+    package = tmp_path / "elmo_jax"
+    for name in ("", "model", "training", "features"):
+        (package / name).mkdir(parents=True, exist_ok=True)
+        (package / name / "__init__.py").write_text("")
+    (package / "model" / "bilm.py").write_text("from elmo_jax.training import loop\n")
+    (package / "features" / "embed.py").write_text("from elmo_jax import export\nfrom elmo_jax.model import bilm\n")
+    assert upward_imports(package) == ["elmo_jax/features/embed.py:1 imports elmo_jax.export",
+                                       "elmo_jax/model/bilm.py:1 imports elmo_jax.training.loop"]
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_every_layer_is_a_package(name):
+    assert (PACKAGE / name / "__init__.py").exists()
