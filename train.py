@@ -21,12 +21,15 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Training config file (see configs/default.py).",
-                                lock_config=True)
+config_flags.DEFINE_config_file("config", None, "Training config file (see configs/default.py).", lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, the vocabulary and the export.")
 flags.mark_flags_as_required(["config", "workdir"])
-flags.DEFINE_bool("distributed", False, "Run as one of several processes: jax.distributed.initialize() with "
-                  "the flags below, the JAX_* variables, or the cluster JAX detects (TPU pod slices, SLURM).")
+flags.DEFINE_bool(
+    "distributed",
+    False,
+    "Run as one of several processes: jax.distributed.initialize() with "
+    "the flags below, the JAX_* variables, or the cluster JAX detects (TPU pod slices, SLURM).",
+)
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (implies --distributed).")
 flags.DEFINE_integer("num_processes", None, "How many processes take part (implies --distributed).")
 flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes) (implies --distributed).")
@@ -39,7 +42,7 @@ class _QuietLibraries:
     failure itself, in one line naming the checkpoint)."""
 
     def filter(self, record) -> bool:
-        noisy = ("/orbax/" in record.pathname or "/tensorflow_datasets/" in record.pathname)
+        noisy = "/orbax/" in record.pathname or "/tensorflow_datasets/" in record.pathname
         if noisy and record.exc_info:
             record.exc_info, record.exc_text = None, None
         return record.levelno >= std_logging.WARNING or not noisy
@@ -76,12 +79,18 @@ def _start_distributed() -> None:
     if not (FLAGS.distributed or any(v is not None for v in explicit) or "JAX_COORDINATOR_ADDRESS" in os.environ):
         return
     if any(v is not None for v in explicit) and any(v is None for v in explicit):
-        raise ValueError("--coordinator_address, --num_processes and --process_id go together; found "
-                         f"{FLAGS.coordinator_address!r}, {FLAGS.num_processes!r}, {FLAGS.process_id!r}")
+        raise ValueError(
+            "--coordinator_address, --num_processes and --process_id go together; found "
+            f"{FLAGS.coordinator_address!r}, {FLAGS.num_processes!r}, {FLAGS.process_id!r}"
+        )
     from elmo_jax.training import multihost
 
-    multihost.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
-                         [int(i) for i in FLAGS.local_device_ids] if FLAGS.local_device_ids else None)
+    multihost.initialize(
+        FLAGS.coordinator_address,
+        FLAGS.num_processes,
+        FLAGS.process_id,
+        [int(i) for i in FLAGS.local_device_ids] if FLAGS.local_device_ids else None,
+    )
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -90,12 +99,19 @@ def parse_flags(argv: list[str]) -> list[str]:
         return FLAGS(argv)
     except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
         message = " ".join(str(e).replace("\\n", " ").replace("\\'", "'").split()).strip("\"'")
-        key = next((a.split("=", 1)[0] for a in argv[1:] if a.startswith("--config.") and
-                    a.split("=", 1)[0].rsplit(".", 1)[-1] in message), None)
+        key = next(
+            (
+                a.split("=", 1)[0]
+                for a in argv[1:]
+                if a.startswith("--config.") and a.split("=", 1)[0].rsplit(".", 1)[-1] in message
+            ),
+            None,
+        )
         if key and isinstance(e.__context__ or e, (AttributeError, KeyError)):
             message = f"unknown config key ({message})"
         print(f"error: {key + ': ' if key else ''}{message}", file=sys.stderr)
         sys.exit(1)
+
 
 if __name__ == "__main__":
     flags.FLAGS.alsologtostderr = True

@@ -31,9 +31,18 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 FLAGS = flags.FLAGS
 flags.DEFINE_string("before", "HEAD", "Git revision of --files before the change (or WORKTREE).")
 flags.DEFINE_string("after", "WORKTREE", "Git revision of --files after the change (WORKTREE: as they are now).")
-flags.DEFINE_list("files", ["elmo_jax/model/char_cnn.py", "elmo_jax/model/lstm.py", "elmo_jax/training/train_step.py",
-                            "elmo_jax/training/softmax.py", "elmo_jax/training/lm.py", "elmo_jax/model/precision.py"],
-                  "Files that differ between the sides; everything else is the working tree's.")
+flags.DEFINE_list(
+    "files",
+    [
+        "elmo_jax/model/char_cnn.py",
+        "elmo_jax/model/lstm.py",
+        "elmo_jax/training/train_step.py",
+        "elmo_jax/training/softmax.py",
+        "elmo_jax/training/lm.py",
+        "elmo_jax/model/precision.py",
+    ],
+    "Files that differ between the sides; everything else is the working tree's.",
+)
 flags.DEFINE_string("model", "small", "Training config (bench/train_throughput.py --models).")
 flags.DEFINE_string("shape", "32x20", "Window BxT.")
 flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "train_step's matmul dtype.")
@@ -41,7 +50,9 @@ flags.DEFINE_integer("rounds", 3, "Alternating before/after pairs.")
 flags.DEFINE_integer("repeats", 3, "Timed steps per process; the best counts.")
 
 _CPU = re.compile(r"process CPU time ([\d.]+) ms per step")
-_ROW = re.compile(r"^(\w+)\s+(\d+x\d+)\s+[\d,]+\s+\S+\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d,]+)\s+[\d.]+\s+[\d.]+\s+([\d.]+)%")
+_ROW = re.compile(
+    r"^(\w+)\s+(\d+x\d+)\s+[\d,]+\s+\S+\s+\d+\s+([\d.]+)\s+([\d.]+)\s+([\d,]+)\s+[\d.]+\s+[\d.]+\s+([\d.]+)%"
+)
 
 
 def export(revision: str, into: pathlib.Path) -> pathlib.Path:
@@ -51,8 +62,9 @@ def export(revision: str, into: pathlib.Path) -> pathlib.Path:
     if revision != "WORKTREE":
         for path in FLAGS.files:
             try:
-                text = subprocess.run(["git", "-C", str(REPO), "show", f"{revision}:{path}"], check=True,
-                                      capture_output=True).stdout
+                text = subprocess.run(
+                    ["git", "-C", str(REPO), "show", f"{revision}:{path}"], check=True, capture_output=True
+                ).stdout
             except subprocess.CalledProcessError as e:
                 raise app.UsageError(f"git show {revision}:{path}: {e.stderr.decode().strip()}") from None
             (into / path).write_bytes(text)
@@ -64,8 +76,14 @@ def run_once(code: pathlib.Path) -> tuple[float, float, float]:
 
     train_throughput puts its own repository root (`code`) first on sys.path.
     """
-    command = [sys.executable, str(code / "bench" / "train_throughput.py"), f"--models={FLAGS.model}",
-               f"--shape={FLAGS.shape}", f"--compute_dtype={FLAGS.compute_dtype}", f"--repeats={FLAGS.repeats}"]
+    command = [
+        sys.executable,
+        str(code / "bench" / "train_throughput.py"),
+        f"--models={FLAGS.model}",
+        f"--shape={FLAGS.shape}",
+        f"--compute_dtype={FLAGS.compute_dtype}",
+        f"--repeats={FLAGS.repeats}",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, cwd=code)
     cpu = _CPU.search(result.stdout)
     for line in result.stdout.splitlines():
@@ -79,23 +97,29 @@ def main(argv):
     del argv
     with tempfile.TemporaryDirectory(prefix="elmo_ab_") as tmp:
         tmp = pathlib.Path(tmp)
-        sides = {name: export(revision, tmp / name)
-                 for name, revision in (("before", FLAGS.before), ("after", FLAGS.after))}
+        sides = {
+            name: export(revision, tmp / name) for name, revision in (("before", FLAGS.before), ("after", FLAGS.after))
+        }
         results = {"before": [], "after": []}
         for r in range(FLAGS.rounds):
             for name in ("before", "after"):
                 results[name].append(run_once(sides[name]))
             b, a = results["before"][-1], results["after"][-1]
-            print(f"round {r + 1}: before {b[0]:.1f} ms ({b[1]:.1%} of matmul, CPU {b[2]:.1f} ms), after "
-                  f"{a[0]:.1f} ms ({a[1]:.1%}, CPU {a[2]:.1f} ms), speed-up {b[0] / a[0]:.3f}x wall, "
-                  f"{b[2] / a[2]:.3f}x CPU time", flush=True)
+            print(
+                f"round {r + 1}: before {b[0]:.1f} ms ({b[1]:.1%} of matmul, CPU {b[2]:.1f} ms), after "
+                f"{a[0]:.1f} ms ({a[1]:.1%}, CPU {a[2]:.1f} ms), speed-up {b[0] / a[0]:.3f}x wall, "
+                f"{b[2] / a[2]:.3f}x CPU time",
+                flush=True,
+            )
         ratios = [b[0] / a[0] for b, a in zip(results["before"], results["after"])]
         cpu_ratios = [b[2] / a[2] for b, a in zip(results["before"], results["after"])]
-        print(f"\n{FLAGS.model} {FLAGS.shape} {FLAGS.compute_dtype}: {FLAGS.before} -> {FLAGS.after}: median speed-up "
-              f"{statistics.median(ratios):.3f}x wall, {statistics.median(cpu_ratios):.3f}x process CPU time, "
-              f"over {FLAGS.rounds} alternating rounds "
-              f"(best step {min(x[0] for x in results['before']):.1f} -> {min(x[0] for x in results['after']):.1f} ms; "
-              f"of matmul {max(x[1] for x in results['before']):.1%} -> {max(x[1] for x in results['after']):.1%})")
+        print(
+            f"\n{FLAGS.model} {FLAGS.shape} {FLAGS.compute_dtype}: {FLAGS.before} -> {FLAGS.after}: median speed-up "
+            f"{statistics.median(ratios):.3f}x wall, {statistics.median(cpu_ratios):.3f}x process CPU time, "
+            f"over {FLAGS.rounds} alternating rounds "
+            f"(best step {min(x[0] for x in results['before']):.1f} -> {min(x[0] for x in results['after']):.1f} ms; "
+            f"of matmul {max(x[1] for x in results['before']):.1%} -> {max(x[1] for x in results['after']):.1%})"
+        )
 
 
 if __name__ == "__main__":

@@ -31,13 +31,18 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("cases", ["1:1x1", "4:4x1", "4:2x2", "8:8x1", "8:4x2", "8:2x4", "8:1x8", "256:256x1", "256:64x4",
-                                    "256:32x8"],
-                  "devices:data x model meshes to compile.")
+flags.DEFINE_list(
+    "cases",
+    ["1:1x1", "4:4x1", "4:2x2", "8:8x1", "8:4x2", "8:2x4", "8:1x8", "256:256x1", "256:64x4", "256:32x8"],
+    "devices:data x model meshes to compile.",
+)
 flags.DEFINE_integer("rows_per_shard", 128, "Batch rows per data shard (bilm-tf: 128 per GPU).")
 flags.DEFINE_integer("vocab_size", 793_471, "Vocabulary size (bilm-tf's 1B Word vocabulary).")
-flags.DEFINE_integer("content_positions", 0, "Char CNN positions compiled for (0: all 50, the worst bucket; "
-                     "1B Word batches are mostly in the 24 or 32 bucket).")
+flags.DEFINE_integer(
+    "content_positions",
+    0,
+    "Char CNN positions compiled for (0: all 50, the worst bucket; 1B Word batches are mostly in the 24 or 32 bucket).",
+)
 flags.DEFINE_integer("timeout", 3600, "Seconds allowed per case.")
 flags.DEFINE_string("child", None, "Internal: compile one case (devices:data x model) in this process.")
 
@@ -50,8 +55,7 @@ def compile_case(case: str) -> dict:
     import numpy as np
 
     from configs import bilm_large
-    from elmo_jax.training import settings
-    from elmo_jax.training import jitted_steps, sharding
+    from elmo_jax.training import jitted_steps, settings, sharding
     from elmo_jax.training.train_step import make_optimizer
 
     devices, mesh_shape = case.split(":")
@@ -65,9 +69,13 @@ def compile_case(case: str) -> dict:
     start = time.perf_counter()
     steps = jitted_steps.jit_steps(mesh, cfg, optimizer, batch_size)
     D, T, C = 2, cfg.unroll_steps, cfg.model.max_characters_per_token
-    shapes = {"char_ids": ((D, batch_size, T, C), np.int32), "targets": ((D, batch_size, T), np.int32),
-              "mask": ((D, batch_size, T), np.bool_), "carry": ((D, batch_size), np.bool_),
-              "reset": ((D, batch_size, T), np.bool_)}
+    shapes = {
+        "char_ids": ((D, batch_size, T, C), np.int32),
+        "targets": ((D, batch_size, T), np.int32),
+        "mask": ((D, batch_size, T), np.bool_),
+        "carry": ((D, batch_size), np.bool_),
+        "reset": ((D, batch_size, T), np.bool_),
+    }
     batch = {k: jax.ShapeDtypeStruct(s, d, sharding=steps.batch) for k, (s, d) in shapes.items()}
     lowered = steps.train.lower(steps.abstract_state, batch, FLAGS.content_positions or None)
     lowered_s = time.perf_counter() - start
@@ -75,23 +83,42 @@ def compile_case(case: str) -> dict:
     compile_s = time.perf_counter() - start - lowered_s
     m = compiled.memory_analysis()
     state_bytes = sum(int(np.prod(s.shape)) * s.dtype.itemsize for s in jax.tree.leaves(steps.abstract_state))
-    total = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes)
-    return {"devices": int(devices), "mesh": [data, model], "batch_size": batch_size,
-            "arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
-            "aliased": m.alias_size_in_bytes, "temporaries": m.temp_size_in_bytes, "total": total,
-            "global_state": state_bytes, "lower_s": round(lowered_s, 1), "compile_s": round(compile_s, 1)}
+    total = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+    return {
+        "devices": int(devices),
+        "mesh": [data, model],
+        "batch_size": batch_size,
+        "arguments": m.argument_size_in_bytes,
+        "outputs": m.output_size_in_bytes,
+        "aliased": m.alias_size_in_bytes,
+        "temporaries": m.temp_size_in_bytes,
+        "total": total,
+        "global_state": state_bytes,
+        "lower_s": round(lowered_s, 1),
+        "compile_s": round(compile_s, 1),
+    }
 
 
 def run_case(case: str) -> dict:
     """`compile_case` in a child process with the case's device count."""
     devices = int(case.split(":")[0])
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     start = time.perf_counter()
     try:
-        result = subprocess.run([sys.executable, __file__, f"--child={case}", f"--rows_per_shard={FLAGS.rows_per_shard}",
-                                 f"--vocab_size={FLAGS.vocab_size}", f"--content_positions={FLAGS.content_positions}"], env=env, capture_output=True, text=True,
-                                timeout=FLAGS.timeout)
+        result = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                f"--child={case}",
+                f"--rows_per_shard={FLAGS.rows_per_shard}",
+                f"--vocab_size={FLAGS.vocab_size}",
+                f"--content_positions={FLAGS.content_positions}",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=FLAGS.timeout,
+        )
     except subprocess.TimeoutExpired:
         return {"case": case, "error": f"timed out after {FLAGS.timeout} s"}
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
@@ -105,20 +132,27 @@ def main(argv):
     if FLAGS.child:
         print(json.dumps(compile_case(FLAGS.child)), flush=True)
         return
-    print(f"bilm_large train step, vocabulary {FLAGS.vocab_size:,}, {FLAGS.rows_per_shard} rows per data shard x 20 "
-          f"steps, char CNN over {FLAGS.content_positions or 50} positions; XLA CPU memory plan per device (GiB)")
-    print("| devices | mesh (data x model) | global batch | arguments | outputs | aliased | temporaries | total "
-          "| compile s |")
+    print(
+        f"bilm_large train step, vocabulary {FLAGS.vocab_size:,}, {FLAGS.rows_per_shard} rows per data shard x 20 "
+        f"steps, char CNN over {FLAGS.content_positions or 50} positions; XLA CPU memory plan per device (GiB)"
+    )
+    print(
+        "| devices | mesh (data x model) | global batch | arguments | outputs | aliased | temporaries | total "
+        "| compile s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for case in FLAGS.cases:
         r = run_case(case)
         if "error" in r:
             print(f"| {case} | error: {r['error']} |", flush=True)
             continue
-        gib = lambda key: f"{r[key] / GIB:.2f}"
-        print(f"| {r['devices']} | {r['mesh'][0]} x {r['mesh'][1]} | {r['batch_size']} | {gib('arguments')} | "
-              f"{gib('outputs')} | {gib('aliased')} | {gib('temporaries')} | **{gib('total')}** | "
-              f"{r['lower_s'] + r['compile_s']:.0f} |", flush=True)
+        gib = lambda key, r=r: f"{r[key] / GIB:.2f}"
+        print(
+            f"| {r['devices']} | {r['mesh'][0]} x {r['mesh'][1]} | {r['batch_size']} | {gib('arguments')} | "
+            f"{gib('outputs')} | {gib('aliased')} | {gib('temporaries')} | **{gib('total')}** | "
+            f"{r['lower_s'] + r['compile_s']:.0f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -60,21 +60,19 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: bench/, configs/
 
-from absl import app, flags, logging
-
 import jax
 import numpy as np
 import tensorflow_datasets as tfds
+from absl import app, flags, logging
 
 from bench.common import platform_line
 from bench.synthetic_corpus import write_synthetic_corpus
 from configs import demo as demo_config
-from elmo_jax.data import vocab_builder
-from elmo_jax.data import tfds_corpus, batch_stream
+from elmo_jax.data import batch_stream, tfds_corpus, vocab_builder
+from elmo_jax.data.training_corpus import open_training_data
 from elmo_jax.training.batch_feed import device_batch
 from elmo_jax.training.settings import step_config
 from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
-from elmo_jax.data.training_corpus import open_training_data
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("corpora", ["demo", "1b-like"], "Streams to time: demo, 1b-like.")
@@ -99,14 +97,17 @@ IN_MEMORY_LIMIT = 2_000_000  # sentences held in a Python list for the compariso
 
 # ----------------------------------------------------------------------------- preparation
 
+
 def prepare_demo(workdir: str):
     """The demo config's data exactly as `train_and_evaluate` opens it; (config, TrainingData, seconds)."""
     config = demo_config.get_config()
     start = time.perf_counter()
     data = open_training_data(config.data, os.path.join(workdir, "demo"))
     seconds = time.perf_counter() - start
-    print(f"  demo: {len(data.train):,} sentences, vocabulary {len(data.vocab):,}; default corpus + ArrayRecord + "
-          f"vocabulary {seconds:.1f} s")
+    print(
+        f"  demo: {len(data.train):,} sentences, vocabulary {len(data.vocab):,}; default corpus + ArrayRecord + "
+        f"vocabulary {seconds:.1f} s"
+    )
     return config, data, seconds
 
 
@@ -121,14 +122,18 @@ def prepare_1b_like(workdir: str):
     try:
         builder = tfds_corpus.prepare_local_corpus(path, None, os.path.join(workdir, "tfds"), name="synthetic")
     except ModuleNotFoundError as e:  # TFDS spills a split of over 1000 MiB to disk through tf.io.gfile
-        raise RuntimeError(f"preparing {path} ({os.path.getsize(path) / 2**20:,.0f} MiB) needs TensorFlow, which "
-                           "TFDS uses to spill a split over 1000 MiB to disk (tensorflow_datasets/core/shuffle.py); "
-                           f"use --sentences=5500000 or fewer, or install tensorflow ({e})") from e
+        raise RuntimeError(
+            f"preparing {path} ({os.path.getsize(path) / 2**20:,.0f} MiB) needs TensorFlow, which "
+            "TFDS uses to spill a split over 1000 MiB to disk (tensorflow_datasets/core/shuffle.py); "
+            f"use --sentences=5500000 or fewer, or install tensorflow ({e})"
+        ) from e
     sentences = tfds_corpus.open_sentences("train", builder=builder)
     times["ArrayRecord"] = time.perf_counter() - start
     shards = builder.info.splits["train"].shard_lengths
-    print(f"  1b-like ArrayRecord: {len(shards)} shard(s) of {min(shards):,}-{max(shards):,} sentences (TFDS aims at "
-          "64 MiB-1 GiB shards: a 1B Word corpus makes ~64 shards of ~470k)")
+    print(
+        f"  1b-like ArrayRecord: {len(shards)} shard(s) of {min(shards):,}-{max(shards):,} sentences (TFDS aims at "
+        "64 MiB-1 GiB shards: a 1B Word corpus makes ~64 shards of ~470k)"
+    )
     start = time.perf_counter()
     vocab = vocab_builder.build_vocab(counts)
     times["vocabulary"] = time.perf_counter() - start
@@ -137,6 +142,7 @@ def prepare_1b_like(workdir: str):
 
 
 # ----------------------------------------------------------------------------- measurements
+
 
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -179,9 +185,15 @@ def time_stream(stream: batch_stream.BiLMBatchStream, seconds: float, warmup: in
         tokens += sum(int(window[d]["mask"].sum()) for d in batch_stream.DIRECTIONS)
         windows += 1
     cpu, wall = time.process_time() - cpu_start, time.perf_counter() - start
-    return {"windows": windows, "tokens": tokens, "tokens_per_s": tokens / stream_s,
-            "with_batch": tokens / (stream_s + batch_s), "per_cpu_s": tokens / stream_cpu,
-            "cpu_over_wall": cpu / wall, "misses_per_k": 1000.0 * (len(cache) - cached_before) / tokens}
+    return {
+        "windows": windows,
+        "tokens": tokens,
+        "tokens_per_s": tokens / stream_s,
+        "with_batch": tokens / (stream_s + batch_s),
+        "per_cpu_s": tokens / stream_cpu,
+        "cpu_over_wall": cpu / wall,
+        "misses_per_k": 1000.0 * (len(cache) - cached_before) / tokens,
+    }
 
 
 def time_demo_training(config, vocab_size: int, window, steps: int) -> dict[str, float]:
@@ -203,27 +215,58 @@ def time_demo_training(config, vocab_size: int, window, steps: int) -> dict[str,
         jax.block_until_ready((state, metrics))
         times.append(time.perf_counter() - start)
     best = min(times)
-    return {"tokens": tokens, "best_s": best, "median_s": statistics.median(times),
-            "tokens_per_s": tokens / best, "compile_s": first_two - 2 * best}
+    return {
+        "tokens": tokens,
+        "best_s": best,
+        "median_s": statistics.median(times),
+        "tokens_per_s": tokens / best,
+        "compile_s": first_two - 2 * best,
+    }
 
 
 # ----------------------------------------------------------------------------- profile
 
 # (label, depth, file suffix or "~" for builtins, function name, "cum" or "own")
 PROFILE_ROWS = (
-    ("reading sentences (_Direction.text; refills read up to 256 sentences per low row at once)", 0,
-     "elmo_jax/data/batch_stream.py", "text", "cum"),
-    ("ArrayRecord __getitems__ (a new Python thread pool per call, around the C++ read)", 1,
-     "array_record_data_source.py", "__getitems__", "cum"),
+    (
+        "reading sentences (_Direction.text; refills read up to 256 sentences per low row at once)",
+        0,
+        "elmo_jax/data/batch_stream.py",
+        "text",
+        "cum",
+    ),
+    (
+        "ArrayRecord __getitems__ (a new Python thread pool per call, around the C++ read)",
+        1,
+        "array_record_data_source.py",
+        "__getitems__",
+        "cum",
+    ),
     ("TFDS record decoding (_deserialize)", 1, "data_sources/base.py", "_deserialize", "cum"),
     ("grain index_shuffle", 1, "~", "index_shuffle", "cum"),
-    ("encoding sentences (BiLMBatchStream._encode, without the read)", 0, "elmo_jax/data/batch_stream.py", "_encode", "cum-text"),
+    (
+        "encoding sentences (BiLMBatchStream._encode, without the read)",
+        0,
+        "elmo_jax/data/batch_stream.py",
+        "_encode",
+        "cum-text",
+    ),
     ("str.split", 1, "~", "<method 'split' of 'str' objects>", "cum"),
-    ("(vocabulary id, char row) per token (BiLMBatchStream._word_entry, one cached lookup)", 1,
-     "elmo_jax/data/batch_stream.py", "_word_entry", "cum"),
+    (
+        "(vocabulary id, char row) per token (BiLMBatchStream._word_entry, one cached lookup)",
+        1,
+        "elmo_jax/data/batch_stream.py",
+        "_word_entry",
+        "cum",
+    ),
     ("of which token_to_raw_ids (cache misses)", 2, "elmo_jax/model/chars.py", "token_to_raw_ids", "cum"),
-    ("window assembly (BiLMBatchStream._window, own time: per-row loop, slice copies)", 0,
-     "elmo_jax/data/batch_stream.py", "_window", "own"),
+    (
+        "window assembly (BiLMBatchStream._window, own time: per-row loop, slice copies)",
+        0,
+        "elmo_jax/data/batch_stream.py",
+        "_window",
+        "own",
+    ),
 )
 
 
@@ -239,29 +282,38 @@ def profile_stream(stream: batch_stream.BiLMBatchStream, windows: int) -> None:
     stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, primitive calls, own, cumulative, callers)
 
     def find(suffix: str, name: str) -> tuple[int, float, float]:
-        hits = [(v[1], v[2], v[3]) for (file, _, func), v in stats.items()
-                if (name in func if suffix == "~" else func == name and file.endswith(suffix))]
+        hits = [
+            (v[1], v[2], v[3])
+            for (file, _, func), v in stats.items()
+            if (name in func if suffix == "~" else func == name and file.endswith(suffix))
+        ]
         return (sum(h[0] for h in hits), sum(h[1] for h in hits), sum(h[2] for h in hits)) if hits else (0, 0.0, 0.0)
 
     total = find("elmo_jax/data/batch_stream.py", "__next__")[2]
-    print(f"\ncProfile of the 1b-like stream: {windows} windows, {tokens:,} tokens in {total:.2f} s under the "
-          f"profiler ({tokens / total:,.0f} tokens/s; main thread only)")
+    print(
+        f"\ncProfile of the 1b-like stream: {windows} windows, {tokens:,} tokens in {total:.2f} s under the "
+        f"profiler ({tokens / total:,.0f} tokens/s; main thread only)"
+    )
     print(f"  {'stage':86}{'calls':>9}{'s':>7}{'share':>7}{'us/token':>9}")
     for label, depth, suffix, name, kind in PROFILE_ROWS:
         calls, own, cum = find(suffix, name)
         seconds = own if kind == "own" else cum
         if kind == "cum-text":
             seconds = cum - find("elmo_jax/data/batch_stream.py", "text")[2]
-        print(f"  {'  ' * depth + label:86}{calls:>9,}{seconds:>7.2f}{seconds / total:>7.0%}"
-              f"{1e6 * seconds / tokens:>9.2f}")
+        print(
+            f"  {'  ' * depth + label:86}{calls:>9,}{seconds:>7.2f}{seconds / total:>7.0%}"
+            f"{1e6 * seconds / tokens:>9.2f}"
+        )
 
 
 def time_reads(sentences, n_calls: int = 30) -> None:
     """us per sentence of `__getitems__` on random indices, in blocks of 1, 16 and 2048, and per target token."""
     rng = np.random.default_rng(1)
     tokens_per_sentence = np.mean([len(sentences[int(i)].split()) + 1 for i in rng.integers(0, len(sentences), 500)])
-    print(f"\nreading {type(sentences).__name__} records at random (the stream's path; "
-          f"{tokens_per_sentence:.1f} targets per sentence and direction):")
+    print(
+        f"\nreading {type(sentences).__name__} records at random (the stream's path; "
+        f"{tokens_per_sentence:.1f} targets per sentence and direction):"
+    )
     for block in (1, batch_stream._Direction.READ_AHEAD, 2048):
         calls = max(3, n_calls * 16 // block)
         keys = [rng.integers(0, len(sentences), block).tolist() for _ in range(calls + 1)]
@@ -270,8 +322,10 @@ def time_reads(sentences, n_calls: int = 30) -> None:
         for k in keys[1:]:
             sentences.__getitems__(k)
         per_sentence = (time.perf_counter() - start) / (calls * block)
-        print(f"  {block:>5} per call: {1e3 * per_sentence * block:8.2f} ms per call, {1e6 * per_sentence:7.1f} us "
-              f"per sentence, {1e6 * per_sentence / tokens_per_sentence:5.2f} us per target token")
+        print(
+            f"  {block:>5} per call: {1e3 * per_sentence * block:8.2f} ms per call, {1e6 * per_sentence:7.1f} us "
+            f"per sentence, {1e6 * per_sentence / tokens_per_sentence:5.2f} us per target token"
+        )
 
 
 def without_reads(path: str, vocab, with_reads: dict[str, float]) -> None:
@@ -281,40 +335,61 @@ def without_reads(path: str, vocab, with_reads: dict[str, float]) -> None:
     """
     with open(path, encoding="utf-8") as f:
         lines = [line.rstrip("\n") for line, _ in zip(f, range(IN_MEMORY_LIMIT))]
-    stream = batch_stream.BiLMBatchStream(lines, vocab, batch_size=FLAGS.batch_size, unroll_steps=FLAGS.unroll_steps,
-                                      seed=0, reset_probability=demo_config.get_config().state_reset_probability)
+    stream = batch_stream.BiLMBatchStream(
+        lines,
+        vocab,
+        batch_size=FLAGS.batch_size,
+        unroll_steps=FLAGS.unroll_steps,
+        seed=0,
+        reset_probability=demo_config.get_config().state_reset_probability,
+    )
     r = time_stream(stream, FLAGS.seconds / 2, FLAGS.warmup_windows)
     total, rest = 1e6 / with_reads["per_cpu_s"], 1e6 / r["per_cpu_s"]
-    print(f"\nthe same stream over {len(lines):,} of the sentences in a Python list (no ArrayRecord, no TFDS "
-          f"decoding): {r['tokens_per_s']:,.0f} tokens/s, {r['per_cpu_s']:,.0f} tokens/CPU-s "
-          f"(CPU/wall {r['cpu_over_wall']:.2f})")
-    print(f"  per target token, in CPU time: {total:.2f} us with reads = {total - rest:.2f} us reading "
-          f"({(total - rest) / total:.0%}) + {rest:.2f} us encoding and windowing")
+    print(
+        f"\nthe same stream over {len(lines):,} of the sentences in a Python list (no ArrayRecord, no TFDS "
+        f"decoding): {r['tokens_per_s']:,.0f} tokens/s, {r['per_cpu_s']:,.0f} tokens/CPU-s "
+        f"(CPU/wall {r['cpu_over_wall']:.2f})"
+    )
+    print(
+        f"  per target token, in CPU time: {total:.2f} us with reads = {total - rest:.2f} us reading "
+        f"({(total - rest) / total:.0%}) + {rest:.2f} us encoding and windowing"
+    )
 
 
 # ----------------------------------------------------------------------------- main
 
+
 def demo_stream(config, demo) -> batch_stream.BiLMBatchStream:
     """The batch stream `train_and_evaluate` builds for configs/demo.py (one process)."""
-    return batch_stream.BiLMBatchStream(demo.train, demo.vocab, batch_size=config.batch_size,
-                                    unroll_steps=config.unroll_steps, seed=config.seed,
-                                    max_characters_per_token=config.model.max_characters_per_token,
-                                    reset_probability=config.state_reset_probability)
+    return batch_stream.BiLMBatchStream(
+        demo.train,
+        demo.vocab,
+        batch_size=config.batch_size,
+        unroll_steps=config.unroll_steps,
+        seed=config.seed,
+        max_characters_per_token=config.model.max_characters_per_token,
+        reset_probability=config.state_reset_probability,
+    )
 
 
 def time_streams(streams: dict) -> dict[str, dict[str, float]]:
     """Times each (stream, sentences, vocabulary size, preparation seconds) and prints a table row for it."""
-    header = (f"{'corpus':9}{'BxT':>8}{'sentences':>11}{'vocab':>9}{'prep s':>8}{'windows':>9}"
-              f"{'tokens/s':>10}{'+dev_batch':>11}{'tok/CPU-s':>11}{'CPU/wall':>9}{'misses/ktok':>12}")
+    header = (
+        f"{'corpus':9}{'BxT':>8}{'sentences':>11}{'vocab':>9}{'prep s':>8}{'windows':>9}"
+        f"{'tokens/s':>10}{'+dev_batch':>11}{'tok/CPU-s':>11}{'CPU/wall':>9}{'misses/ktok':>12}"
+    )
     print(header)
     print("-" * len(header))
     results = {}
     for name, (stream, n_sentences, n_vocab, prep) in streams.items():
         r = results[name] = time_stream(stream, FLAGS.seconds, FLAGS.warmup_windows)
         shape = f"{stream.batch_size}x{stream.unroll_steps}"
-        print(f"{name:9}{shape:>8}{n_sentences:>11,}{n_vocab:>9,}{prep:>8.1f}{r['windows']:>9,}"
-              f"{r['tokens_per_s']:>10,.0f}{r['with_batch']:>11,.0f}{r['per_cpu_s']:>11,.0f}"
-              f"{r['cpu_over_wall']:>9.2f}{r['misses_per_k']:>12.1f}", flush=True)
+        print(
+            f"{name:9}{shape:>8}{n_sentences:>11,}{n_vocab:>9,}{prep:>8.1f}{r['windows']:>9,}"
+            f"{r['tokens_per_s']:>10,.0f}{r['with_batch']:>11,.0f}{r['per_cpu_s']:>11,.0f}"
+            f"{r['cpu_over_wall']:>9.2f}{r['misses_per_k']:>12.1f}",
+            flush=True,
+        )
     return results
 
 
@@ -322,13 +397,17 @@ def print_targets(results: dict[str, dict[str, float]], train: dict[str, float])
     print("\ntargets:")
     for name, r in results.items():
         ratio, per_cpu = r["tokens_per_s"] / train["tokens_per_s"], r["per_cpu_s"] / train["tokens_per_s"]
-        print(f"  {name:8} stream / demo training: {ratio:6.1f}x  (target >= {TARGET_RATIO:g}x: "
-              f"{'met' if ratio >= TARGET_RATIO else 'NOT met'}; per CPU-s {per_cpu:.1f}x)")
+        print(
+            f"  {name:8} stream / demo training: {ratio:6.1f}x  (target >= {TARGET_RATIO:g}x: "
+            f"{'met' if ratio >= TARGET_RATIO else 'NOT met'}; per CPU-s {per_cpu:.1f}x)"
+        )
     if "1b-like" in results:
         rate = results["1b-like"]["tokens_per_s"]
-        print(f"  1b-like  stream: {rate:,.0f} tokens/s  (target > {TARGET_1B_TOKENS_PER_S:,.0f}: "
-              f"{'met' if rate > TARGET_1B_TOKENS_PER_S else 'NOT met'}; per CPU-s "
-              f"{results['1b-like']['per_cpu_s']:,.0f})")
+        print(
+            f"  1b-like  stream: {rate:,.0f} tokens/s  (target > {TARGET_1B_TOKENS_PER_S:,.0f}: "
+            f"{'met' if rate > TARGET_1B_TOKENS_PER_S else 'NOT met'}; per CPU-s "
+            f"{results['1b-like']['per_cpu_s']:,.0f})"
+        )
 
 
 def main(argv):
@@ -350,15 +429,22 @@ def main(argv):
             streams["demo"] = (demo_stream(config, demo), len(demo.train), len(demo.vocab), demo_prep)
         if "1b-like" in FLAGS.corpora:
             sentences, vocab, times, text_path = prepare_1b_like(workdir)
-            stream = batch_stream.BiLMBatchStream(sentences, vocab, batch_size=FLAGS.batch_size,
-                                              unroll_steps=FLAGS.unroll_steps, seed=0,
-                                              reset_probability=config.state_reset_probability)
+            stream = batch_stream.BiLMBatchStream(
+                sentences,
+                vocab,
+                batch_size=FLAGS.batch_size,
+                unroll_steps=FLAGS.unroll_steps,
+                seed=0,
+                reset_probability=config.state_reset_probability,
+            )
             streams["1b-like"] = (stream, len(sentences), len(vocab), sum(times.values()))
 
         with one_core(FLAGS.core) as core:
-            print(f"\nbatch stream, {f'pinned to core {core}' if core is not None else 'not pinned'}; tokens = "
-                  f"target tokens of both directions; {FLAGS.warmup_windows} warm-up windows, then "
-                  f"{FLAGS.seconds:g} s each")
+            print(
+                f"\nbatch stream, {f'pinned to core {core}' if core is not None else 'not pinned'}; tokens = "
+                f"target tokens of both directions; {FLAGS.warmup_windows} warm-up windows, then "
+                f"{FLAGS.seconds:g} s each"
+            )
             results = time_streams(streams)
             if FLAGS.profile and "1b-like" in streams:
                 profile_stream(streams["1b-like"][0], FLAGS.profile_windows)
@@ -366,11 +452,13 @@ def main(argv):
                 without_reads(text_path, vocab, results["1b-like"])
 
         train = time_demo_training(config, len(demo.vocab), next(demo_stream(config, demo)), FLAGS.train_steps)
-        print(f"\ndemo training (configs/demo.py: B x T {config.batch_size}x{config.unroll_steps}, vocabulary "
-              f"{len(demo.vocab):,}, {config.n_negative_samples} negatives) on {jax.devices()[0].device_kind}, "
-              f"{usable_cores()} cores: step {1e3 * train['best_s']:.1f} ms best, "
-              f"{1e3 * train['median_s']:.1f} ms median of {FLAGS.train_steps}; {train['tokens_per_s']:,.0f} tokens/s "
-              f"(best; compile {train['compile_s']:.1f} s excluded)")
+        print(
+            f"\ndemo training (configs/demo.py: B x T {config.batch_size}x{config.unroll_steps}, vocabulary "
+            f"{len(demo.vocab):,}, {config.n_negative_samples} negatives) on {jax.devices()[0].device_kind}, "
+            f"{usable_cores()} cores: step {1e3 * train['best_s']:.1f} ms best, "
+            f"{1e3 * train['median_s']:.1f} ms median of {FLAGS.train_steps}; {train['tokens_per_s']:,.0f} tokens/s "
+            f"(best; compile {train['compile_s']:.1f} s excluded)"
+        )
         print_targets(results, train)
     finally:
         if not FLAGS.workdir:

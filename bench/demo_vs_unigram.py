@@ -47,18 +47,29 @@ def main(argv):
     from elmo_jax.data.training_corpus import open_training_data
 
     if FLAGS.train:
-        subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "--config=" + os.path.join(REPO, "configs/demo.py"),
-                        "--workdir=" + FLAGS.workdir], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                os.path.join(REPO, "train.py"),
+                "--config=" + os.path.join(REPO, "configs/demo.py"),
+                "--workdir=" + FLAGS.workdir,
+            ],
+            check=True,
+        )
     evals = [json.loads(line) for line in open(os.path.join(FLAGS.workdir, "metrics.jsonl"), encoding="utf-8")]
     evals = [r for r in evals if r.get("kind") == "eval"]
     if not evals:
         raise SystemExit(f"error: no evaluation in {FLAGS.workdir}/metrics.jsonl; train first (--train)")
     data = open_training_data(demo.get_config().data, FLAGS.workdir, write_files=False)
     last = evals[-1]
-    print(f"biLM after step {last['step']}: heldout perplexity {last['perplexity']:.1f} "
-          f"(forward {last['forward_perplexity']:.1f}, backward {last['backward_perplexity']:.1f})")
-    print(f"unigram (add-one, same vocabulary of {len(data.vocab)}): "
-          f"{unigram_perplexity(data.train, data.heldout, data.vocab):.1f}")
+    print(
+        f"biLM after step {last['step']}: heldout perplexity {last['perplexity']:.1f} "
+        f"(forward {last['forward_perplexity']:.1f}, backward {last['backward_perplexity']:.1f})"
+    )
+    print(
+        f"unigram (add-one, same vocabulary of {len(data.vocab)}): "
+        f"{unigram_perplexity(data.train, data.heldout, data.vocab):.1f}"
+    )
 
 
 if __name__ == "__main__":

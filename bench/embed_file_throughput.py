@@ -28,9 +28,8 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root
 
-from absl import app, flags
-
 import jax
+from absl import app, flags
 
 import elmo_jax
 from bench.common import platform_line
@@ -45,8 +44,9 @@ flags.DEFINE_integer("batch_tokens", 4096, "embed_file --batch_tokens.")
 flags.DEFINE_list("memory_sentences", ["10000", "100000"], "File sizes for the peak-memory runs ('' to skip).")
 flags.DEFINE_string("workdir", "", "Keep the generated files here ('' = a temporary directory).")
 
-TINY = elmo_jax.BiLMConfig(char_embed_dim=4, filters=((1, 4), (2, 8), (3, 16)), n_highway=1, lstm_dim=64,
-                           projection_dim=16, n_layers=2)
+TINY = elmo_jax.BiLMConfig(
+    char_embed_dim=4, filters=((1, 4), (2, 8), (3, 16)), n_highway=1, lstm_dim=64, projection_dim=16, n_layers=2
+)
 
 
 def time_embed_file(params, path: str, output: str, bucketing: bool) -> dict:
@@ -58,11 +58,21 @@ def time_embed_file(params, path: str, output: str, bucketing: bool) -> dict:
 
 def peak_rss_of_embed_file(model: str, path: str, output: str) -> tuple[float, float]:
     """(peak RSS MiB, seconds) of a fresh `python -m elmo_jax.embed_file` process."""
-    script = ("import resource, runpy, sys\n"
-              "try:\n    runpy.run_module('elmo_jax.embed_file', run_name='__main__')\n"
-              "finally:\n    print('PEAK_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n")
-    args = [f"--model={model}", f"--input={path}", f"--output={output}", "--layers=top", "--float16",
-            "--sentence_index=false", "--progress=false", f"--batch_tokens={FLAGS.batch_tokens}"]
+    script = (
+        "import resource, runpy, sys\n"
+        "try:\n    runpy.run_module('elmo_jax.embed_file', run_name='__main__')\n"
+        "finally:\n    print('PEAK_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+    )
+    args = [
+        f"--model={model}",
+        f"--input={path}",
+        f"--output={output}",
+        "--layers=top",
+        "--float16",
+        "--sentence_index=false",
+        "--progress=false",
+        f"--batch_tokens={FLAGS.batch_tokens}",
+    ]
     env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[1])}
     start = time.perf_counter()
     result = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True)
@@ -81,17 +91,23 @@ def main(argv):
     path = os.path.join(workdir, f"text-{FLAGS.sentences}.txt")
     write_synthetic_corpus(path, FLAGS.sentences, 100_000, 27.0)
     params = elmo_jax.init_params(elmo_jax.BiLMConfig.preset(FLAGS.size), jax.random.key(0))
-    results = {name: time_embed_file(params, path, os.path.join(workdir, f"{name}.hdf5"), bucketing)
-               for name, bucketing in (("bucketed", True), ("input order", False))}
-    print(f"\n## {FLAGS.size}: {FLAGS.sentences:,} sentences, --batch_tokens={FLAGS.batch_tokens}, --layers=all float32\n")
+    results = {
+        name: time_embed_file(params, path, os.path.join(workdir, f"{name}.hdf5"), bucketing)
+        for name, bucketing in (("bucketed", True), ("input order", False))
+    }
+    print(
+        f"\n## {FLAGS.size}: {FLAGS.sentences:,} sentences, --batch_tokens={FLAGS.batch_tokens}, --layers=all float32\n"
+    )
     print("| batching | run | seconds | sentences/s | tokens/s | batches | compiled shapes |")
     print("|---|---|---|---|---|---|---|")
     for name, runs in results.items():
         for run, counts in runs.items():
             s = counts["seconds"]
             shapes = counts["compiled_shapes"] if run == "cold" else "(cached)"
-            print(f"| {name} | {run} | {s:.1f} | {counts['sentences'] / s:,.1f} | {counts['tokens'] / s:,.0f} | "
-                  f"{counts['batches']} | {shapes} |")
+            print(
+                f"| {name} | {run} | {s:.1f} | {counts['sentences'] / s:,.1f} | {counts['tokens'] / s:,.0f} | "
+                f"{counts['batches']} | {shapes} |"
+            )
     for run in ("cold", "warm"):
         ratio = results["input order"][run]["seconds"] / results["bucketed"][run]["seconds"]
         print(f"bucketed vs input order, {run}: {ratio:.2f}x faster")
@@ -109,8 +125,10 @@ def main(argv):
             counts = write_synthetic_corpus(text, n, 100_000, 27.0)
             output = os.path.join(workdir, f"memory-{n}.hdf5")
             rss, seconds = peak_rss_of_embed_file(model, text, output)
-            print(f"| {n:,} | {sum(counts.values()):,} | {rss:,.0f} | {seconds:.1f} | "
-                  f"{os.path.getsize(output) / 2**20:,.0f} |")
+            print(
+                f"| {n:,} | {sum(counts.values()):,} | {rss:,.0f} | {seconds:.1f} | "
+                f"{os.path.getsize(output) / 2**20:,.0f} |"
+            )
             os.unlink(output)
 
 

@@ -26,10 +26,9 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root, for bench.common
 
-from absl import app, flags
-
 import jax
 import numpy as np
+from absl import app, flags
 
 import elmo_jax
 from bench.common import matmul_throughput, platform_line
@@ -78,8 +77,14 @@ def planned_bytes(params, ids: np.ndarray) -> int:
     """XLA's memory plan for one embed call: arguments + temporaries + outputs."""
     config = params.config
     compute = ComputeOptions(dtype=FLAGS.compute_dtype, content_positions=_content_bucket(ids, 50))
-    compiled = _embed_jit.lower(params, ids, elmo_jax.zero_state(config, ids.shape[0]), return_state=False,
-                                keep_boundaries=False, compute=compute).compile()
+    compiled = _embed_jit.lower(
+        params,
+        ids,
+        elmo_jax.zero_state(config, ids.shape[0]),
+        return_state=False,
+        keep_boundaries=False,
+        compute=compute,
+    ).compile()
     m = compiled.memory_analysis()
     return m.argument_size_in_bytes + m.temp_size_in_bytes + m.output_size_in_bytes
 
@@ -103,8 +108,10 @@ def main(argv):
     print(f"{platform_line()}, compute_dtype={FLAGS.compute_dtype}")
     peak = matmul_throughput()
     print(f"measured float32 matmul throughput (4096^3, HIGHEST): {peak / 1e9:.1f} GFLOP/s\n")
-    header = (f"{'size':9}{'input':8}{'BxT':>7}{'S':>4}{'tokens/s':>10}{'compile s':>10}{'GFLOP/s':>9}"
-              f"{'of matmul':>10}{'vs AllenNLP':>12}")
+    header = (
+        f"{'size':9}{'input':8}{'BxT':>7}{'S':>4}{'tokens/s':>10}{'compile s':>10}{'GFLOP/s':>9}"
+        f"{'of matmul':>10}{'vs AllenNLP':>12}"
+    )
     print(header)
     print("-" * len(header))
     for size in FLAGS.sizes:
@@ -118,16 +125,24 @@ def main(argv):
                 model_flops = embed_flops(params.config, B, T) / best
                 ref = ALLENNLP_TOKENS_PER_S.get((size, B, T))
                 vs = f"{tokens_per_s / ref:.2f}x" if ref and FLAGS.compute_dtype == "float32" else "-"
-                print(f"{size:9}{label:8}{shape:>7}{_content_bucket(ids, 50):>4}{tokens_per_s:>10.0f}"
-                      f"{compile_s:>10.1f}{model_flops / 1e9:>9.1f}{model_flops / peak:>10.1%}{vs:>12}")
+                print(
+                    f"{size:9}{label:8}{shape:>7}{_content_bucket(ids, 50):>4}{tokens_per_s:>10.0f}"
+                    f"{compile_s:>10.1f}{model_flops / 1e9:>9.1f}{model_flops / peak:>10.1%}{vs:>12}"
+                )
     if FLAGS.memory:
         spec = "original:64x40"
-        out = subprocess.run([sys.executable, __file__, f"--child={spec}", f"--compute_dtype={FLAGS.compute_dtype}"],
-                             check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [sys.executable, __file__, f"--child={spec}", f"--compute_dtype={FLAGS.compute_dtype}"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         mem = json.loads(out.strip().splitlines()[-1])
-        print(f"\nmemory, {spec} (words): peak RSS of a fresh process {mem['peak_rss_bytes'] / 2**30:.2f} GiB "
-              f"(jax runtime + random weights + one call); XLA plan for the call "
-              f"{mem['planned_bytes'] / 2**30:.2f} GiB")
+        print(
+            f"\nmemory, {spec} (words): peak RSS of a fresh process {mem['peak_rss_bytes'] / 2**30:.2f} GiB "
+            f"(jax runtime + random weights + one call); XLA plan for the call "
+            f"{mem['planned_bytes'] / 2**30:.2f} GiB"
+        )
 
 
 if __name__ == "__main__":

@@ -28,15 +28,14 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: bench/, configs/
 
-from absl import app, flags, logging
-
 import jax
+from absl import app, flags, logging
 
 from bench import train_throughput
 from bench.common import platform_line
 from bench.workloads import synthetic_window
-from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
 from elmo_jax.training.batch_feed import device_batch
+from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "small", f"Training config: {', '.join(train_throughput.CONFIGS)}.")
@@ -111,10 +110,14 @@ def main(argv):
 
         shutil.rmtree(trace_dir, ignore_errors=True)
     summed = sum(totals.values())
-    print(f"{platform_line()}; {FLAGS.model} train step at {B}x{T}, S={positions}, V={cfg.vocab_size:,}, "
-          f"compute_dtype={cfg.compute.dtype}")
-    print(f"wall {1e3 * wall:.1f} ms per step (traced); op time summed over threads "
-          f"{summed / 1e6 / FLAGS.steps:.1f} ms per step\n")
+    print(
+        f"{platform_line()}; {FLAGS.model} train step at {B}x{T}, S={positions}, V={cfg.vocab_size:,}, "
+        f"compute_dtype={cfg.compute.dtype}"
+    )
+    print(
+        f"wall {1e3 * wall:.1f} ms per step (traced); op time summed over threads "
+        f"{summed / 1e6 / FLAGS.steps:.1f} ms per step\n"
+    )
     header = f"{'ms/step':>9}{'share':>7}  {'operation':32} {'shape':28} op_name"
     print(header)
     print("-" * len(header))

@@ -55,9 +55,16 @@ flags.DEFINE_string("child", None, "Internal: run one case (JSON) in this proces
 # bf16, 67 fp32); A100: 312 / 19.5. TPUs publish no separate float32 peak (float32 at HIGHEST runs as
 # several bf16 passes), so their float32 rows show the measured-matmul fraction only.
 PUBLISHED_PEAKS = {
-    "H200": (989e12, 67e12), "H100": (989e12, 67e12), "A100": (312e12, 19.5e12),
-    "TPU v6 lite": (918e12, None), "TPU v6e": (918e12, None), "TPU v5 lite": (197e12, None),
-    "TPU v5e": (197e12, None), "TPU v5p": (459e12, None), "TPU v5": (459e12, None), "TPU v4": (275e12, None),
+    "H200": (989e12, 67e12),
+    "H100": (989e12, 67e12),
+    "A100": (312e12, 19.5e12),
+    "TPU v6 lite": (918e12, None),
+    "TPU v6e": (918e12, None),
+    "TPU v5 lite": (197e12, None),
+    "TPU v5e": (197e12, None),
+    "TPU v5p": (459e12, None),
+    "TPU v5": (459e12, None),
+    "TPU v4": (275e12, None),
 }
 # AllenNLP 2.10 (PyTorch, CPU) on the 2-core machine class: tokens/s of feature extraction (bench/RESULTS.md).
 ALLENNLP_TOKENS_PER_S = {("embed", "small", 32, 20): 1350.0, ("embed", "original", 32, 20): 280.0}
@@ -68,16 +75,23 @@ TRAIN_CONFIGS = {"small": "configs.bilm_small", "original": "configs.bilm_large"
 
 def cases(backend: str, quick: bool) -> list[dict]:
     """The cases this backend runs: dicts with kind (embed/train), size, B, T, dtype."""
+
     def case(kind, size, B, T, dtype="float32"):
-        return {"kind": kind, "size": size, "B": B, "T": T, "dtype": dtype,
-                "name": f"{kind} {size} {B}x{T} {dtype}"}
+        return {"kind": kind, "size": size, "B": B, "T": T, "dtype": dtype, "name": f"{kind} {size} {B}x{T} {dtype}"}
 
     if backend == "cpu":
         if quick:
             return [case("embed", "original", 64, 40), case("train", "small", 32, 20)]
-        return [case("embed", "small", 32, 20), case("embed", "small", 64, 40), case("embed", "original", 32, 20),
-                case("embed", "original", 64, 40), case("embed", "original", 64, 40, "bfloat16"),
-                case("train", "small", 32, 20), case("train", "small", 64, 20), case("train", "original", 32, 20)]
+        return [
+            case("embed", "small", 32, 20),
+            case("embed", "small", 64, 40),
+            case("embed", "original", 32, 20),
+            case("embed", "original", 64, 40),
+            case("embed", "original", 64, 40, "bfloat16"),
+            case("train", "small", 32, 20),
+            case("train", "small", 64, 20),
+            case("train", "original", 32, 20),
+        ]
     dtypes = ("bfloat16",) if quick else ("bfloat16", "float32")
     out = []
     for dtype in dtypes:
@@ -131,9 +145,9 @@ def _train_case(c: dict, backend: str):
 
     from bench.workloads import synthetic_window
     from elmo_jax.model.flops import train_flops
-    from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
     from elmo_jax.training.batch_feed import device_batch
     from elmo_jax.training.settings import step_config
+    from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
 
     config = importlib.import_module(TRAIN_CONFIGS[c["size"]]).get_config()
     vocab_size = CPU_VOCAB_SIZE if backend == "cpu" else LM1B_VOCAB_SIZE
@@ -177,11 +191,23 @@ def run_child(spec: str) -> dict:
         best_call = min(best_call, time.perf_counter() - start)
     device = jax.devices()[0]
     stats = device.memory_stats() or {}
-    peak = stats.get("peak_bytes_in_use") if backend != "cpu" else \
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {**c, "backend": backend, "device_kind": device.device_kind, "setup_s": setup_s,
-            "compile_s": first - best_call, "call_s": best_call, "flops": flops, "tokens": tokens,
-            "matmul_flops_per_s": 2 * c["matmul_size"] ** 3 / best_matmul, "peak_bytes": peak}
+    peak = (
+        stats.get("peak_bytes_in_use")
+        if backend != "cpu"
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
+    return {
+        **c,
+        "backend": backend,
+        "device_kind": device.device_kind,
+        "setup_s": setup_s,
+        "compile_s": first - best_call,
+        "call_s": best_call,
+        "flops": flops,
+        "tokens": tokens,
+        "matmul_flops_per_s": 2 * c["matmul_size"] ** 3 / best_matmul,
+        "peak_bytes": peak,
+    }
 
 
 # --------------------------------------------------------------------------------------------- parent
@@ -199,9 +225,16 @@ def table(rows: list[dict], accelerator: bool) -> list[str]:
             continue
         achieved = r["flops"] / r["call_s"]
         tokens_per_s = r["tokens"] / r["call_s"]
-        cells = [r["name"], f"{tokens_per_s:,.0f}", f"{1e3 * r['call_s']:,.1f}", f"{r['compile_s']:.1f}",
-                 f"{r['peak_bytes'] / 2**30:.2f}" if r["peak_bytes"] else "-", f"{achieved / 1e9:,.1f}",
-                 f"{r['matmul_flops_per_s'] / 1e9:,.1f}", f"{achieved / r['matmul_flops_per_s']:.1%}"]
+        cells = [
+            r["name"],
+            f"{tokens_per_s:,.0f}",
+            f"{1e3 * r['call_s']:,.1f}",
+            f"{r['compile_s']:.1f}",
+            f"{r['peak_bytes'] / 2**30:.2f}" if r["peak_bytes"] else "-",
+            f"{achieved / 1e9:,.1f}",
+            f"{r['matmul_flops_per_s'] / 1e9:,.1f}",
+            f"{achieved / r['matmul_flops_per_s']:.1%}",
+        ]
         if accelerator:
             peak = published_peak(r["device_kind"], r["dtype"])
             cells.append(f"{achieved / peak:.1%}" if peak else "-")
@@ -228,35 +261,54 @@ def main(argv):
     if not todo:
         raise app.UsageError(f"--only={','.join(FLAGS.only)}: matches none of the {backend} cases")
     device_kind = jax.devices()[0].device_kind
-    header = [f"# elmo-jax benchmark suite: {backend}", "",
-              f"`python bench/run_all.py{' --quick' if FLAGS.quick else ''}`, {time.strftime('%Y-%m-%d %H:%M')}; "
-              f"{platform_line()}; {device_kind}; {os.cpu_count()} host CPUs; Python {platform.python_version()}; "
-              f"load average before: {', '.join(f'{x:.2f}' for x in os.getloadavg())}.", ""]
+    header = [
+        f"# elmo-jax benchmark suite: {backend}",
+        "",
+        f"`python bench/run_all.py{' --quick' if FLAGS.quick else ''}`, {time.strftime('%Y-%m-%d %H:%M')}; "
+        f"{platform_line()}; {device_kind}; {os.cpu_count()} host CPUs; Python {platform.python_version()}; "
+        f"load average before: {', '.join(f'{x:.2f}' for x in os.getloadavg())}.",
+        "",
+    ]
     print("\n".join(header), flush=True)
     rows = []
     for c in todo:
         c = {**c, "rounds": rounds, "matmul_size": matmul_size}
         start = time.perf_counter()
         try:
-            result = subprocess.run([sys.executable, __file__, f"--child={json.dumps(c)}"], capture_output=True,
-                                    text=True, timeout=FLAGS.timeout)
+            result = subprocess.run(
+                [sys.executable, __file__, f"--child={json.dumps(c)}"],
+                capture_output=True,
+                text=True,
+                timeout=FLAGS.timeout,
+            )
             if result.returncode != 0:
-                raise RuntimeError(result.stderr.strip().splitlines()[-1] if result.stderr.strip() else
-                                   f"exit status {result.returncode}")
+                raise RuntimeError(
+                    result.stderr.strip().splitlines()[-1]
+                    if result.stderr.strip()
+                    else f"exit status {result.returncode}"
+                )
             rows.append(json.loads(result.stdout.strip().splitlines()[-1]))
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             rows.append({**c, "error": str(e)[:200]})
         print(f"  {c['name']}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-    peaks = "; ".join(f"{k} {v[0] / 1e12:g} bf16" + (f" / {v[1] / 1e12:g} fp32" if v[1] else "")
-                      for k, v in PUBLISHED_PEAKS.items())
-    notes = ["", f"Reference matmul: {matmul_size}^3 in the case's dtype (float32 at Precision.HIGHEST), best of "
-             f"{rounds}, alternating with the {rounds} timed calls of the same child process.",
-             "Model FLOPs: elmo_jax.model.flops (nominal: every char CNN position; training = 3 x forward, sampled "
-             f"softmax with 8192 negatives, vocabulary {CPU_VOCAB_SIZE if backend == 'cpu' else LM1B_VOCAB_SIZE:,}).",
-             "Peak memory: " + ("peak RSS of the case's process (JAX runtime, weights, optimiser state, buffers)."
-                                if backend == "cpu" else "device peak_bytes_in_use of the case's process."),
-             *([f"Published dense peaks (TFLOP/s): {peaks}."] if accelerator else []),
-             f"Load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}."]
+    peaks = "; ".join(
+        f"{k} {v[0] / 1e12:g} bf16" + (f" / {v[1] / 1e12:g} fp32" if v[1] else "") for k, v in PUBLISHED_PEAKS.items()
+    )
+    notes = [
+        "",
+        f"Reference matmul: {matmul_size}^3 in the case's dtype (float32 at Precision.HIGHEST), best of "
+        f"{rounds}, alternating with the {rounds} timed calls of the same child process.",
+        "Model FLOPs: elmo_jax.model.flops (nominal: every char CNN position; training = 3 x forward, sampled "
+        f"softmax with 8192 negatives, vocabulary {CPU_VOCAB_SIZE if backend == 'cpu' else LM1B_VOCAB_SIZE:,}).",
+        "Peak memory: "
+        + (
+            "peak RSS of the case's process (JAX runtime, weights, optimiser state, buffers)."
+            if backend == "cpu"
+            else "device peak_bytes_in_use of the case's process."
+        ),
+        *([f"Published dense peaks (TFLOP/s): {peaks}."] if accelerator else []),
+        f"Load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}.",
+    ]
     text = "\n".join(header + table(rows, accelerator) + notes) + "\n"
     print("\n".join(table(rows, accelerator) + notes))
     if FLAGS.output:

@@ -12,8 +12,34 @@ import numpy as np
 SYNTHETIC_BLOCK = 250_000  # sentences generated and written at a time
 
 # English letter frequencies (percent), a..z.
-LETTER_PERCENT = (8.2, 1.5, 2.8, 4.3, 12.7, 2.2, 2.0, 6.1, 7.0, 0.15, 0.77, 4.0, 2.4, 6.7, 7.5, 1.9, 0.095,
-                  6.0, 6.3, 9.1, 2.8, 0.98, 2.4, 0.15, 2.0, 0.074)
+LETTER_PERCENT = (
+    8.2,
+    1.5,
+    2.8,
+    4.3,
+    12.7,
+    2.2,
+    2.0,
+    6.1,
+    7.0,
+    0.15,
+    0.77,
+    4.0,
+    2.4,
+    6.7,
+    7.5,
+    1.9,
+    0.095,
+    6.0,
+    6.3,
+    9.1,
+    2.8,
+    0.98,
+    2.4,
+    0.15,
+    2.0,
+    0.074,
+)
 
 
 def synthetic_words(n_types: int, rng: np.random.Generator) -> list[str]:
@@ -34,8 +60,9 @@ def synthetic_words(n_types: int, rng: np.random.Generator) -> list[str]:
     return words
 
 
-def write_synthetic_corpus(path: str, n_sentences: int, n_types: int, mean_tokens: float,
-                           seed: int = 0) -> dict[str, int]:
+def write_synthetic_corpus(
+    path: str, n_sentences: int, n_types: int, mean_tokens: float, seed: int = 0
+) -> dict[str, int]:
     """Writes (unless present) a one-sentence-per-line corpus with 1B-Word-like statistics; returns word counts.
 
     Sentence lengths 1 + NegativeBinomial(3, .) with mean `mean_tokens`; tokens Zipf-Mandelbrot,
@@ -53,8 +80,9 @@ def write_synthetic_corpus(path: str, n_sentences: int, n_types: int, mean_token
         counts = np.zeros(n_types, np.int64)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             for first in range(0, n_sentences, SYNTHETIC_BLOCK):
-                lengths = 1 + rng.negative_binomial(3, 3.0 / (3.0 + mean_tokens - 1.0),
-                                                    min(SYNTHETIC_BLOCK, n_sentences - first))
+                lengths = 1 + rng.negative_binomial(
+                    3, 3.0 / (3.0 + mean_tokens - 1.0), min(SYNTHETIC_BLOCK, n_sentences - first)
+                )
                 ids = rng.choice(n_types, size=int(lengths.sum()), p=p)
                 counts += np.bincount(ids, minlength=n_types)
                 tokens, ends = vocabulary[ids], np.cumsum(lengths)
@@ -64,7 +92,9 @@ def write_synthetic_corpus(path: str, n_sentences: int, n_types: int, mean_token
     counts = np.load(counts_path)
     n_tokens = int(counts.sum())
     word_chars = np.fromiter(map(len, words), int, n_types)
-    print(f"  1b-like corpus: {n_sentences:,} sentences, {n_tokens:,} tokens ({n_tokens / n_sentences:.1f} per "
-          f"sentence), {np.count_nonzero(counts):,} of {n_types:,} types used, {np.mean(word_chars):.1f} chars per "
-          f"type, {np.sum(counts * word_chars) / n_tokens:.1f} per token; {os.path.getsize(path) / 2**20:,.0f} MiB")
+    print(
+        f"  1b-like corpus: {n_sentences:,} sentences, {n_tokens:,} tokens ({n_tokens / n_sentences:.1f} per "
+        f"sentence), {np.count_nonzero(counts):,} of {n_types:,} types used, {np.mean(word_chars):.1f} chars per "
+        f"type, {np.sum(counts * word_chars) / n_tokens:.1f} per token; {os.path.getsize(path) / 2**20:,.0f} MiB"
+    )
     return {words[r]: int(counts[r]) for r in np.flatnonzero(counts)}

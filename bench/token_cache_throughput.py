@@ -21,15 +21,13 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root, for bench.common
 
-from absl import app, flags
-
 import jax
 import numpy as np
+from absl import app, flags
 
 import elmo_jax
 from bench.common import platform_line
-from elmo_jax.data import vocab_builder
-from elmo_jax.data import default_corpus
+from elmo_jax.data import default_corpus, vocab_builder
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("sizes", ["small"], "Published model sizes (random weights): small, medium, original.")
@@ -76,8 +74,10 @@ def run_size(size: str, words: list[str], sentences: list[list[str]]) -> None:
     char_s, char_out = best_pass(lambda b: elmo_jax.embed(params, elmo_jax.batch_to_ids(b)), batches)
     cache_s, cache_out = best_pass(lambda b: elmo_jax.embed_tokens(params, cache, b), batches)
     diff = max(float(np.max(np.abs(a - c))) for a, c in zip(char_out, cache_out))
-    print(f"{size}: cache of {len(cache)} tokens built in {build_s:.1f} s; {len(batches)} batches of {B} "
-          f"sentences, {n_tokens} tokens, {oov / n_tokens:.1%} not in the cache")
+    print(
+        f"{size}: cache of {len(cache)} tokens built in {build_s:.1f} s; {len(batches)} batches of {B} "
+        f"sentences, {n_tokens} tokens, {oov / n_tokens:.1%} not in the cache"
+    )
     print(f"  char CNN path   {n_tokens / char_s:10,.0f} tokens/s")
     print(f"  token cache     {n_tokens / cache_s:10,.0f} tokens/s")
     print(f"  speed-up        {char_s / cache_s:10.2f}x   (max |difference| of the layers {diff:.2e})")

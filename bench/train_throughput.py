@@ -42,29 +42,37 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: bench/, configs/
 
-from absl import app, flags, logging
-
 import jax
+from absl import app, flags, logging
 
 from bench.common import matmul_throughput, platform_line
 from bench.workloads import synthetic_window
 from elmo_jax.model.flops import train_flops
-from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
 from elmo_jax.training.batch_feed import device_batch
 from elmo_jax.training.settings import step_config
+from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
 
-CONFIGS = {"demo": "configs.demo", "small": "configs.bilm_small", "medium": "configs.bilm_medium",
-           "large": "configs.bilm_large"}
+CONFIGS = {
+    "demo": "configs.demo",
+    "small": "configs.bilm_small",
+    "medium": "configs.bilm_medium",
+    "large": "configs.bilm_large",
+}
 LM1B_VOCAB_SIZE = 793_471  # bilm-tf's vocabulary file for the 1B Word Benchmark
 CPU_VOCAB_SIZE = 50_000
 SHORT_DTYPE = {"float32": "f32", "bfloat16": "bf16"}
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("models", ["demo", "small", "large"], f"Training configs to time: {', '.join(CONFIGS)}.")
-flags.DEFINE_string("shape", "", "Window BxT for every model, e.g. 32x20 ('' = each config's batch_size x "
-                    "unroll_steps).")
-flags.DEFINE_integer("vocab_size", 0, "Softmax vocabulary V for small/medium/large (0 = 793,471 on GPU/TPU, "
-                     "50,000 on CPU); demo always uses its config's max_vocab_size.")
+flags.DEFINE_string(
+    "shape", "", "Window BxT for every model, e.g. 32x20 ('' = each config's batch_size x unroll_steps)."
+)
+flags.DEFINE_integer(
+    "vocab_size",
+    0,
+    "Softmax vocabulary V for small/medium/large (0 = 793,471 on GPU/TPU, "
+    "50,000 on CPU); demo always uses its config's max_vocab_size.",
+)
 flags.DEFINE_integer("n_negative_samples", -1, "Sampled-softmax negatives (-1 = each config's).")
 flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "train_step's matmul dtype.")
 flags.DEFINE_integer("warmup", 1, "Steps after the compiling one, before timing.")
@@ -73,7 +81,7 @@ flags.DEFINE_integer("matmul_size", 4096, "n of the n x n x n matmul whose throu
 
 
 def parse_shape(shape: str) -> tuple[int, int]:
-    """"32x20" -> (32, 20)."""
+    """ "32x20" -> (32, 20)."""
     try:
         B, T = (int(v) for v in shape.lower().split("x"))
         if B < 1 or T < 1:
@@ -105,8 +113,9 @@ def time_train_step(config, cfg, B: int, T: int) -> dict[str, float]:
     """Compile seconds, best step seconds, tokens, content bucket and peak device memory of `train_step`."""
     optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
     state = init_train_state(jax.random.key(0), cfg, optimizer, B)
-    batch, positions = device_batch(synthetic_window(B, T, cfg.model.max_characters_per_token, cfg.vocab_size),
-                                    cfg.model.max_characters_per_token)
+    batch, positions = device_batch(
+        synthetic_window(B, T, cfg.model.max_characters_per_token, cfg.vocab_size), cfg.model.max_characters_per_token
+    )
     tokens = int(batch["mask"].sum())
     batch = jax.device_put(batch)
 
@@ -127,8 +136,14 @@ def time_train_step(config, cfg, B: int, T: int) -> dict[str, float]:
         best = min(best, time.perf_counter() - start)
         best_cpu = min(best_cpu, time.process_time() - start_cpu)
     stats = jax.devices()[0].memory_stats() or {}
-    return {"compile_s": first - best, "step_s": best, "cpu_s": best_cpu, "positions": positions, "tokens": tokens,
-            "peak_bytes": stats.get("peak_bytes_in_use")}
+    return {
+        "compile_s": first - best,
+        "step_s": best,
+        "cpu_s": best_cpu,
+        "positions": positions,
+        "tokens": tokens,
+        "peak_bytes": stats.get("peak_bytes_in_use"),
+    }
 
 
 def main(argv):
@@ -146,12 +161,25 @@ def main(argv):
     for name in FLAGS.models:
         config, cfg, B, T = resolve(name)
         r = time_train_step(config, cfg, B, T)
-        r.update(name=name, cfg=cfg, B=B, T=T, flops=train_flops(
-            cfg.model, B, T, vocab_size=cfg.vocab_size,
-            n_negative_samples=None if cfg.full_softmax else cfg.n_negative_samples))
+        r.update(
+            name=name,
+            cfg=cfg,
+            B=B,
+            T=T,
+            flops=train_flops(
+                cfg.model,
+                B,
+                T,
+                vocab_size=cfg.vocab_size,
+                n_negative_samples=None if cfg.full_softmax else cfg.n_negative_samples,
+            ),
+        )
         rows.append(r)
-        print(f"  {name}: {1e3 * r['step_s']:.1f} ms per step, {r['tokens'] / r['step_s']:,.0f} tokens/s "
-              f"(process CPU time {1e3 * r['cpu_s']:.1f} ms per step)", flush=True)
+        print(
+            f"  {name}: {1e3 * r['step_s']:.1f} ms per step, {r['tokens'] / r['step_s']:,.0f} tokens/s "
+            f"(process CPU time {1e3 * r['cpu_s']:.1f} ms per step)",
+            flush=True,
+        )
     after = {d: matmul_throughput(FLAGS.matmul_size, dtype=d) for d in dtypes}
     print_table(rows, before, after)
 
@@ -160,12 +188,16 @@ def print_table(rows: list[dict], before: dict[str, float], after: dict[str, flo
     """The results, with model FLOP/s against the better of the matmul figures taken before and after."""
     peaks = {d: max(before[d], after[d]) for d in before}
     n = FLAGS.matmul_size
-    print(f"\nmeasured matmul throughput, {n}^3, before / after the models: " + "; ".join(
-        f"{d} {before[d] / 1e9:,.1f} / {after[d] / 1e9:,.1f} GFLOP/s" for d in before)
-          + " (the better one is the reference); tokens = target tokens of both directions (2 x B x T per step)\n")
+    print(
+        f"\nmeasured matmul throughput, {n}^3, before / after the models: "
+        + "; ".join(f"{d} {before[d] / 1e9:,.1f} / {after[d] / 1e9:,.1f} GFLOP/s" for d in before)
+        + " (the better one is the reference); tokens = target tokens of both directions (2 x B x T per step)\n"
+    )
     of_peaks = "".join(f"{'of ' + SHORT_DTYPE[d]:>9}" for d in peaks)
-    header = (f"{'model':7}{'BxT':>8}{'V':>9}{'neg':>6}{'S':>4}{'compile s':>10}{'step ms':>9}{'tokens/s':>10}"
-              f"{'GFLOP/step':>11}{'GFLOP/s':>9}{of_peaks}{'peak GiB':>9}")
+    header = (
+        f"{'model':7}{'BxT':>8}{'V':>9}{'neg':>6}{'S':>4}{'compile s':>10}{'step ms':>9}{'tokens/s':>10}"
+        f"{'GFLOP/step':>11}{'GFLOP/s':>9}{of_peaks}{'peak GiB':>9}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -174,9 +206,11 @@ def print_table(rows: list[dict], before: dict[str, float], after: dict[str, flo
         memory = f"{r['peak_bytes'] / 2**30:.2f}" if r["peak_bytes"] else "-"
         fractions = "".join(f"{achieved / peak:>9.1%}" for peak in peaks.values())
         shape = f"{r['B']}x{r['T']}"
-        print(f"{r['name']:7}{shape:>8}{cfg.vocab_size:>9,}{negatives:>6}{r['positions']:>4}"
-              f"{r['compile_s']:>10.1f}{1e3 * r['step_s']:>9.1f}{r['tokens'] / r['step_s']:>10,.0f}"
-              f"{r['flops'] / 1e9:>11.1f}{achieved / 1e9:>9.1f}{fractions}{memory:>9}")
+        print(
+            f"{r['name']:7}{shape:>8}{cfg.vocab_size:>9,}{negatives:>6}{r['positions']:>4}"
+            f"{r['compile_s']:>10.1f}{1e3 * r['step_s']:>9.1f}{r['tokens'] / r['step_s']:>10,.0f}"
+            f"{r['flops'] / 1e9:>11.1f}{achieved / 1e9:>9.1f}{fractions}{memory:>9}"
+        )
 
 
 if __name__ == "__main__":

@@ -19,13 +19,15 @@ def word_batch(batch_size: int, n_tokens: int, seed: int = 0) -> np.ndarray:
     """Shifted char ids (B, T, C) of B sentences of T random lowercase words of 1-10 letters."""
     rng = np.random.default_rng(seed)
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    sentences = [["".join(rng.choice(letters, size=rng.integers(1, 11))) for _ in range(n_tokens)]
-                 for _ in range(batch_size)]
+    sentences = [
+        ["".join(rng.choice(letters, size=rng.integers(1, 11))) for _ in range(n_tokens)] for _ in range(batch_size)
+    ]
     return elmo_jax.batch_to_ids(sentences)
 
 
-def synthetic_window(batch_size: int, unroll_steps: int, max_chars: int, vocab_size: int,
-                     seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
+def synthetic_window(
+    batch_size: int, unroll_steps: int, max_chars: int, vocab_size: int, seed: int = 0
+) -> dict[str, dict[str, np.ndarray]]:
     """One window of both directions from `BiLMBatchStream` over random sentences, as training feeds it.
 
     Words of 1-10 random lowercase letters (English-like lengths), drawn Zipf-like from min(V - 3, 5000)
@@ -42,6 +44,12 @@ def synthetic_window(batch_size: int, unroll_steps: int, max_chars: int, vocab_s
     ends = np.cumsum(lengths)
     sentences = [" ".join(words[end - n : end]) for n, end in zip(lengths, ends)]
     vocab = build_vocab(collections.Counter(words))
-    stream = BiLMBatchStream(sentences, vocab, batch_size=batch_size, unroll_steps=unroll_steps, seed=seed,
-                             max_characters_per_token=max_chars)
+    stream = BiLMBatchStream(
+        sentences,
+        vocab,
+        batch_size=batch_size,
+        unroll_steps=unroll_steps,
+        seed=seed,
+        max_characters_per_token=max_chars,
+    )
     return next(stream)

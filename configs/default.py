@@ -20,7 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
     # The biLM architecture (the options JSON's `lstm` and `char_cnn` sections).
     config.model = ml_collections.ConfigDict()
     config.model.char_embed_dim = 16  # E: character embedding width
-    config.model.filters = PUBLISHED_FILTERS  # ((width, n_filters), ...); --config.model.filters='((1,4),(2,8))' 
+    config.model.filters = PUBLISHED_FILTERS  # ((width, n_filters), ...); --config.model.filters='((1,4),(2,8))'
     config.model.n_highway = 2  # highway layers after the convolutions
     config.model.activation = "relu"  # after max-pooling each convolution: relu or tanh
     config.model.max_characters_per_token = 50  # C: BOW + up to C-2 UTF-8 bytes + EOW

@@ -1,6 +1,6 @@
 """A CPU demo: a small biLM trained for a few minutes on the embedded default corpus.
 
-    python train.py --config=configs/demo.py --workdir=/tmp/elmo_demo
+python train.py --config=configs/demo.py --workdir=/tmp/elmo_demo
 """
 
 from configs import default

@@ -80,13 +80,17 @@ class _Raw:
 def _signature(function, *, method: bool = False) -> str:
     """`(a: int, *, b: str = 'x') -> T` with annotations unquoted; a method's self/cls left out."""
     signature = inspect.signature(function)
-    parameters = list(signature.parameters.values())[1 if method else 0:]
+    parameters = list(signature.parameters.values())[1 if method else 0 :]
     empty = inspect.Signature.empty
-    parameters = [p.replace(annotation=_Raw(_annotation(p.annotation))) if p.annotation is not empty else p
-                  for p in parameters]
+    parameters = [
+        p.replace(annotation=_Raw(_annotation(p.annotation))) if p.annotation is not empty else p for p in parameters
+    ]
     returns = signature.return_annotation
-    return str(signature.replace(parameters=parameters,
-                                 return_annotation=_Raw(_annotation(returns)) if returns is not empty else empty))
+    return str(
+        signature.replace(
+            parameters=parameters, return_annotation=_Raw(_annotation(returns)) if returns is not empty else empty
+        )
+    )
 
 
 def _own_methods(cls: type) -> list[tuple[str, str, object]]:
@@ -127,8 +131,12 @@ def _flag_rows(tree: ast.Module) -> list[str]:
     """Markdown table rows for every `*.DEFINE_*("name", default, "help")` call in a module."""
     rows = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and node.func.attr.startswith("DEFINE_") and node.args):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr.startswith("DEFINE_")
+            and node.args
+        ):
             continue
         args = {k.arg: k.value for k in node.keywords}
         name = ast.literal_eval(node.args[0])
@@ -140,7 +148,7 @@ def _flag_rows(tree: ast.Module) -> list[str]:
             help_text = ast.literal_eval(help_node) if help_node is not None else ""
         except ValueError:
             help_text = ast.unparse(help_node)
-        kind = node.func.attr[len("DEFINE_"):].lower()
+        kind = node.func.attr[len("DEFINE_") :].lower()
         default_text = ast.unparse(default) if default is not None else ""
         help_text = " ".join(help_text.split()).replace("|", "\\|")  # one table cell
         rows.append(f"| `--{name}` | {kind} | `{default_text}` | {help_text} |")
@@ -148,7 +156,12 @@ def _flag_rows(tree: ast.Module) -> list[str]:
 
 
 def command_line_tools() -> list[str]:
-    lines = ["## Command-line tools", "", "Each exits 1 with a one-line error (no traceback) on bad flags or input.", ""]
+    lines = [
+        "## Command-line tools",
+        "",
+        "Each exits 1 with a one-line error (no traceback) on bad flags or input.",
+        "",
+    ]
     for command, source in CLIS:
         tree = ast.parse((ROOT / source).read_text(encoding="utf-8"), filename=source)
         lines += [f"### `{command}`", "", f"Source: `{source}`.", ""]
@@ -160,9 +173,13 @@ def command_line_tools() -> list[str]:
 
 
 def render() -> str:
-    lines = ["# elmo-jax API reference", "",
-             "Generated from the docstrings by `python docs/make_api.py`; do not edit by hand (a test checks "
-             "that this file is what the docstrings give).", ""]
+    lines = [
+        "# elmo-jax API reference",
+        "",
+        "Generated from the docstrings by `python docs/make_api.py`; do not edit by hand (a test checks "
+        "that this file is what the docstrings give).",
+        "",
+    ]
     lines += python_api() + command_line_tools()
     return "\n".join(lines).rstrip("\n") + "\n"
 

@@ -44,8 +44,10 @@ def run_main(run: Callable[[], object], argv: list[str] | None = None, hint: str
         sys.exit(1)
     except (KeyboardInterrupt, Terminated) as e:
         name = "SIGTERM" if isinstance(e, Terminated) else "SIGINT"
-        print(f"stopped by {name}: nothing was written under the output name (existing outputs are untouched)",
-              file=sys.stderr)
+        print(
+            f"stopped by {name}: nothing was written under the output name (existing outputs are untouched)",
+            file=sys.stderr,
+        )
         sys.stdout.flush()
         sys.stderr.flush()
         # The cleanup has run; skip interpreter teardown, which can crash while XLA still runs the batch

@@ -30,9 +30,11 @@ def main(argv: Sequence[str]) -> None:
     for name, path in zip(("train", "heldout"), paths):
         counts = manifest[name]
         print(f"{path}: {counts['sentences']} sentences, {counts['tokens']} tokens, {counts['types']} types")
-    print(f"Python {manifest['python'].split()[0]}, {len(manifest['modules'])} modules "
-          f"({len(manifest['missing_modules'])} missing), {manifest['source_files']} files, "
-          f"built in {manifest['build_seconds']} s")
+    print(
+        f"Python {manifest['python'].split()[0]}, {len(manifest['modules'])} modules "
+        f"({len(manifest['missing_modules'])} missing), {manifest['source_files']} files, "
+        f"built in {manifest['build_seconds']} s"
+    )
 
 
 if __name__ == "__main__":

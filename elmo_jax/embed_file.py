@@ -36,17 +36,29 @@ def define_flags() -> None:
     flags.DEFINE_string("input", None, "Text file: one tokenized sentence per line.")
     flags.DEFINE_string("output", None, "The HDF5 file to write.")
     flags.DEFINE_enum("layers", "all", LAYER_MODES, "all: (L+1, n, 2P) per sentence; top, average, mix: (n, 2P).")
-    flags.DEFINE_list("mix_scalars", None, "--layers=mix: the L+1 mix scalars s_j (softmax-normalised), "
-                      "e.g. a trained ScalarMix's; default all 0 (the average).")
+    flags.DEFINE_list(
+        "mix_scalars",
+        None,
+        "--layers=mix: the L+1 mix scalars s_j (softmax-normalised), "
+        "e.g. a trained ScalarMix's; default all 0 (the average).",
+    )
     flags.DEFINE_float("gamma", 1.0, "--layers=mix: the scale gamma.")
     flags.DEFINE_integer("batch_tokens", 4096, "Padded tokens per batch (rows x length bucket); bounds memory.")
     flags.DEFINE_bool("float16", False, "Store float16 vectors (half the size).")
     flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Matmul precision.")
-    flags.DEFINE_enum("blank_lines", "empty", sentence_input.BLANK_LINE_POLICIES,
-                      "Blank lines: an empty (0-token) entry, no entry, or an error.")
+    flags.DEFINE_enum(
+        "blank_lines",
+        "empty",
+        sentence_input.BLANK_LINE_POLICIES,
+        "Blank lines: an empty (0-token) entry, no entry, or an error.",
+    )
     flags.DEFINE_integer("max_sentence_tokens", 1024, "Longest sentence embedded whole.")
-    flags.DEFINE_enum("long_sentences", "error", sentence_input.LONG_SENTENCE_POLICIES,
-                      "A longer sentence: an error, or embedded in pieces of --max_sentence_tokens.")
+    flags.DEFINE_enum(
+        "long_sentences",
+        "error",
+        sentence_input.LONG_SENTENCE_POLICIES,
+        "A longer sentence: an error, or embedded in pieces of --max_sentence_tokens.",
+    )
     flags.DEFINE_bool("bucketing", True, "Group sentences by length (false: batches in input order).")
     flags.DEFINE_bool("sentence_index", True, "Write the sentence_to_index dataset (holds every sentence).")
     flags.DEFINE_bool("progress", True, "Show a progress line on standard error.")
@@ -62,22 +74,39 @@ def run() -> dict:
     try:
         scalars = None if FLAGS.mix_scalars is None else tuple(float(x) for x in FLAGS.mix_scalars)
     except ValueError:
-        raise ValueError(f"--mix_scalars: expected comma-separated numbers, found {','.join(FLAGS.mix_scalars)}") \
-            from None
-    options = Options(layers=FLAGS.layers, mix_scalars=scalars, gamma=FLAGS.gamma, batch_tokens=FLAGS.batch_tokens,
-                      float16=FLAGS.float16, compute_dtype=FLAGS.compute_dtype, blank_lines=FLAGS.blank_lines,
-                      max_sentence_tokens=FLAGS.max_sentence_tokens, long_sentences=FLAGS.long_sentences,
-                      bucketing=FLAGS.bucketing, sentence_index=FLAGS.sentence_index, progress=FLAGS.progress)
+        raise ValueError(
+            f"--mix_scalars: expected comma-separated numbers, found {','.join(FLAGS.mix_scalars)}"
+        ) from None
+    options = Options(
+        layers=FLAGS.layers,
+        mix_scalars=scalars,
+        gamma=FLAGS.gamma,
+        batch_tokens=FLAGS.batch_tokens,
+        float16=FLAGS.float16,
+        compute_dtype=FLAGS.compute_dtype,
+        blank_lines=FLAGS.blank_lines,
+        max_sentence_tokens=FLAGS.max_sentence_tokens,
+        long_sentences=FLAGS.long_sentences,
+        bucketing=FLAGS.bucketing,
+        sentence_index=FLAGS.sentence_index,
+        progress=FLAGS.progress,
+    )
     if options.batch_tokens < 1:
         raise ValueError(f"--batch_tokens must be positive, found {options.batch_tokens}")
     # Everything that can be checked cheaply is, before the model is loaded.
     check_output_path(FLAGS.output)
-    summary = sentence_input.scan(FLAGS.input, blank_lines=options.blank_lines,
-                                  max_tokens=options.max_sentence_tokens, long_sentences=options.long_sentences)
+    summary = sentence_input.scan(
+        FLAGS.input,
+        blank_lines=options.blank_lines,
+        max_tokens=options.max_sentence_tokens,
+        long_sentences=options.long_sentences,
+    )
     params = model_dir.load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
     counts = embed_file(params, FLAGS.input, FLAGS.output, options, summary=summary)
-    print(f"wrote {FLAGS.output}: {counts['sentences']:,} sentences, {counts['tokens']:,} tokens in "
-          f"{counts['seconds']:.1f} s ({counts['batches']} batches, {counts['compiled_shapes']} compiled shapes)")
+    print(
+        f"wrote {FLAGS.output}: {counts['sentences']:,} sentences, {counts['tokens']:,} tokens in "
+        f"{counts['seconds']:.1f} s ({counts['batches']} batches, {counts['compiled_shapes']} compiled shapes)"
+    )
     return counts
 
 

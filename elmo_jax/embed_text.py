@@ -41,13 +41,15 @@ def write_npz(path: str, **arrays) -> None:
 
 def run(argv: list[str]) -> None:
     import elmo_jax  # after flag parsing, so --help is fast
-
     from elmo_jax.formats.model_dir import load_model
 
     sentences = read_sentences(argv[1:])
     params = load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
-    layers, mask = elmo_jax.embed(params, elmo_jax.batch_to_ids(sentences, params.config.max_characters_per_token),
-                                  compute_dtype=FLAGS.compute_dtype)
+    layers, mask = elmo_jax.embed(
+        params,
+        elmo_jax.batch_to_ids(sentences, params.config.max_characters_per_token),
+        compute_dtype=FLAGS.compute_dtype,
+    )
     layers, mask = np.asarray(layers), np.asarray(mask)
     print(f"layers {layers.shape} (sentences, layers, tokens, 2P), mask {mask.shape}")
     for b, sentence in enumerate(sentences):

@@ -27,8 +27,12 @@ def define_flags() -> None:
     flags.DEFINE_string("options", None, "A published-format options JSON (with --weights).")
     flags.DEFINE_string("weights", None, "A published-format HDF5 weight file (with --options).")
     flags.DEFINE_string("vocab", None, "With --options/--weights: a bilm-tf vocabulary file to include.")
-    flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"],
-                      "Matmul precision of the exported extractor (float32: the same numbers on every backend).")
+    flags.DEFINE_enum(
+        "compute_dtype",
+        "float32",
+        ["float32", "bfloat16"],
+        "Matmul precision of the exported extractor (float32: the same numbers on every backend).",
+    )
     flags.DEFINE_bool("overwrite", False, "Replace an existing --output directory.")
 
 
@@ -42,8 +46,14 @@ def run() -> dict:
     # Fail on an unwritable target before loading anything (a large model takes a while to load).
     model_dir.check_target(os.path.abspath(FLAGS.output), FLAGS.overwrite)
     params, vocab_file, source = _from_workdir() if FLAGS.workdir else _from_hdf5()
-    manifest = model_dir.write_model_dir(params, FLAGS.output, vocab_file=vocab_file, source=source,
-                                         compute_dtype=FLAGS.compute_dtype, overwrite=FLAGS.overwrite)
+    manifest = model_dir.write_model_dir(
+        params,
+        FLAGS.output,
+        vocab_file=vocab_file,
+        source=source,
+        compute_dtype=FLAGS.compute_dtype,
+        overwrite=FLAGS.overwrite,
+    )
     total = sum(entry["bytes"] for entry in manifest["files"].values())
     print(f"wrote {FLAGS.output} ({total / 2**20:.1f} MiB: {', '.join(sorted(manifest['files']))}) from {source}")
     return manifest

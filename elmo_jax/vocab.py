@@ -26,8 +26,12 @@ def define_flags() -> None:
     flags.DEFINE_integer("min_count", 1, "Keep words seen at least this often.")
     flags.DEFINE_integer("max_size", None, "Total vocabulary size including <S>, </S>, <UNK>.")
     flags.DEFINE_integer("max_line_chars", text_files.DEFAULT_MAX_LINE_CHARS, "Skip (and count) longer lines.")
-    flags.DEFINE_enum("invalid_utf8", "replace", list(text_files.INVALID_UTF8_POLICIES),
-                      "Lines with invalid UTF-8: keep with U+FFFD (replace) or drop (skip).")
+    flags.DEFINE_enum(
+        "invalid_utf8",
+        "replace",
+        list(text_files.INVALID_UTF8_POLICIES),
+        "Lines with invalid UTF-8: keep with U+FFFD (replace) or drop (skip).",
+    )
     flags.DEFINE_integer("log_every", 1_000_000, "Log progress every this many lines.")
 
 
@@ -42,15 +46,18 @@ def run() -> None:
     if os.path.isdir(output):
         raise IsADirectoryError(f"--output={output} is a directory")
     check_size_args(FLAGS.min_count, FLAGS.max_size)
-    counts, stats = count_tokens(FLAGS.files, max_line_chars=FLAGS.max_line_chars,
-                                 invalid_utf8=FLAGS.invalid_utf8, log_every=FLAGS.log_every)
+    counts, stats = count_tokens(
+        FLAGS.files, max_line_chars=FLAGS.max_line_chars, invalid_utf8=FLAGS.invalid_utf8, log_every=FLAGS.log_every
+    )
     vocab = build_vocab(counts, FLAGS.min_count, FLAGS.max_size)
     vocab.save(output)
     kept = len(vocab) - len(SPECIALS)
     print(stats.summary())
-    print(f"types: {len(counts)} seen, {kept} kept, {len(counts) - kept} dropped "
-          f"(min_count={FLAGS.min_count}, max_size={FLAGS.max_size}); "
-          f"wrote {len(vocab)} entries ({kept} + {', '.join(SPECIALS)}) to {output}")
+    print(
+        f"types: {len(counts)} seen, {kept} kept, {len(counts) - kept} dropped "
+        f"(min_count={FLAGS.min_count}, max_size={FLAGS.max_size}); "
+        f"wrote {len(vocab)} entries ({kept} + {', '.join(SPECIALS)}) to {output}"
+    )
 
 
 def main(argv: Sequence[str]) -> None:

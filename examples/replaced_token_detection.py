@@ -24,12 +24,11 @@ import dataclasses
 import hashlib
 import json
 import os
+import pathlib
 import sys
 import tempfile
 import time
-from typing import Sequence
-
-import pathlib
+from collections.abc import Sequence
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # a checkout runs it without installing
 
@@ -88,8 +87,9 @@ def split_by_hash(sentences: list[list[str]], test_fraction: float) -> tuple[lis
     return train, test
 
 
-def corrupt(sentences: list[list[str]], copies: int, pool: np.ndarray, prob: float,
-            rng: np.random.Generator) -> TaskData:
+def corrupt(
+    sentences: list[list[str]], copies: int, pool: np.ndarray, prob: float, rng: np.random.Generator
+) -> TaskData:
     """`copies` corrupted versions of each sentence; replacements are drawn from `pool` (a token list,
     so by unigram frequency) and always differ from the token they replace."""
     out, labels = [], []
@@ -120,8 +120,10 @@ def make_task(settings: Settings) -> tuple[TaskData, TaskData]:
     train, test = split_by_hash(sentences, settings.test_fraction)
     rng = np.random.default_rng(settings.seed)
     pool = np.array([w for s in train for w in s])
-    return (corrupt(train, settings.train_copies, pool, settings.replace_prob, rng),
-            corrupt(test, settings.test_copies, pool, settings.replace_prob, rng))
+    return (
+        corrupt(train, settings.train_copies, pool, settings.replace_prob, rng),
+        corrupt(test, settings.test_copies, pool, settings.replace_prob, rng),
+    )
 
 
 def encode(data: TaskData, word_index: dict[str, int], rows: Sequence[int], max_chars: int):
@@ -153,19 +155,22 @@ def build_tagger(n_words: int, bilm):
             x = nn.Embed(n_words, 64, name="word_embedding")(words)  # (B, T, 64)
             if bilm is not None:
                 (elmo,), _ = elmo_jax.ElmoTaskLayers(bilm=bilm, dropout=0.5, l2_coef=0.001, name="elmo")(
-                    chars, deterministic=deterministic)  # (B, T, 2P)
+                    chars, deterministic=deterministic
+                )  # (B, T, 2P)
                 x = jnp.concatenate([x, elmo], axis=-1)
             x = nn.Dropout(0.3)(x, deterministic=deterministic)
             lengths = jnp.sum(mask, axis=1)
             x = nn.Bidirectional(nn.RNN(nn.OptimizedLSTMCell(64)), nn.RNN(nn.OptimizedLSTMCell(64)))(
-                x, seq_lengths=lengths)  # (B, T, 128)
+                x, seq_lengths=lengths
+            )  # (B, T, 128)
             return nn.Dense(2)(x)  # (B, T, 2) logits
 
     return Tagger()
 
 
-def train_and_test(name: str, bilm, train: TaskData, test: TaskData, word_index: dict[str, int],
-                   settings: Settings, max_chars: int) -> dict:
+def train_and_test(
+    name: str, bilm, train: TaskData, test: TaskData, word_index: dict[str, int], settings: Settings, max_chars: int
+) -> dict:
     """Trains one tagger and returns its test figures."""
     import jax
     import jax.numpy as jnp
@@ -183,8 +188,9 @@ def train_and_test(name: str, bilm, train: TaskData, test: TaskData, word_index:
     @jax.jit
     def step(params, opt_state, words, chars, labels, mask, key):
         def loss_fn(p):
-            logits, state = model.apply({"params": p}, words, chars, mask, deterministic=False,
-                                        rngs={"dropout": key}, mutable=["losses"])
+            logits, state = model.apply(
+                {"params": p}, words, chars, mask, deterministic=False, rngs={"dropout": key}, mutable=["losses"]
+            )
             ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
             return jnp.sum(jnp.where(mask, ce, 0.0)) / jnp.sum(mask) + elmo_jax.elmo_penalty(state)
 
@@ -214,10 +220,17 @@ def train_and_test(name: str, bilm, train: TaskData, test: TaskData, word_index:
     tp, fp, fn = counts[1, 1], counts[0, 1], counts[1, 0]
     precision = tp / max(tp + fp, 1)
     recall = tp / max(tp + fn, 1)
-    return {"model": name, "accuracy": float(np.trace(counts) / counts.sum()), "precision": float(precision),
-            "recall": float(recall), "f1": float(2 * precision * recall / max(precision + recall, 1e-12)),
-            "final_train_loss": float(loss), "test_tokens": int(counts.sum()),
-            "replaced_share": float(counts[1].sum() / counts.sum()), "train_seconds": round(train_s, 1)}
+    return {
+        "model": name,
+        "accuracy": float(np.trace(counts) / counts.sum()),
+        "precision": float(precision),
+        "recall": float(recall),
+        "f1": float(2 * precision * recall / max(precision + recall, 1e-12)),
+        "final_train_loss": float(loss),
+        "test_tokens": int(counts.sum()),
+        "replaced_share": float(counts[1].sum() / counts.sum()),
+        "train_seconds": round(train_s, 1),
+    }
 
 
 def load_bilm(bilm_dir: str):
@@ -226,8 +239,9 @@ def load_bilm(bilm_dir: str):
     if not bilm_dir:
         raise ValueError("--biLM is required: the directory train.py exports (WORKDIR/export)")
     if not os.path.isdir(bilm_dir):
-        raise FileNotFoundError(f"--biLM: {bilm_dir} is not a directory (expected WORKDIR/export with options.json "
-                                "and weights.hdf5)")
+        raise FileNotFoundError(
+            f"--biLM: {bilm_dir} is not a directory (expected WORKDIR/export with options.json and weights.hdf5)"
+        )
     return elmo_jax.load_hdf5(os.path.join(bilm_dir, "options.json"), os.path.join(bilm_dir, "weights.hdf5"))
 
 
@@ -239,8 +253,11 @@ def run(settings: Settings) -> list[dict]:
     train, test = make_task(settings)
     words = sorted({w for s in train.sentences for w in s})
     word_index = {w: i + 2 for i, w in enumerate(words)}  # 0 padding, 1 UNK
-    print(f"task: {len(train.sentences)} train / {len(test.sentences)} test sentences, "
-          f"{sum(len(s) for s in test.sentences)} test tokens, {len(word_index)} word types", flush=True)
+    print(
+        f"task: {len(train.sentences)} train / {len(test.sentences)} test sentences, "
+        f"{sum(len(s) for s in test.sentences)} test tokens, {len(word_index)} word types",
+        flush=True,
+    )
     max_chars = bilm.config.max_characters_per_token
     results = []
     for name, features in (("words only", None), ("words + ELMo", bilm)):
@@ -256,10 +273,15 @@ def run(settings: Settings) -> list[dict]:
 
 def define_flags() -> None:
     """The CLI's flags, defined only when run as a script (so importing the module defines none)."""
-    flags.DEFINE_string("biLM", None, "Directory with the biLM's options.json and weights.hdf5 (train.py's "
-                        "WORKDIR/export).")
-    flags.DEFINE_string("text", "", "Held-out text, one tokenized sentence per line; default: the default corpus's "
-                        "heldout split (what configs/demo.py did not train on).")
+    flags.DEFINE_string(
+        "biLM", None, "Directory with the biLM's options.json and weights.hdf5 (train.py's WORKDIR/export)."
+    )
+    flags.DEFINE_string(
+        "text",
+        "",
+        "Held-out text, one tokenized sentence per line; default: the default corpus's "
+        "heldout split (what configs/demo.py did not train on).",
+    )
     flags.DEFINE_integer("steps", 600, "Training steps of each tagger.")
     flags.DEFINE_integer("batch_size", 32, "Sentences per step.")
     flags.DEFINE_integer("train_copies", 4, "Corrupted copies of each task-train sentence.")
@@ -274,10 +296,19 @@ def define_flags() -> None:
 def main(argv: list[str]) -> None:
     from elmo_jax import cli
 
-    settings = Settings(bilm_dir=FLAGS.biLM or "", text=FLAGS.text, steps=FLAGS.steps, batch_size=FLAGS.batch_size,
-                        train_copies=FLAGS.train_copies, test_copies=FLAGS.test_copies,
-                        test_fraction=FLAGS.test_fraction, replace_prob=FLAGS.replace_prob, seed=FLAGS.seed,
-                        learning_rate=FLAGS.learning_rate, max_tokens=FLAGS.max_tokens)
+    settings = Settings(
+        bilm_dir=FLAGS.biLM or "",
+        text=FLAGS.text,
+        steps=FLAGS.steps,
+        batch_size=FLAGS.batch_size,
+        train_copies=FLAGS.train_copies,
+        test_copies=FLAGS.test_copies,
+        test_fraction=FLAGS.test_fraction,
+        replace_prob=FLAGS.replace_prob,
+        seed=FLAGS.seed,
+        learning_rate=FLAGS.learning_rate,
+        max_tokens=FLAGS.max_tokens,
+    )
     cli.run_main(lambda: run(settings), argv)
 
 

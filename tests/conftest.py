@@ -92,8 +92,11 @@ def command_compilation_cache(tmp_path_factory):
     notebooks' kernels): the same small programs are compiled once per session instead of once per
     process. Set after this process imported jax, so it applies to the children only."""
     cache = tmp_path_factory.mktemp("jax_compilation_cache")
-    names = {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    names = {
+        "JAX_COMPILATION_CACHE_DIR": str(cache),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
     previous = {k: os.environ.get(k) for k in names}
     os.environ.update(names)
     yield cache
@@ -123,9 +126,6 @@ class TrainedRun:
     workdir: str
     config: object
     final: dict
-
-
-
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,9 @@ def test_every_public_name_and_cli_is_documented():
     text = _make_api().render()
     for name in elmo_jax.__all__:
         assert f"\n### {name}\n" in text, name
-        assert "*(no docstring)*" not in text.split(f"\n### {name}\n", 1)[1].split("\n### ", 1)[0], \
+        assert "*(no docstring)*" not in text.split(f"\n### {name}\n", 1)[1].split("\n### ", 1)[0], (
             f"elmo_jax.{name} has no docstring"
+        )
     for command in ("python train.py", "python -m elmo_jax.export", "python -m elmo_jax.embed_file"):
         assert f"### `{command}`" in text
     assert "| `--workdir` |" in text and "| `--output` |" in text
@@ -41,4 +42,3 @@ def test_check_mode_fails_on_a_stale_file(tmp_path, monkeypatch):
     assert make_api.main(["--check"]) == 1
     assert make_api.main(["--bogus"]) == 1
     assert stale.read_text(encoding="utf-8") == "# old\n"
-

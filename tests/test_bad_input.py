@@ -27,8 +27,10 @@ embed_module = importlib.import_module("elmo_jax.features.embed")  # `elmo_jax.e
 @pytest.fixture
 def no_compute(monkeypatch):
     """Makes any call into the jitted forward pass fail, so a test proves its error came first."""
+
     def forbidden(*args, **kwargs):
         raise AssertionError("embed started computing before rejecting its input")
+
     monkeypatch.setattr(embed_module, "_embed_jit", forbidden)
 
 
@@ -44,19 +46,22 @@ def _with(ids, index, value):
     return ids
 
 
-@pytest.mark.parametrize("make_ids,message", [
-    (lambda ids: _with(ids, (1, 0, 3), 262), r"\[0, 262\).*found 262 at index \(1, 0, 3\)"),
-    (lambda ids: _with(ids, (2, 0, 0), -1), r"\[0, 262\).*found -1 at index \(2, 0, 0\)"),
-    (lambda ids: ids.astype(np.float32), r"integer.*float32"),
-    (lambda ids: ids > 0, r"integer.*bool"),
-    (lambda ids: ids[0], r"expected shape \(batch, tokens, 50\), found \(4, 50\)"),
-    (lambda ids: ids[None], r"expected shape \(batch, tokens, 50\), found \(1, 3, 4, 50\)"),
-    (lambda ids: ids[:, :, :49], r"expected shape \(batch, tokens, 50\), found \(3, 4, 49\)"),
-    (lambda ids: ids[:0], r"empty batch of shape \(0, 4, 50\)"),
-    (lambda ids: ids[:, :0], r"empty batch of shape \(3, 0, 50\)"),
-    (lambda ids: _with(ids, (0, 1), 0), r"row 0 has a token at position 2 after a padding token"),
-], ids=["id_262", "id_minus_1", "float", "bool", "rank_2", "rank_4", "49_chars", "zero_batch", "zero_time",
-        "gap"])
+@pytest.mark.parametrize(
+    "make_ids,message",
+    [
+        (lambda ids: _with(ids, (1, 0, 3), 262), r"\[0, 262\).*found 262 at index \(1, 0, 3\)"),
+        (lambda ids: _with(ids, (2, 0, 0), -1), r"\[0, 262\).*found -1 at index \(2, 0, 0\)"),
+        (lambda ids: ids.astype(np.float32), r"integer.*float32"),
+        (lambda ids: ids > 0, r"integer.*bool"),
+        (lambda ids: ids[0], r"expected shape \(batch, tokens, 50\), found \(4, 50\)"),
+        (lambda ids: ids[None], r"expected shape \(batch, tokens, 50\), found \(1, 3, 4, 50\)"),
+        (lambda ids: ids[:, :, :49], r"expected shape \(batch, tokens, 50\), found \(3, 4, 49\)"),
+        (lambda ids: ids[:0], r"empty batch of shape \(0, 4, 50\)"),
+        (lambda ids: ids[:, :0], r"empty batch of shape \(3, 0, 50\)"),
+        (lambda ids: _with(ids, (0, 1), 0), r"row 0 has a token at position 2 after a padding token"),
+    ],
+    ids=["id_262", "id_minus_1", "float", "bool", "rank_2", "rank_4", "49_chars", "zero_batch", "zero_time", "gap"],
+)
 def test_embed_rejects_bad_char_ids(tiny_params, good_ids, no_compute, make_ids, message):
     """Out-of-range ids, non-integer dtypes, wrong rank or width, empty batches and a padding token
     before a real one are reported with the value, index or shape found."""
@@ -73,8 +78,10 @@ def test_embed_rejects_non_params(tiny_params, good_ids, no_compute):
 def test_embed_rejects_initial_state_of_wrong_shape(tiny_params, good_ids, no_compute):
     """A state from a batch of another size is caught, naming expected and found shapes."""
     wrong = elmo_jax.zero_state(tiny_params.config, batch_size=2)
-    with pytest.raises(ValueError, match=re.escape("initial_state.c: expected float (2, 2, 3, 32)")
-                       + r".*" + re.escape("(2, 2, 2, 32)")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape("initial_state.c: expected float (2, 2, 3, 32)") + r".*" + re.escape("(2, 2, 2, 32)"),
+    ):
         elmo_jax.embed(tiny_params, good_ids, initial_state=wrong)
 
 
@@ -102,14 +109,18 @@ def test_embed_rejects_bad_unroll(tiny_params, good_ids, no_compute, unroll):
 # ----------------------------------------------------------------------------- batch_to_ids
 
 
-@pytest.mark.parametrize("sentences,message", [
-    ([], r"sentences is empty"),
-    ("a sentence", r"sentences must be a list.*found str"),
-    ([["ok"], "not split"], r"sentence 1 must be a list of str tokens, found str.*split"),
-    ([["ok", 7]], r"sentence 0, token 1: expected str, found int 7"),
-    ([["ok", None]], r"sentence 0, token 1: expected str, found NoneType"),
-    (None, r"sentences must be a list.*found NoneType"),
-], ids=["empty", "str", "sentence_str", "int_token", "none_token", "none"])
+@pytest.mark.parametrize(
+    "sentences,message",
+    [
+        ([], r"sentences is empty"),
+        ("a sentence", r"sentences must be a list.*found str"),
+        ([["ok"], "not split"], r"sentence 1 must be a list of str tokens, found str.*split"),
+        ([["ok", 7]], r"sentence 0, token 1: expected str, found int 7"),
+        ([["ok", None]], r"sentence 0, token 1: expected str, found NoneType"),
+        (None, r"sentences must be a list.*found NoneType"),
+    ],
+    ids=["empty", "str", "sentence_str", "int_token", "none_token", "none"],
+)
 def test_batch_to_ids_rejects_bad_sentences(sentences, message):
     """A str where a list is expected would otherwise be split into characters silently."""
     with pytest.raises(ValueError, match=message):
@@ -140,9 +151,11 @@ def copy_weights(src, dst, drop=(), replace=None, add=None):
     """Copies an HDF5 weight file dataset by dataset, dropping, replacing or adding some."""
     replace, add = replace or {}, add or {}
     with h5py.File(src, "r") as fin, h5py.File(dst, "w") as fout:
+
         def visit(name, obj):
             if isinstance(obj, h5py.Dataset) and name not in drop:
                 fout.create_dataset(name, data=replace.get(name, obj[...]))
+
         fin.visititems(visit)
         for name, value in add.items():
             fout.create_dataset(name, data=value)
@@ -205,8 +218,7 @@ def test_weight_file_missing_a_dataset(fixture_dir, tmp_path):
 def test_weight_file_with_a_wrongly_shaped_dataset(fixture_dir, tmp_path):
     """The message names the key, the shape found and the shape the options expect."""
     weights = tmp_path / "weights.hdf5"
-    copy_weights(fixture_dir / "weights.hdf5", weights,
-                 replace={"CNN_high_0/W_carry": np.zeros((28, 27), np.float32)})
+    copy_weights(fixture_dir / "weights.hdf5", weights, replace={"CNN_high_0/W_carry": np.zeros((28, 27), np.float32)})
     with pytest.raises(ValueError, match=re.escape("'CNN_high_0/W_carry' has shape (28, 27), expected (28, 28)")):
         elmo_jax.load_hdf5(fixture_dir / "options.json", weights)
 
@@ -228,13 +240,21 @@ def test_weight_file_with_integer_dataset(fixture_dir, tmp_path):
         elmo_jax.load_hdf5(fixture_dir / "options.json", weights)
 
 
-@pytest.mark.parametrize("edit,message", [
-    (lambda o: o["char_cnn"].update(n_highway=2),
-     re.escape("missing dataset 'CNN_high_1/W_carry' (expected shape (28, 28))")),
-    (lambda o: o["lstm"].update(dim=64),
-     re.escape("'RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0' has shape (32, 128), expected (32, 256)")),
-    (lambda o: o["lstm"].update(n_layers=1), r"Cell1.*not described by the options"),
-], ids=["n_highway_2", "lstm_dim_64", "n_layers_1"])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (
+            lambda o: o["char_cnn"].update(n_highway=2),
+            re.escape("missing dataset 'CNN_high_1/W_carry' (expected shape (28, 28))"),
+        ),
+        (
+            lambda o: o["lstm"].update(dim=64),
+            re.escape("'RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/W_0' has shape (32, 128), expected (32, 256)"),
+        ),
+        (lambda o: o["lstm"].update(n_layers=1), r"Cell1.*not described by the options"),
+    ],
+    ids=["n_highway_2", "lstm_dim_64", "n_layers_1"],
+)
 def test_options_contradicting_the_weights(fixture_dir, tmp_path, edit, message):
     """Options that describe a different model than the weight file name the first disagreeing dataset."""
     options = write_options(tmp_path / "options.json", fixture_dir, edit)
@@ -250,13 +270,17 @@ def test_options_that_are_not_json(fixture_dir, tmp_path):
         elmo_jax.load_hdf5(options, fixture_dir / "weights.hdf5")
 
 
-@pytest.mark.parametrize("edit,message", [
-    (lambda o: o.pop("lstm"), r"section 'lstm'"),
-    (lambda o: o["char_cnn"].update(n_characters=300), r"n_characters.*261.*262.*found 300"),
-    (lambda o: o["char_cnn"].update(activation="gelu"), r"activation.*'gelu'"),
-    (lambda o: o["lstm"].pop("projection_dim"), r"lstm\.projection_dim"),
-    (lambda o: o["char_cnn"].update(filters=[[1, "4"]]), r"char_cnn\.filters"),
-], ids=["no_lstm", "n_characters_300", "gelu", "no_projection_dim", "string_filter"])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda o: o.pop("lstm"), r"section 'lstm'"),
+        (lambda o: o["char_cnn"].update(n_characters=300), r"n_characters.*261.*262.*found 300"),
+        (lambda o: o["char_cnn"].update(activation="gelu"), r"activation.*'gelu'"),
+        (lambda o: o["lstm"].pop("projection_dim"), r"lstm\.projection_dim"),
+        (lambda o: o["char_cnn"].update(filters=[[1, "4"]]), r"char_cnn\.filters"),
+    ],
+    ids=["no_lstm", "n_characters_300", "gelu", "no_projection_dim", "string_filter"],
+)
 def test_invalid_options(fixture_dir, tmp_path, edit, message):
     """Invalid options are reported with the options file's path and the offending key."""
     options = write_options(tmp_path / "options.json", fixture_dir, edit)

@@ -57,66 +57,179 @@ def files(tmp_path_factory, fixture_dir, tiny_params):
 
 CLI_CASES = {
     # name: (argv built from the files fixture, expected parts of the error line)
-    "train: missing config file": (lambda f: ["train.py", "--config=configs/no_such_config.py",
-                                              f"--workdir={f['root'] / 'w0'}"], ["configs/no_such_config.py"]),
-    "train: corpus is a directory": (lambda f: ["train.py", "--config=configs/demo.py", f"--workdir={f['root'] / 'w1'}",
-                                                f"--config.data.train_files={f['dir']}"], ["a_directory", "is a directory"]),
-    "train: empty corpus": (lambda f: ["train.py", "--config=configs/demo.py", f"--workdir={f['root'] / 'w2'}",
-                                       f"--config.data.train_files={f['empty']}"], ["empty.txt", "empty"]),
-    "train: workdir is a file": (lambda f: ["train.py", "--config=configs/demo.py", f"--workdir={f['good']}"],
-                                 ["good.txt"]),
-    "train: unwritable workdir": (lambda f: ["train.py", "--config=configs/demo.py", f"--workdir={UNWRITABLE}/w"],
-                                  [f"{UNWRITABLE}/w"]),
-    "train: vocab file is a directory": (lambda f: ["train.py", "--config=configs/demo.py",
-                                                    f"--workdir={f['root'] / 'w3'}", f"--config.data.train_files={f['good']}",
-                                                    f"--config.data.vocab_file={f['dir']}"], ["a_directory", "directory"]),
+    "train: missing config file": (
+        lambda f: ["train.py", "--config=configs/no_such_config.py", f"--workdir={f['root'] / 'w0'}"],
+        ["configs/no_such_config.py"],
+    ),
+    "train: corpus is a directory": (
+        lambda f: [
+            "train.py",
+            "--config=configs/demo.py",
+            f"--workdir={f['root'] / 'w1'}",
+            f"--config.data.train_files={f['dir']}",
+        ],
+        ["a_directory", "is a directory"],
+    ),
+    "train: empty corpus": (
+        lambda f: [
+            "train.py",
+            "--config=configs/demo.py",
+            f"--workdir={f['root'] / 'w2'}",
+            f"--config.data.train_files={f['empty']}",
+        ],
+        ["empty.txt", "empty"],
+    ),
+    "train: workdir is a file": (
+        lambda f: ["train.py", "--config=configs/demo.py", f"--workdir={f['good']}"],
+        ["good.txt"],
+    ),
+    "train: unwritable workdir": (
+        lambda f: ["train.py", "--config=configs/demo.py", f"--workdir={UNWRITABLE}/w"],
+        [f"{UNWRITABLE}/w"],
+    ),
+    "train: vocab file is a directory": (
+        lambda f: [
+            "train.py",
+            "--config=configs/demo.py",
+            f"--workdir={f['root'] / 'w3'}",
+            f"--config.data.train_files={f['good']}",
+            f"--config.data.vocab_file={f['dir']}",
+        ],
+        ["a_directory", "directory"],
+    ),
     "vocab: output directory missing": (
         lambda f: ["elmo_jax.vocab", f"--files={f['good']}", f"--output={f['root'] / 'no' / 'v.txt'}"],
-        ["does not exist"]),
-    "vocab: empty corpus": (lambda f: ["elmo_jax.vocab", f"--files={f['empty']}",
-                                       f"--output={f['existing_output']}"], ["empty.txt"]),
-    "vocab: output is a directory": (lambda f: ["elmo_jax.vocab", f"--files={f['good']}", f"--output={f['dir']}"],
-                                     ["a_directory"]),
-    "vocab: read-only output": (lambda f: ["elmo_jax.vocab", f"--files={f['good']}",
-                                           f"--output={UNWRITABLE}/vocab.txt"], [f"cannot write {UNWRITABLE}/vocab.txt"]),
-    "evaluate: workdir is a file": (lambda f: ["elmo_jax.evaluate", f"--workdir={f['good']}"],
-                                    ["good.txt", "not a directory"]),
-    "evaluate: workdir without checkpoints": (lambda f: ["elmo_jax.evaluate", f"--workdir={f['dir']}"],
-                                              ["no checkpoint"]),
-    "export: truncated weights": (lambda f: ["elmo_jax.export", f"--options={f['options']}",
-                                             f"--weights={f['truncated_hdf5']}", f"--output={f['root'] / 'm1'}"],
-                                  ["truncated_hdf5.txt"]),
-    "export: options is a directory": (lambda f: ["elmo_jax.export", f"--options={f['dir']}",
-                                                  f"--weights={f['weights']}", f"--output={f['root'] / 'm2'}"],
-                                       ["a_directory"]),
-    "export: read-only output": (lambda f: ["elmo_jax.export", f"--options={f['options']}",
-                                            f"--weights={f['weights']}", f"--output={UNWRITABLE}/model"],
-                                 [f"{UNWRITABLE}/model"]),
+        ["does not exist"],
+    ),
+    "vocab: empty corpus": (
+        lambda f: ["elmo_jax.vocab", f"--files={f['empty']}", f"--output={f['existing_output']}"],
+        ["empty.txt"],
+    ),
+    "vocab: output is a directory": (
+        lambda f: ["elmo_jax.vocab", f"--files={f['good']}", f"--output={f['dir']}"],
+        ["a_directory"],
+    ),
+    "vocab: read-only output": (
+        lambda f: ["elmo_jax.vocab", f"--files={f['good']}", f"--output={UNWRITABLE}/vocab.txt"],
+        [f"cannot write {UNWRITABLE}/vocab.txt"],
+    ),
+    "evaluate: workdir is a file": (
+        lambda f: ["elmo_jax.evaluate", f"--workdir={f['good']}"],
+        ["good.txt", "not a directory"],
+    ),
+    "evaluate: workdir without checkpoints": (
+        lambda f: ["elmo_jax.evaluate", f"--workdir={f['dir']}"],
+        ["no checkpoint"],
+    ),
+    "export: truncated weights": (
+        lambda f: [
+            "elmo_jax.export",
+            f"--options={f['options']}",
+            f"--weights={f['truncated_hdf5']}",
+            f"--output={f['root'] / 'm1'}",
+        ],
+        ["truncated_hdf5.txt"],
+    ),
+    "export: options is a directory": (
+        lambda f: [
+            "elmo_jax.export",
+            f"--options={f['dir']}",
+            f"--weights={f['weights']}",
+            f"--output={f['root'] / 'm2'}",
+        ],
+        ["a_directory"],
+    ),
+    "export: read-only output": (
+        lambda f: [
+            "elmo_jax.export",
+            f"--options={f['options']}",
+            f"--weights={f['weights']}",
+            f"--output={UNWRITABLE}/model",
+        ],
+        [f"{UNWRITABLE}/model"],
+    ),
     "export: existing output without --overwrite": (
-        lambda f: ["elmo_jax.export", f"--options={f['options']}", f"--weights={f['weights']}",
-                   f"--output={f['model']}"], ["already exists", "--overwrite"]),
-    "embed_file: non-UTF-8 line": (lambda f: ["elmo_jax.embed_file", f"--model={f['model']}",
-                                              f"--input={f['non_utf8']}", f"--output={f['existing_output']}"],
-                                   ["non_utf8.txt:2", "UTF-8"]),
-    "embed_file: NUL byte": (lambda f: ["elmo_jax.embed_file", f"--model={f['model']}", f"--input={f['nul']}",
-                                        f"--output={f['existing_output']}"], ["nul.txt:2", "NUL byte"]),
-    "embed_file: 10 MB line": (lambda f: ["elmo_jax.embed_file", f"--model={f['model']}",
-                                          f"--input={f['ten_mb_line']}", f"--output={f['existing_output']}"],
-                               ["ten_mb_line.txt:1", "2,097,152 tokens", "--max_sentence_tokens", "--long_sentences"]),
-    "embed_file: empty input": (lambda f: ["elmo_jax.embed_file", f"--model={f['model']}", f"--input={f['empty']}",
-                                           f"--output={f['existing_output']}"], ["empty.txt", "empty"]),
-    "embed_file: input is a directory": (lambda f: ["elmo_jax.embed_file", f"--model={f['model']}",
-                                                    f"--input={f['dir']}", f"--output={f['root'] / 'o.hdf5'}"],
-                                         ["a_directory", "is a directory"]),
-    "embed_file: read-only output": (lambda f: ["elmo_jax.embed_file", f"--model={f['model']}",
-                                                f"--input={f['good']}", f"--output={UNWRITABLE}/out.hdf5"],
-                                     [f"{UNWRITABLE}/out.hdf5"]),
-    "embed_file: model is a file": (lambda f: ["elmo_jax.embed_file", f"--model={f['good']}",
-                                               f"--input={f['good']}", f"--output={f['root'] / 'o.hdf5'}"],
-                                    ["good.txt", "expected a model directory"]),
-    "embed_file: truncated weights": (lambda f: ["elmo_jax.embed_file", f"--options={f['options']}",
-                                                 f"--weights={f['truncated_hdf5']}", f"--input={f['good']}",
-                                                 f"--output={f['root'] / 'o.hdf5'}"], ["truncated_hdf5.txt"]),
+        lambda f: [
+            "elmo_jax.export",
+            f"--options={f['options']}",
+            f"--weights={f['weights']}",
+            f"--output={f['model']}",
+        ],
+        ["already exists", "--overwrite"],
+    ),
+    "embed_file: non-UTF-8 line": (
+        lambda f: [
+            "elmo_jax.embed_file",
+            f"--model={f['model']}",
+            f"--input={f['non_utf8']}",
+            f"--output={f['existing_output']}",
+        ],
+        ["non_utf8.txt:2", "UTF-8"],
+    ),
+    "embed_file: NUL byte": (
+        lambda f: [
+            "elmo_jax.embed_file",
+            f"--model={f['model']}",
+            f"--input={f['nul']}",
+            f"--output={f['existing_output']}",
+        ],
+        ["nul.txt:2", "NUL byte"],
+    ),
+    "embed_file: 10 MB line": (
+        lambda f: [
+            "elmo_jax.embed_file",
+            f"--model={f['model']}",
+            f"--input={f['ten_mb_line']}",
+            f"--output={f['existing_output']}",
+        ],
+        ["ten_mb_line.txt:1", "2,097,152 tokens", "--max_sentence_tokens", "--long_sentences"],
+    ),
+    "embed_file: empty input": (
+        lambda f: [
+            "elmo_jax.embed_file",
+            f"--model={f['model']}",
+            f"--input={f['empty']}",
+            f"--output={f['existing_output']}",
+        ],
+        ["empty.txt", "empty"],
+    ),
+    "embed_file: input is a directory": (
+        lambda f: [
+            "elmo_jax.embed_file",
+            f"--model={f['model']}",
+            f"--input={f['dir']}",
+            f"--output={f['root'] / 'o.hdf5'}",
+        ],
+        ["a_directory", "is a directory"],
+    ),
+    "embed_file: read-only output": (
+        lambda f: [
+            "elmo_jax.embed_file",
+            f"--model={f['model']}",
+            f"--input={f['good']}",
+            f"--output={UNWRITABLE}/out.hdf5",
+        ],
+        [f"{UNWRITABLE}/out.hdf5"],
+    ),
+    "embed_file: model is a file": (
+        lambda f: [
+            "elmo_jax.embed_file",
+            f"--model={f['good']}",
+            f"--input={f['good']}",
+            f"--output={f['root'] / 'o.hdf5'}",
+        ],
+        ["good.txt", "expected a model directory"],
+    ),
+    "embed_file: truncated weights": (
+        lambda f: [
+            "elmo_jax.embed_file",
+            f"--options={f['options']}",
+            f"--weights={f['truncated_hdf5']}",
+            f"--input={f['good']}",
+            f"--output={f['root'] / 'o.hdf5'}",
+        ],
+        ["truncated_hdf5.txt"],
+    ),
 }
 
 
@@ -145,6 +258,7 @@ def test_a_million_character_token_is_cut_as_allennlp_cuts_it(files, tiny_params
 
 # ----------------------------------------------------------------------------- public functions
 
+
 def good_chars():
     return elmo_jax.batch_to_ids([["the", "cat"], ["a"]])
 
@@ -157,31 +271,65 @@ def chars_with(value, dtype=np.int32):
 
 
 FUNCTION_CASES = {
-    "batch_to_ids: a string, not tokens": (lambda p, f: elmo_jax.batch_to_ids(["the cat"]), ValueError,
-                                           "split the string into tokens"),
-    "batch_to_ids: bytes token": (lambda p, f: elmo_jax.batch_to_ids([["the", b"cat"]]), ValueError,
-                                  "sentence 0, token 1: expected str"),
+    "batch_to_ids: a string, not tokens": (
+        lambda p, f: elmo_jax.batch_to_ids(["the cat"]),
+        ValueError,
+        "split the string into tokens",
+    ),
+    "batch_to_ids: bytes token": (
+        lambda p, f: elmo_jax.batch_to_ids([["the", b"cat"]]),
+        ValueError,
+        "sentence 0, token 1: expected str",
+    ),
     "batch_to_ids: no sentences": (lambda p, f: elmo_jax.batch_to_ids([]), ValueError, "at least one sentence"),
-    "embed: float ids": (lambda p, f: elmo_jax.embed(p, good_chars().astype(np.float32)), ValueError,
-                         "expected integer character ids"),
-    "embed: negative id": (lambda p, f: elmo_jax.embed(p, chars_with(-3)), ValueError,
-                           "found -3 at index (0, 1, 2)"),
-    "embed: huge id": (lambda p, f: elmo_jax.embed(p, chars_with(2**31 - 1)), ValueError,
-                       f"found {2**31 - 1} at index (0, 1, 2)"),
-    "embed: int64 huge id": (lambda p, f: elmo_jax.embed(p, chars_with(2**40, np.int64)), ValueError,
-                             f"found {2**40} at index (0, 1, 2)"),
-    "embed: wrong rank": (lambda p, f: elmo_jax.embed(p, good_chars()[0]), ValueError, "expected shape (batch, tokens, 50)"),
-    "embed: not params": (lambda p, f: elmo_jax.embed(p.weights, good_chars()), ValueError, "params must be BiLMParams"),
+    "embed: float ids": (
+        lambda p, f: elmo_jax.embed(p, good_chars().astype(np.float32)),
+        ValueError,
+        "expected integer character ids",
+    ),
+    "embed: negative id": (lambda p, f: elmo_jax.embed(p, chars_with(-3)), ValueError, "found -3 at index (0, 1, 2)"),
+    "embed: huge id": (
+        lambda p, f: elmo_jax.embed(p, chars_with(2**31 - 1)),
+        ValueError,
+        f"found {2**31 - 1} at index (0, 1, 2)",
+    ),
+    "embed: int64 huge id": (
+        lambda p, f: elmo_jax.embed(p, chars_with(2**40, np.int64)),
+        ValueError,
+        f"found {2**40} at index (0, 1, 2)",
+    ),
+    "embed: wrong rank": (
+        lambda p, f: elmo_jax.embed(p, good_chars()[0]),
+        ValueError,
+        "expected shape (batch, tokens, 50)",
+    ),
+    "embed: not params": (
+        lambda p, f: elmo_jax.embed(p.weights, good_chars()),
+        ValueError,
+        "params must be BiLMParams",
+    ),
     "load_hdf5: directory": (lambda p, f: elmo_jax.load_hdf5(f["options"], f["dir"]), IsADirectoryError, "a_directory"),
-    "load_hdf5: truncated": (lambda p, f: elmo_jax.load_hdf5(f["options"], f["truncated_hdf5"]), ValueError,
-                             "truncated_hdf5.txt"),
-    "load_hdf5: not HDF5": (lambda p, f: elmo_jax.load_hdf5(f["options"], f["not_hdf5"]), ValueError,
-                            "not_hdf5.txt: not an HDF5 file"),
+    "load_hdf5: truncated": (
+        lambda p, f: elmo_jax.load_hdf5(f["options"], f["truncated_hdf5"]),
+        ValueError,
+        "truncated_hdf5.txt",
+    ),
+    "load_hdf5: not HDF5": (
+        lambda p, f: elmo_jax.load_hdf5(f["options"], f["not_hdf5"]),
+        ValueError,
+        "not_hdf5.txt: not an HDF5 file",
+    ),
     "load_hdf5: empty": (lambda p, f: elmo_jax.load_hdf5(f["options"], f["empty"]), ValueError, "empty.txt"),
-    "load_hdf5: options not JSON": (lambda p, f: elmo_jax.load_hdf5(f["non_utf8"], f["weights"]), ValueError,
-                                    "non_utf8.txt"),
-    "load: a file, not a directory": (lambda p, f: elmo_jax.load(f["good"]), FileNotFoundError,
-                                      "expected a model directory"),
+    "load_hdf5: options not JSON": (
+        lambda p, f: elmo_jax.load_hdf5(f["non_utf8"], f["weights"]),
+        ValueError,
+        "non_utf8.txt",
+    ),
+    "load: a file, not a directory": (
+        lambda p, f: elmo_jax.load(f["good"]),
+        FileNotFoundError,
+        "expected a model directory",
+    ),
     "load: missing": (lambda p, f: elmo_jax.load(f["root"] / "absent"), FileNotFoundError, "model directory not found"),
     "load: an empty directory": (lambda p, f: elmo_jax.load(f["dir"]), FileNotFoundError, "missing manifest.json"),
 }

@@ -36,7 +36,9 @@ def test_trimmed_positions_equal_the_full_computation(tiny_params):
     assert width == 13
     full = token_embedding(tiny_params.weights, tiny_params.config, ids)
     for positions in (width, 16, 40):
-        trimmed = token_embedding(tiny_params.weights, tiny_params.config, ids, ComputeOptions(content_positions=positions))
+        trimmed = token_embedding(
+            tiny_params.weights, tiny_params.config, ids, ComputeOptions(content_positions=positions)
+        )
         np.testing.assert_allclose(np.asarray(trimmed), np.asarray(full), atol=1e-6, rtol=0)
 
 
@@ -45,13 +47,20 @@ def test_content_width_ignores_padding_tokens_and_counts_every_other_id():
     ids[0, 0] = elmo_jax.model.chars.token_to_raw_ids("abc") + 1  # BOW a b c EOW -> 5
     assert content_width(ids) == 5
     ids[1, 0, :] = 261  # a (strange) token of nothing but PAD counts as having no content
-    ids[1, 0, 20] = 7   # ... until some other id appears at position 20
+    ids[1, 0, 20] = 7  # ... until some other id appears at position 20
     assert content_width(ids) == 21
 
 
 def test_tanh_and_no_highway_trimmed_equal_full():
-    config = elmo_jax.BiLMConfig(char_embed_dim=3, filters=((1, 2), (4, 3), (6, 5)), n_highway=0,
-                                 activation="tanh", lstm_dim=8, projection_dim=4, n_layers=1)
+    config = elmo_jax.BiLMConfig(
+        char_embed_dim=3,
+        filters=((1, 2), (4, 3), (6, 5)),
+        n_highway=0,
+        activation="tanh",
+        lstm_dim=8,
+        projection_dim=4,
+        n_layers=1,
+    )
     params = elmo_jax.init_params(config, jax.random.key(1))
     ids = elmo_jax.batch_to_ids([["a", "bb", "ccccccc", "", "d" * 30]])[0]
     full = token_embedding(params.weights, config, ids)

@@ -11,13 +11,18 @@ import sys
 import pytest
 import tensorflow_datasets as tfds
 
-from elmo_jax.data import tfds_corpus, default_corpus, text_files
+from elmo_jax.data import default_corpus, text_files, tfds_corpus
 
 TRAIN_A = "The  cat sat .\n\n  on the\tmat  \nbad \xff byte\n"
 TRAIN_B = "second file , first line\n" + "x" * 50 + "\nlast line without newline"
 HELDOUT = "a heldout sentence .\nanother one\n"
-TRAIN_EXPECTED = ["The cat sat .", "on the mat", "bad \ufffd byte", "second file , first line",
-                  "last line without newline"]
+TRAIN_EXPECTED = [
+    "The cat sat .",
+    "on the mat",
+    "bad \ufffd byte",
+    "second file , first line",
+    "last line without newline",
+]
 
 
 @pytest.fixture
@@ -46,8 +51,14 @@ def test_local_corpus_round_trip(prepared):
 
 def test_read_counts_are_stored_with_the_dataset(prepared, files, tmp_path):
     stats = tfds_corpus.read_stats(prepared)["train"]
-    assert (stats.files, stats.lines, stats.sentences, stats.blank_lines, stats.long_lines,
-            stats.invalid_utf8_replaced) == (2, 7, 5, 1, 1, 1)
+    assert (
+        stats.files,
+        stats.lines,
+        stats.sentences,
+        stats.blank_lines,
+        stats.long_lines,
+        stats.invalid_utf8_replaced,
+    ) == (2, 7, 5, 1, 1, 1)
     assert stats.examples["long_lines"] == [os.path.abspath(files["train"].replace("*", "01")) + ":2"]
     reread = tfds.builder(tfds_corpus.tfds_name(prepared), data_dir=tmp_path / "tfds")  # from disk only
     assert tfds_corpus.read_stats(reread)["train"] == stats
@@ -56,6 +67,7 @@ def test_read_counts_are_stored_with_the_dataset(prepared, files, tmp_path):
 def test_prepare_is_idempotent_and_never_stale(prepared, files, tmp_path, monkeypatch):
     def no_regeneration(self, **kwargs):
         raise AssertionError("a prepared dataset was generated again")
+
     with monkeypatch.context() as patch:
         patch.setattr(tfds_corpus.LocalTextCorpus, "_generate_examples", no_regeneration)
         again = tfds_corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "tfds", max_line_chars=40)
@@ -67,21 +79,30 @@ def test_prepare_is_idempotent_and_never_stale(prepared, files, tmp_path, monkey
     changed = tfds_corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "tfds", max_line_chars=40)
     assert tfds_corpus.tfds_name(changed) != tfds_corpus.tfds_name(prepared)
     assert tfds_corpus.open_sentences("test", builder=changed)[-1] == "a new line"
-    other_options = tfds_corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "tfds",
-                                                max_line_chars=40, invalid_utf8="skip")
+    other_options = tfds_corpus.prepare_local_corpus(
+        files["train"], files["test"], tmp_path / "tfds", max_line_chars=40, invalid_utf8="skip"
+    )
     assert "bad \ufffd byte" not in list(tfds_corpus.open_sentences("train", builder=other_options))
 
 
 def test_open_sentences_from_files_and_by_name(files, tmp_path):
     data_dir = tmp_path / "tfds"
     train = tfds_corpus.open_sentences("train", files=files, data_dir=data_dir)
-    assert list(train) == TRAIN_EXPECTED[:2] + ["bad \ufffd byte", "second file , first line", "x" * 50,
-                                                 "last line without newline"]  # default line limit
+    assert list(train) == TRAIN_EXPECTED[:2] + [
+        "bad \ufffd byte",
+        "second file , first line",
+        "x" * 50,
+        "last line without newline",
+    ]  # default line limit
     name = train.name.split("[")[0]
     assert list(tfds_corpus.open_sentences("test", tfds_name=name, data_dir=data_dir)) == [
-        "a heldout sentence .", "another one"]
+        "a heldout sentence .",
+        "another one",
+    ]
     assert tfds_corpus.open_sentences("train[1:3]", tfds_name=name, data_dir=data_dir)[:] == [
-        "on the mat", "bad \ufffd byte"]
+        "on the mat",
+        "bad \ufffd byte",
+    ]
 
 
 class Lm1bStandIn(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -93,8 +114,11 @@ class Lm1bStandIn(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     LINES = {"train": ["a  train line", "another"], "test": ["  the test line ", "last"]}
 
     def _info(self):
-        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
-                                     supervised_keys=("text", "text"))
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+            supervised_keys=("text", "text"),
+        )
 
     def _split_generators(self, dl_manager):
         return {split: self._generate_examples(split) for split in self.LINES}
@@ -109,15 +133,20 @@ def test_a_stock_dataset_by_name(tmp_path):
     test = tfds_corpus.open_sentences("test", tfds_name="lm1b", data_dir=tmp_path)
     assert test.name == "lm1b[test]"
     assert sorted(test) == ["last", "the test line"]  # TFDS shuffled them by key when preparing
-    assert sorted(tfds_corpus.open_sentences("train", tfds_name="lm1b", data_dir=tmp_path)) == ["a  train line", "another"]
+    assert sorted(tfds_corpus.open_sentences("train", tfds_name="lm1b", data_dir=tmp_path)) == [
+        "a  train line",
+        "another",
+    ]
 
 
 def test_reading_by_name_needs_neither_this_package_nor_tensorflow(prepared, tmp_path):
-    script = ("import json, sys; import tensorflow_datasets as tfds; "
-              f"src = tfds.data_source({tfds_corpus.tfds_name(prepared)!r}, split='train', "
-              f"data_dir={str(tmp_path / 'tfds')!r}, download=False); "
-              "print(json.dumps([[r['text'].decode() for r in src], 'tensorflow' in sys.modules, "
-              "'elmo_jax' in sys.modules]))")
+    script = (
+        "import json, sys; import tensorflow_datasets as tfds; "
+        f"src = tfds.data_source({tfds_corpus.tfds_name(prepared)!r}, split='train', "
+        f"data_dir={str(tmp_path / 'tfds')!r}, download=False); "
+        "print(json.dumps([[r['text'].decode() for r in src], 'tensorflow' in sys.modules, "
+        "'elmo_jax' in sys.modules]))"
+    )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.splitlines()[-1]) == [TRAIN_EXPECTED, False, False]
@@ -144,13 +173,17 @@ def test_grain_random_access(prepared):
     assert [again[i] for i in range(2 * len(train))] == epochs[0] + epochs[1]  # reproducible from the seed
 
 
-@pytest.mark.parametrize("kwargs,error,message", [
-    (dict(), ValueError, r"exactly one of tfds_name, files, builder; got none"),
-    (dict(tfds_name="lm1b", files={"train": "x"}), ValueError, r"got \['tfds_name', 'files'\]"),
-    (dict(files={"heldout": "x"}), ValueError, r"expected keys 'train' and optionally 'test', found \['heldout'\]"),
-    (dict(tfds_name="lm1b"), FileNotFoundError, r"TFDS dataset 'lm1b' is not prepared in .*lm1b"),
-    (dict(tfds_name="no_such_dataset"), ValueError, r"cannot open TFDS dataset 'no_such_dataset' .*not found\.$"),
-], ids=["none", "two", "bad_files_key", "not_prepared", "unknown"])
+@pytest.mark.parametrize(
+    "kwargs,error,message",
+    [
+        (dict(), ValueError, r"exactly one of tfds_name, files, builder; got none"),
+        (dict(tfds_name="lm1b", files={"train": "x"}), ValueError, r"got \['tfds_name', 'files'\]"),
+        (dict(files={"heldout": "x"}), ValueError, r"expected keys 'train' and optionally 'test', found \['heldout'\]"),
+        (dict(tfds_name="lm1b"), FileNotFoundError, r"TFDS dataset 'lm1b' is not prepared in .*lm1b"),
+        (dict(tfds_name="no_such_dataset"), ValueError, r"cannot open TFDS dataset 'no_such_dataset' .*not found\.$"),
+    ],
+    ids=["none", "two", "bad_files_key", "not_prepared", "unknown"],
+)
 def test_open_sentences_rejects(tmp_path, kwargs, error, message):
     with pytest.raises(error, match=message):
         tfds_corpus.open_sentences("train", data_dir=tmp_path, **kwargs)
@@ -212,8 +245,24 @@ def test_default_corpus_is_in_the_corpus_format(tmp_path):
 
 def test_default_corpus_tokenizer():
     assert default_corpus.tokenize("Use os.path.join(a, b) -- it's 3.14x faster, e.g. here!") == [
-        "Use", "os.path.join", "(", "a", ",", "b", ")", "-", "-", "it's", "3.14x", "faster", ",", "e.g", ".",
-        "here", "!"]
+        "Use",
+        "os.path.join",
+        "(",
+        "a",
+        ",",
+        "b",
+        ")",
+        "-",
+        "-",
+        "it's",
+        "3.14x",
+        "faster",
+        ",",
+        "e.g",
+        ".",
+        "here",
+        "!",
+    ]
 
 
 def test_default_corpus_names_missing_modules(tmp_path):

@@ -46,8 +46,12 @@ def clean_eight(corpus, six_steps, tmp_path_factory):
 def truncate_arrays(step_dir):
     """Cuts every array data file of the checkpoint (OCDBT's `d/` files) in half. (Some of them are
     copies the merged database no longer reads; those restore fine, which is right.)"""
-    files = [os.path.join(root, f) for root, _, names in os.walk(os.path.join(step_dir, "state")) for f in names
-             if os.path.basename(root) == "d"]
+    files = [
+        os.path.join(root, f)
+        for root, _, names in os.walk(os.path.join(step_dir, "state"))
+        for f in names
+        if os.path.basename(root) == "d"
+    ]
     assert files
     for path in files:
         os.truncate(path, os.path.getsize(path) // 2)
@@ -62,13 +66,17 @@ def truncate_meta(step_dir):
     os.truncate(path, os.path.getsize(path) // 2)
 
 
-DAMAGE = {"truncated_arrays": truncate_arrays, "deleted_stream_position": delete_stream_position,
-          "truncated_meta": truncate_meta}
+DAMAGE = {
+    "truncated_arrays": truncate_arrays,
+    "deleted_stream_position": delete_stream_position,
+    "truncated_meta": truncate_meta,
+}
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
-def test_training_falls_back_to_the_previous_checkpoint_loudly(corpus, six_steps, clean_eight, tmp_path, caplog,
-                                                               damage):
+def test_training_falls_back_to_the_previous_checkpoint_loudly(
+    corpus, six_steps, clean_eight, tmp_path, caplog, damage
+):
     """Checkpoint 6 damaged: re-running training names it, moves it aside to 6.corrupt, says it uses
     checkpoint 4, resumes there and ends at step 8 exactly like the undamaged workdir."""
     workdir = tmp_path / "w"
@@ -79,8 +87,10 @@ def test_training_falls_back_to_the_previous_checkpoint_loudly(corpus, six_steps
         train(corpus, workdir, 8)
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith(f"checkpoint {directory / '6'} cannot be restored (") for m in messages), messages
-    assert any(m.startswith(f"USING THE OLDER CHECKPOINT {directory / '4'}: the newer {directory / '6'} cannot")
-               for m in messages), messages
+    assert any(
+        m.startswith(f"USING THE OLDER CHECKPOINT {directory / '4'}: the newer {directory / '6'} cannot")
+        for m in messages
+    ), messages
     assert os.path.isdir(directory / "6.corrupt")  # kept for a person to look at
     assert [r["step"] for r in read_metrics(workdir, "resume")] == [4]
     state, data, _ = start.restore_checkpoint(str(workdir), 8)
@@ -104,7 +114,7 @@ def test_readers_use_the_previous_checkpoint_and_move_nothing(six_steps, tmp_pat
     messages = [r.getMessage() for r in caplog.records]
     assert any(m.startswith(f"USING THE OLDER CHECKPOINT {workdir / 'checkpoints' / '4'}") for m in messages)
     assert tree_digest(workdir) == before
-    with pytest.raises(Exception):  # asking for the damaged step itself fails rather than return garbage
+    with pytest.raises(ValueError):  # asking for the damaged step itself fails rather than return garbage
         start.restore_checkpoint(str(workdir), 6)
 
 

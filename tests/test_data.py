@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from elmo_jax.model.chars import BOS_CHAR, EOS_CHAR, token_to_raw_ids
 from elmo_jax.data.batch_stream import BiLMBatchStream, merge_states
 from elmo_jax.formats.vocab_file import Vocab
+from elmo_jax.model.chars import BOS_CHAR, EOS_CHAR, token_to_raw_ids
 
 # ids: <S>=0 </S>=1 <UNK>=2 a=3 b=4 c=5; "d" and "e" are out of vocabulary.
 SENTENCES = ["a b", "c", "a d e"]
@@ -95,8 +95,10 @@ def test_process_shares_reassemble_the_global_stream(vocab, n_processes):
     sentences = [" ".join(f"t{(i * 5 + j) % 17}" for j in range(1 + i % 7)) for i in range(41)]
     kwargs = dict(batch_size=8, unroll_steps=4, seed=5)
     global_windows = take(BiLMBatchStream(sentences, vocab, **kwargs), 12)
-    shares = [BiLMBatchStream(sentences, vocab, process_index=p, process_count=n_processes, **kwargs)
-              for p in range(n_processes)]
+    shares = [
+        BiLMBatchStream(sentences, vocab, process_index=p, process_count=n_processes, **kwargs)
+        for p in range(n_processes)
+    ]
     share_windows = [take(s, 12) for s in shares]
     for step in range(12):
         for d in ("forward", "backward"):

@@ -22,9 +22,9 @@ import pytest
 
 import elmo_jax
 from elmo_jax.features import file_embedding as ef
-from elmo_jax.formats import model_dir
 from elmo_jax.features.embed import _embed_jit
 from elmo_jax.features.length_buckets import LENGTHS
+from elmo_jax.formats import model_dir
 from tests.support.commands import REPO, command_argv, command_env, error_line, run_command
 
 ATOL = 1e-5  # float32, different batch shapes (see the module doc)
@@ -77,16 +77,24 @@ def references(tiny_params, sentences):
 def test_every_sentence_equals_embed_of_it_alone(tiny_params, sentences, references, tmp_path, layers):
     path = write_lines(tmp_path / "in.txt", sentences)
     scalars = (0.5, -1.0, 2.0) if layers == "mix" else None
-    counts = ef.embed_file(tiny_params, str(path), str(tmp_path / "out.hdf5"),
-                           ef.Options(layers=layers, mix_scalars=scalars, gamma=0.7, batch_tokens=64))
+    counts = ef.embed_file(
+        tiny_params,
+        str(path),
+        str(tmp_path / "out.hdf5"),
+        ef.Options(layers=layers, mix_scalars=scalars, gamma=0.7, batch_tokens=64),
+    )
     vectors, index = read_output(tmp_path / "out.hdf5")
     assert set(vectors) == {str(i) for i in range(len(sentences))}
     assert counts["sentences"] == len(sentences) and counts["blank_lines"] == 1
     s = np.exp(np.array(scalars or (0.0, 0.0, 0.0)))
     mix = 0.7 * s / s.sum()
     for name, all_layers in references.items():
-        expected = {"all": all_layers, "top": all_layers[-1], "average": all_layers.mean(axis=0),
-                    "mix": np.einsum("l,lnd->nd", mix, all_layers)}[layers]
+        expected = {
+            "all": all_layers,
+            "top": all_layers[-1],
+            "average": all_layers.mean(axis=0),
+            "mix": np.einsum("l,lnd->nd", mix, all_layers),
+        }[layers]
         assert vectors[name].dtype == np.float32 and vectors[name].shape == expected.shape, name
         np.testing.assert_allclose(vectors[name], expected, rtol=0, atol=ATOL, err_msg=name)
     assert index == {line.strip(): str(i) for i, line in enumerate(sentences)}
@@ -98,7 +106,7 @@ def test_float16_halves_the_size_and_keeps_the_values(tiny_params, sentences, re
     vectors, _ = read_output(tmp_path / "16.hdf5")
     for name, expected in references.items():
         assert vectors[name].dtype == np.float16
-        np.testing.assert_allclose(vectors[name].astype(np.float32), expected, rtol=2 ** -10, atol=1e-4)
+        np.testing.assert_allclose(vectors[name].astype(np.float32), expected, rtol=2**-10, atol=1e-4)
 
 
 def test_input_order_batching_gives_the_same_vectors(tiny_params, sentences, references, tmp_path):
@@ -111,8 +119,9 @@ def test_input_order_batching_gives_the_same_vectors(tiny_params, sentences, ref
 
 def test_blank_lines_skipped_or_refused_by_flag(tiny_params, sentences, tmp_path):
     path = write_lines(tmp_path / "in.txt", sentences)
-    counts = ef.embed_file(tiny_params, str(path), str(tmp_path / "skip.hdf5"),
-                           ef.Options(blank_lines="skip", batch_tokens=64))
+    counts = ef.embed_file(
+        tiny_params, str(path), str(tmp_path / "skip.hdf5"), ef.Options(blank_lines="skip", batch_tokens=64)
+    )
     vectors, index = read_output(tmp_path / "skip.hdf5")
     assert "5" not in vectors and "6" in vectors and "" not in index
     assert counts["sentences"] == len(sentences) - 1
@@ -125,14 +134,20 @@ def test_long_sentences_refused_or_split_into_pieces(tiny_params, tmp_path):
     rng = np.random.default_rng(1)
     long = [str(w) for w in rng.choice(WORDS[:8], 26)]
     path = write_lines(tmp_path / "in.txt", ["the bank .", " ".join(long)])
-    with pytest.raises(ValueError, match=r"in\.txt:2: 26 tokens, over --max_sentence_tokens=10.*--long_sentences=split"):
+    with pytest.raises(
+        ValueError, match=r"in\.txt:2: 26 tokens, over --max_sentence_tokens=10.*--long_sentences=split"
+    ):
         ef.embed_file(tiny_params, str(path), str(tmp_path / "out.hdf5"), ef.Options(max_sentence_tokens=10))
     assert not (tmp_path / "out.hdf5").exists()
-    counts = ef.embed_file(tiny_params, str(path), str(tmp_path / "out.hdf5"),  # pieces in different batches
-                           ef.Options(max_sentence_tokens=10, long_sentences="split", batch_tokens=16))
+    counts = ef.embed_file(
+        tiny_params,
+        str(path),
+        str(tmp_path / "out.hdf5"),  # pieces in different batches
+        ef.Options(max_sentence_tokens=10, long_sentences="split", batch_tokens=16),
+    )
     assert counts["split_lines"] == 1
     vectors, _ = read_output(tmp_path / "out.hdf5")
-    pieces = [reference(tiny_params, long[i:i + 10]) for i in range(0, 26, 10)]
+    pieces = [reference(tiny_params, long[i : i + 10]) for i in range(0, 26, 10)]
     np.testing.assert_allclose(vectors["1"], np.concatenate(pieces, axis=1), rtol=0, atol=ATOL)
 
 
@@ -156,14 +171,20 @@ def test_ten_thousand_varied_sentences_compile_one_shape_per_bucket(tiny_params,
     lines = [" ".join(rng.choice(vocabulary, n)) for n in lengths]
     path = write_lines(tmp_path / "in.txt", lines)
     compiled_before = _embed_jit._cache_size()
-    counts = ef.embed_file(tiny_params, str(path), str(tmp_path / "out.hdf5"),
-                           ef.Options(layers="top", batch_tokens=2048, sentence_index=False))
+    counts = ef.embed_file(
+        tiny_params,
+        str(path),
+        str(tmp_path / "out.hdf5"),
+        ef.Options(layers="top", batch_tokens=2048, sentence_index=False),
+    )
     buckets = expected_buckets(lines)
     assert counts["compiled_shapes"] == len(buckets), (counts, sorted(buckets))
     assert _embed_jit._cache_size() - compiled_before <= len(buckets)
     assert counts["sentences"] == 10_000 and counts["tokens"] == int(lengths.sum())
-    print(f"10,000 sentences ({counts['tokens']:,} tokens, lengths 1-120): {counts['batches']} batches, "
-          f"{counts['compiled_shapes']} compiled shapes, {counts['seconds']:.1f} s")
+    print(
+        f"10,000 sentences ({counts['tokens']:,} tokens, lengths 1-120): {counts['batches']} batches, "
+        f"{counts['compiled_shapes']} compiled shapes, {counts['seconds']:.1f} s"
+    )
 
 
 @pytest.mark.slow
@@ -175,10 +196,21 @@ def test_a_killed_run_leaves_nothing_under_the_target_name(fixture_dir, tmp_path
     path = write_lines(tmp_path / "in.txt", [" ".join(s) for s in random_sentences(rng, 20_000, max_len=40)])
     target = tmp_path / "out.hdf5"
     target.write_bytes(b"previous results")
-    process = subprocess.Popen(command_argv("elmo_jax.embed_file", f"--options={fixture_dir / 'options.json'}",
-                                            f"--weights={fixture_dir / 'weights.hdf5'}", f"--input={path}",
-                                            f"--output={target}", "--batch_tokens=256"),
-                               cwd=REPO, env=command_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        command_argv(
+            "elmo_jax.embed_file",
+            f"--options={fixture_dir / 'options.json'}",
+            f"--weights={fixture_dir / 'weights.hdf5'}",
+            f"--input={path}",
+            f"--output={target}",
+            "--batch_tokens=256",
+        ),
+        cwd=REPO,
+        env=command_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 120
         while not glob.glob(str(tmp_path / "out.hdf5.*.tmp")) and time.time() < deadline:
@@ -210,10 +242,12 @@ def test_cli_writes_the_file_and_reports_bad_input_in_one_line(fixture_dir, tmp_
     bad_utf8 = tmp_path / "bad.txt"
     bad_utf8.write_bytes(b"fine line\nanother\nbroken \xff\xfe here\n")
     out = f"--output={tmp_path / 'x.hdf5'}"
-    for args, expected in (([*model, f"--input={bad_utf8}", out], "bad.txt:3: not valid UTF-8"),
-                           ([f"--model={tmp_path}", f"--input={good}", out], "missing manifest.json"),
-                           ([*model, f"--input={good}", out, "--layers=mix", "--mix_scalars=1,x"], "--mix_scalars"),
-                           ([model[0], f"--input={good}", out], "--weights")):
+    for args, expected in (
+        ([*model, f"--input={bad_utf8}", out], "bad.txt:3: not valid UTF-8"),
+        ([f"--model={tmp_path}", f"--input={good}", out], "missing manifest.json"),
+        ([*model, f"--input={good}", out, "--layers=mix", "--mix_scalars=1,x"], "--mix_scalars"),
+        ([model[0], f"--input={good}", out], "--weights"),
+    ):
         error_line(cli(*args), expected)
     assert not (tmp_path / "x.hdf5").exists() and not glob.glob(str(tmp_path / "x.hdf5.*"))
 
@@ -223,14 +257,16 @@ def test_bad_input_is_named_and_leaves_no_output(tiny_params, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
     out = str(tmp_path / "x.hdf5")
-    cases = [((str(empty), out, ef.Options()), ValueError, "empty.txt: the input file is empty"),
-             ((str(tmp_path / "nope.txt"), out, ef.Options()), FileNotFoundError, "nope.txt: file not found"),
-             ((str(tmp_path), out, ef.Options()), IsADirectoryError, "is a directory, expected a text file"),
-             ((str(good), str(tmp_path / "no" / "x.hdf5"), ef.Options()), FileNotFoundError, "does not exist"),
-             ((str(good), str(tmp_path), ef.Options()), IsADirectoryError, "expected an .hdf5 file name"),
-             ((str(good), out, ef.Options(batch_tokens=0)), ValueError, "batch_tokens must be positive"),
-             ((str(good), out, ef.Options(layers="mix", mix_scalars=(1.0, 2.0))), ValueError, "expected 3 values"),
-             ((str(good), out, ef.Options(layers="top", mix_scalars=(1.0, 2.0, 3.0))), ValueError, "--layers=mix")]
+    cases = [
+        ((str(empty), out, ef.Options()), ValueError, "empty.txt: the input file is empty"),
+        ((str(tmp_path / "nope.txt"), out, ef.Options()), FileNotFoundError, "nope.txt: file not found"),
+        ((str(tmp_path), out, ef.Options()), IsADirectoryError, "is a directory, expected a text file"),
+        ((str(good), str(tmp_path / "no" / "x.hdf5"), ef.Options()), FileNotFoundError, "does not exist"),
+        ((str(good), str(tmp_path), ef.Options()), IsADirectoryError, "expected an .hdf5 file name"),
+        ((str(good), out, ef.Options(batch_tokens=0)), ValueError, "batch_tokens must be positive"),
+        ((str(good), out, ef.Options(layers="mix", mix_scalars=(1.0, 2.0))), ValueError, "expected 3 values"),
+        ((str(good), out, ef.Options(layers="top", mix_scalars=(1.0, 2.0, 3.0))), ValueError, "--layers=mix"),
+    ]
     for args, error, expected in cases:
         with pytest.raises(error, match=re.escape(expected)):
             ef.embed_file(tiny_params, *args)
@@ -244,8 +280,9 @@ def test_bad_input_is_named_and_leaves_no_output(tiny_params, tmp_path):
 def test_sentences_longer_than_the_largest_length_bucket(tiny_params, tmp_path):
     tokens = [str(w) for w in np.random.default_rng(4).choice(WORDS[:8], 1050)]
     path = write_lines(tmp_path / "in.txt", ["the bank .", " ".join(tokens)])
-    ef.embed_file(tiny_params, str(path), str(tmp_path / "out.hdf5"), ef.Options(max_sentence_tokens=2000,
-                                                                                  layers="top"))
+    ef.embed_file(
+        tiny_params, str(path), str(tmp_path / "out.hdf5"), ef.Options(max_sentence_tokens=2000, layers="top")
+    )
     vectors, _ = read_output(tmp_path / "out.hdf5")
     np.testing.assert_allclose(vectors["1"], reference(tiny_params, tokens)[-1], rtol=0, atol=ATOL)
 

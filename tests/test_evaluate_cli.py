@@ -29,8 +29,10 @@ def test_evaluate_matches_the_trainers_final_evaluation(trained_run, corpus):
 
 @pytest.mark.slow
 def test_evaluate_reports_bad_input_in_one_line(tmp_path, trained_run):
-    for args, expected in (([f"--workdir={tmp_path / 'missing'}"], "not a directory"),
-                           ([f"--workdir={tmp_path}"], "no checkpoint"),
-                           ([f"--workdir={trained_run.workdir}", f"--files={tmp_path / 'none-*.txt'}"], "none-*.txt")):
+    for args, expected in (
+        ([f"--workdir={tmp_path / 'missing'}"], "not a directory"),
+        ([f"--workdir={tmp_path}"], "no checkpoint"),
+        ([f"--workdir={trained_run.workdir}", f"--files={tmp_path / 'none-*.txt'}"], "none-*.txt"),
+    ):
         error_line(evaluate(*args), expected)
     assert not (tmp_path / "checkpoints").exists()  # evaluating never writes into a workdir

@@ -48,10 +48,12 @@ def test_runs_end_to_end_on_a_tiny_bilm(tmp_path, fixture_dir):
     rng = np.random.default_rng(1)
     words = ["the", "a", "river", "bank", "money", "flows", "holds", "into", "of", "water", "."]
     text = tmp_path / "heldout.txt"
-    text.write_text("\n".join(" ".join(rng.choice(words, rng.integers(3, 12))) for _ in range(60)) + "\n",
-                    encoding="utf-8")
-    settings = example.Settings(bilm_dir=str(fixture_dir), text=str(text), steps=3, batch_size=8, train_copies=1,
-                                test_copies=1)
+    text.write_text(
+        "\n".join(" ".join(rng.choice(words, rng.integers(3, 12))) for _ in range(60)) + "\n", encoding="utf-8"
+    )
+    settings = example.Settings(
+        bilm_dir=str(fixture_dir), text=str(text), steps=3, batch_size=8, train_copies=1, test_copies=1
+    )
     results = example.run(settings)
     assert [r["model"] for r in results] == ["words only", "words + ELMo"]
     for r in results:
@@ -61,5 +63,7 @@ def test_runs_end_to_end_on_a_tiny_bilm(tmp_path, fixture_dir):
 
 def test_cli_errors_are_one_line(tmp_path):
     result = run_command(str(EXAMPLE), f"--biLM={tmp_path / 'missing'}")
-    assert error_line(result) == (f"error: --biLM: {tmp_path / 'missing'} is not a directory "
-                                  "(expected WORKDIR/export with options.json and weights.hdf5)")
+    assert error_line(result) == (
+        f"error: --biLM: {tmp_path / 'missing'} is not a directory "
+        "(expected WORKDIR/export with options.json and weights.hdf5)"
+    )

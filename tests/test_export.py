@@ -56,8 +56,12 @@ print("modules:", sorted(m for m in sys.modules if m.split(".")[0] in ("elmo_jax
 def exported(fixture_dir, tmp_path_factory):
     """The fixture model exported through the CLI."""
     out = tmp_path_factory.mktemp("models") / "tiny"
-    result = run_command("elmo_jax.export", f"--options={fixture_dir / 'options.json'}",
-                 f"--weights={fixture_dir / 'weights.hdf5'}", f"--output={out}")
+    result = run_command(
+        "elmo_jax.export",
+        f"--options={fixture_dir / 'options.json'}",
+        f"--weights={fixture_dir / 'weights.hdf5'}",
+        f"--output={out}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return out
 
@@ -82,16 +86,17 @@ def test_model_directory_holds_every_file_and_a_manifest(exported):
     for name, entry in manifest["files"].items():
         assert entry["bytes"] == os.path.getsize(exported / name)
     # The published pair inside loads like any HDF5 model.
-    assert elmo_jax.load_hdf5(exported / "options.json", exported / "weights.hdf5").config == \
-        elmo_jax.load(exported).config
+    assert (
+        elmo_jax.load_hdf5(exported / "options.json", exported / "weights.hdf5").config
+        == elmo_jax.load(exported).config
+    )
     assert not [n for n in os.listdir(exported.parent) if n.endswith((".tmp", ".old"))]  # nothing left over
 
 
 def test_load_gives_the_weights_of_the_hdf5_pair(exported, tiny_params):
     params = elmo_jax.load(exported)
     assert params.config == tiny_params.config
-    for (path, a), (path_b, b) in zip(sorted(iter_flat(params.weights)),
-                                      sorted(iter_flat(tiny_params.weights))):
+    for (path, a), (path_b, b) in zip(sorted(iter_flat(params.weights)), sorted(iter_flat(tiny_params.weights))):
         assert path == path_b
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=path)
 
@@ -100,9 +105,21 @@ def test_extractor_in_a_jax_only_process_equals_embed(exported, tiny_params, tmp
     batches = batches_of_several_shapes(np.random.default_rng(0))
     np.savez(tmp_path / "inputs.npz", **batches)
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ""}
-    result = subprocess.run([sys.executable, "-c", JAX_ONLY_SCRIPT, str(exported), str(tmp_path / "inputs.npz"),
-                             str(tmp_path / "outputs.npz")], env=env, cwd=tmp_path, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            JAX_ONLY_SCRIPT,
+            str(exported),
+            str(tmp_path / "inputs.npz"),
+            str(tmp_path / "outputs.npz"),
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "modules: []" in result.stdout
     buckets_seen = set()
@@ -129,23 +146,32 @@ def test_export_of_a_training_workdir_embeds_like_the_trained_parameters(trained
     state, _, _ = start.restore_checkpoint(workdir)
     trained = elmo_jax.BiLMParams(weights=state.params["bilm"], config=elmo_jax.load(out).config)
     chars = elmo_jax.batch_to_ids([["the", "cat", "meows"], ["a", "dog", "barks", "loudly", "and", "the", "cow"]])
-    np.testing.assert_allclose(np.asarray(elmo_jax.embed(elmo_jax.load(out), chars)[0]),
-                               np.asarray(elmo_jax.embed(trained, chars)[0]), rtol=0, atol=ATOL)
+    np.testing.assert_allclose(
+        np.asarray(elmo_jax.embed(elmo_jax.load(out), chars)[0]),
+        np.asarray(elmo_jax.embed(trained, chars)[0]),
+        rtol=0,
+        atol=ATOL,
+    )
     # An older checkpoint by --step.
-    older = run_command("elmo_jax.export", f"--workdir={workdir}", f"--step={TRAINED_STEPS[0]}", f"--output={tmp_path / 'older'}")
+    older = run_command(
+        "elmo_jax.export", f"--workdir={workdir}", f"--step={TRAINED_STEPS[0]}", f"--output={tmp_path / 'older'}"
+    )
     assert older.returncode == 0, older.stderr[-3000:]
     assert json.loads((tmp_path / "older" / "manifest.json").read_text())["source"].endswith(f"step {TRAINED_STEPS[0]}")
 
 
-@pytest.mark.parametrize("damage, expected", [
-    ("delete params.npz", "missing params.npz"),
-    ("delete extractor.jax", "missing extractor.jax"),
-    ("truncate params.npz", "truncated or replaced"),
-    ("truncate weights.hdf5", "truncated or replaced"),
-    ("flip a byte of params.npz", "SHA-256 mismatch"),
-    ("delete manifest.json", "missing manifest.json"),
-    ("garble manifest.json", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        ("delete params.npz", "missing params.npz"),
+        ("delete extractor.jax", "missing extractor.jax"),
+        ("truncate params.npz", "truncated or replaced"),
+        ("truncate weights.hdf5", "truncated or replaced"),
+        ("flip a byte of params.npz", "SHA-256 mismatch"),
+        ("delete manifest.json", "missing manifest.json"),
+        ("garble manifest.json", "not valid JSON"),
+    ],
+)
 def test_a_damaged_model_directory_is_refused_by_name(exported, tmp_path, damage, expected):
     model = tmp_path / "model"
     shutil.copytree(exported, model)
@@ -174,13 +200,16 @@ def test_export_cli_refuses_bad_requests_and_keeps_what_exists(exported, fixture
     before = {name: (existing / name).read_bytes() for name in os.listdir(existing)}
     error_line(run_command("elmo_jax.export", options, weights, f"--output={existing}"), "--overwrite")
     assert {name: (existing / name).read_bytes() for name in os.listdir(existing)} == before
-    error_line(run_command("elmo_jax.export", options, weights, f"--output={tmp_path / 'no' / 'such' / 'dir'}"),
-                          "does not exist")
+    error_line(
+        run_command("elmo_jax.export", options, weights, f"--output={tmp_path / 'no' / 'such' / 'dir'}"),
+        "does not exist",
+    )
     error_line(run_command("elmo_jax.export", options, f"--output={tmp_path / 'x'}"), "--weights")
-    error_line(run_command("elmo_jax.export", f"--workdir={tmp_path}", f"--output={tmp_path / 'x'}"),
-                          "no checkpoint")
-    error_line(run_command("elmo_jax.export", f"--workdir={tmp_path}", options, weights, f"--output={tmp_path / 'x'}"),
-                          "either --workdir")
+    error_line(run_command("elmo_jax.export", f"--workdir={tmp_path}", f"--output={tmp_path / 'x'}"), "no checkpoint")
+    error_line(
+        run_command("elmo_jax.export", f"--workdir={tmp_path}", options, weights, f"--output={tmp_path / 'x'}"),
+        "either --workdir",
+    )
     assert not (tmp_path / "x").exists()
     # --overwrite replaces it with a complete new directory.
     result = run_command("elmo_jax.export", options, weights, f"--output={existing}", "--overwrite")
@@ -196,12 +225,18 @@ def test_manifest_check_names_a_directory_that_is_only_an_hdf5_pair(fixture_dir)
 
 def test_embed_text_cli_reads_a_model_directory(exported, tiny_params, tmp_path):
     """The README's last step: `python -m elmo_jax.embed_text --model=DIR "sentence" ... --output=x.npz`."""
-    result = run_command("elmo_jax.embed_text", f"--model={exported}", f"--output={tmp_path / 'x.npz'}",
-                 "The bank of the river .", "Hello !")
+    result = run_command(
+        "elmo_jax.embed_text",
+        f"--model={exported}",
+        f"--output={tmp_path / 'x.npz'}",
+        "The bank of the river .",
+        "Hello !",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "bank" in result.stdout
-    expected, mask = elmo_jax.embed(tiny_params, elmo_jax.batch_to_ids([["The", "bank", "of", "the", "river", "."],
-                                                                         ["Hello", "!"]]))
+    expected, mask = elmo_jax.embed(
+        tiny_params, elmo_jax.batch_to_ids([["The", "bank", "of", "the", "river", "."], ["Hello", "!"]])
+    )
     with np.load(tmp_path / "x.npz") as saved:
         np.testing.assert_allclose(saved["layers"], np.asarray(expected), rtol=0, atol=ATOL)
         np.testing.assert_array_equal(saved["mask"], np.asarray(mask))

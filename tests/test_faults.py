@@ -31,7 +31,7 @@ import elmo_jax
 from elmo_jax.training import loop
 from elmo_jax.training.checkpoint import TMP_SUFFIX
 from elmo_jax.training.start import restore_checkpoint
-from tests.support.commands import REPO, LIMIT_FILE_SIZE, command_argv, command_env
+from tests.support.commands import LIMIT_FILE_SIZE, REPO, command_argv, command_env
 from tests.support.compare import assert_trees_equal, read_metrics, tree_digest, without_timing
 from tests.support.configs import tiny_flags
 
@@ -41,15 +41,21 @@ STEPS, EVERY, EVAL_EVERY = 80, 5, 20  # training steps, checkpoint and evaluatio
 def train_args(corpus, workdir, *args) -> list[str]:
     """train.py's arguments: configs/tiny.py for STEPS steps, checkpoints every EVERY, evaluations every
     EVAL_EVERY; `args` come last (they override)."""
-    return tiny_flags(corpus, workdir, num_train_steps=STEPS, checkpoint_every_steps=EVERY,
-                      eval_every_steps=EVAL_EVERY) + list(args)
+    return tiny_flags(
+        corpus, workdir, num_train_steps=STEPS, checkpoint_every_steps=EVERY, eval_every_steps=EVAL_EVERY
+    ) + list(args)
 
 
 def launch(corpus, workdir, log_path, *args) -> subprocess.Popen:
     """train.py in the background, stderr appended to `log_path`."""
     with open(log_path, "ab") as log:
-        return subprocess.Popen(command_argv("train.py", *train_args(corpus, workdir, *args)), cwd=REPO,
-                                env=command_env(), stdout=subprocess.DEVNULL, stderr=log)
+        return subprocess.Popen(
+            command_argv("train.py", *train_args(corpus, workdir, *args)),
+            cwd=REPO,
+            env=command_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
 
 
 def finish(proc: subprocess.Popen, log_path, timeout=240) -> tuple[int, str]:
@@ -157,13 +163,16 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(corpu
         proc = launch(corpus, workdir, log_path)
         if moment == "start":  # a random moment before the first step is logged
             delay = float(rng.uniform(0.2, 4.0))
-            wait_until(lambda: max_logged_step(workdir) > before, proc, timeout=delay)
+            wait_until(lambda before=before: max_logged_step(workdir) > before, proc, timeout=delay)
         elif moment == "step":
             target = before + int(rng.integers(3, 20))
-            assert wait_until(lambda: max_logged_step(workdir) >= target, proc), log_path.read_text()[-3000:]
+            reached = wait_until(lambda target=target: max_logged_step(workdir) >= target, proc)
+            assert reached, log_path.read_text()[-3000:]
         else:
             _stop_inside_a_checkpoint_write(proc, workdir, before)
-        assert proc.poll() is None, f"attempt {attempt} ({moment}) ended before its kill: {log_path.read_text()[-3000:]}"
+        assert proc.poll() is None, (
+            f"attempt {attempt} ({moment}) ended before its kill: {log_path.read_text()[-3000:]}"
+        )
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=60) == -signal.SIGKILL
         kills.append((moment, max_logged_step(workdir), [os.path.basename(p) for p in tmp_checkpoints(workdir)]))
@@ -191,14 +200,14 @@ def test_sigterm_and_sigint_checkpoint_exit_0_and_resume_exactly(corpus, uninter
     stopped = []
     for sig, target in ((signal.SIGTERM, 12), (signal.SIGINT, 43)):
         proc = launch(corpus, workdir, log_path)
-        assert wait_until(lambda: max_logged_step(workdir) >= target, proc), log_path.read_text()[-3000:]
+        assert wait_until(lambda target=target: max_logged_step(workdir) >= target, proc), log_path.read_text()[-3000:]
         proc.send_signal(sig)
         code, log = finish(proc, log_path)
         assert code == 0, log[-5000:]
         last = log.rstrip().splitlines()[-1]
         prefix = f"stopped by {sig.name} at step "
         assert last.startswith(prefix) and last.endswith("re-run the same command to resume"), last
-        step = int(last[len(prefix):].split(";")[0])
+        step = int(last[len(prefix) :].split(";")[0])
         assert target <= step < STEPS
         assert str(workdir / "checkpoints") in last
         assert max(int(n) for n in os.listdir(workdir / "checkpoints") if n.isdigit()) == step
@@ -222,15 +231,24 @@ def test_disk_full_checkpoint_write_fails_cleanly_and_the_run_resumes(corpus, un
     workdir, log_path = tmp_path / "w", tmp_path / "stderr.txt"
     code, log = finish(launch(corpus, workdir, log_path, "--config.num_train_steps=10"), log_path)
     assert code == 0, log[-5000:]
-    sizes = {p: os.path.getsize(p) for p in glob.glob(str(workdir / "checkpoints" / "10" / "**"), recursive=True)
-             if os.path.isfile(p)}
+    sizes = {
+        p: os.path.getsize(p)
+        for p in glob.glob(str(workdir / "checkpoints" / "10" / "**"), recursive=True)
+        if os.path.isfile(p)
+    }
     assert max(sizes.values()) > 24_000, sizes  # the limit must bite on the checkpoint's arrays
     complete = lambda: {n: tree_digest(workdir / "checkpoints" / n) for n in ("5", "10")}  # noqa: E731
     before = {"checkpoints": complete(), "export": tree_digest(workdir / "export")}
 
     # stderr to a pipe: a log file would hit the limit too.
-    limited = subprocess.run([sys.executable, "-c", LIMIT_FILE_SIZE, "24000", "train.py", *train_args(corpus, workdir)],
-                             cwd=REPO, env=command_env(), capture_output=True, text=True, timeout=240)
+    limited = subprocess.run(
+        [sys.executable, "-c", LIMIT_FILE_SIZE, "24000", "train.py", *train_args(corpus, workdir)],
+        cwd=REPO,
+        env=command_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert limited.returncode == 1, limited.stderr[-5000:]
     errors = [line for line in limited.stderr.splitlines() if line.startswith("error:")]
     assert errors == [limited.stderr.rstrip().splitlines()[-1]], limited.stderr[-5000:]
@@ -267,7 +285,14 @@ def test_disk_full_export_keeps_the_previous_export(tiny_params, tmp_path):
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, previous)
-    assert sorted(os.listdir(directory)) == ["USAGE.md", "extractor.jax", "manifest.json", "options.json",
-                                             "params.npz", "vocab.txt", "weights.hdf5"]
+    assert sorted(os.listdir(directory)) == [
+        "USAGE.md",
+        "extractor.jax",
+        "manifest.json",
+        "options.json",
+        "params.npz",
+        "vocab.txt",
+        "weights.hdf5",
+    ]
     assert tree_digest(directory) == before
     assert os.listdir(tmp_path) == ["export"]  # the new directory was built aside and removed

@@ -1,8 +1,9 @@
 """Hand-written gradients (issue #8's speed-ups) against plain autodiff of the textbook forms.
 
-`char_cnn.conv_max` runs in token blocks and keeps only the argmax for its backward pass, and `precision.matmul` flattens
-a >2-D input before the product; both must give the gradients `jax.grad` gives for `jnp.max` and
-`jnp.einsum`, and the char CNN as a whole the gradient of a max-pool written with `jnp.max`.
+`char_cnn.conv_max` runs in token blocks and keeps only the argmax for its backward pass, and
+`precision.matmul` flattens a >2-D input before the product; both must give the gradients `jax.grad`
+gives for `jnp.max` and `jnp.einsum`, and the char CNN as a whole the gradient of a max-pool written
+with `jnp.max`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import pytest
 from elmo_jax.model import char_cnn
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.params import init_params
-from elmo_jax.model.precision import matmul
-from elmo_jax.model.precision import ComputeOptions
+from elmo_jax.model.precision import ComputeOptions, matmul
 
 
 def _plain_conv_max(windows, kernel, last_start):
@@ -35,8 +35,9 @@ def test_conv_max_value_and_gradient_equal_autodiff_of_jnp_max_without_ties(n_bl
     g = jax.random.normal(jax.random.key(2), (6, 3))
     ours = lambda w, k: char_cnn.conv_max(w, k, last_start, n_blocks, "float32")
     reference = lambda w, k: _plain_conv_max(w, k, last_start)
-    np.testing.assert_allclose(np.asarray(ours(windows, kernel)), np.asarray(reference(windows, kernel)),
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(ours(windows, kernel)), np.asarray(reference(windows, kernel)), rtol=1e-6, atol=1e-6
+    )
     grads = jax.grad(lambda w, k: jnp.sum(ours(w, k) * g), argnums=(0, 1))(windows, kernel)
     expected = jax.grad(lambda w, k: jnp.sum(reference(w, k) * g), argnums=(0, 1))(windows, kernel)
     for a, b in zip(grads, expected):
@@ -81,8 +82,9 @@ def test_token_embedding_gradient_equals_plain_autodiff(monkeypatch, content_pos
     """Random words (repeated letters and all-PAD windows: ties) through the whole token layer, in one
     token block and in several."""
     monkeypatch.setattr(char_cnn, "CONV_BLOCK_ROWS", block_rows)
-    config = BiLMConfig(lstm_dim=16, projection_dim=8, n_highway=1, max_characters_per_token=12,
-                        filters=((1, 4), (2, 4), (3, 8)))
+    config = BiLMConfig(
+        lstm_dim=16, projection_dim=8, n_highway=1, max_characters_per_token=12, filters=((1, 4), (2, 4), (3, 8))
+    )
     weights = init_params(config, jax.random.key(0)).weights
     rng = np.random.default_rng(0)
     ids = np.full((24, 12), 261, np.int32)  # shifted PAD
@@ -94,7 +96,9 @@ def test_token_embedding_gradient_equals_plain_autodiff(monkeypatch, content_pos
     g = jax.random.normal(jax.random.key(5), (24, config.projection_dim))
 
     def loss(w):
-        return jnp.sum(char_cnn.token_embedding(w, config, ids, ComputeOptions(content_positions=content_positions)) * g)
+        return jnp.sum(
+            char_cnn.token_embedding(w, config, ids, ComputeOptions(content_positions=content_positions)) * g
+        )
 
     ours = jax.grad(loss)(weights)
     monkeypatch.setattr(char_cnn, "_conv_max", _jnp_max_conv)

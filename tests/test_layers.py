@@ -67,8 +67,10 @@ def test_an_upward_import_is_caught(tmp_path):
         (package / name / "__init__.py").write_text("")
     (package / "model" / "bilm.py").write_text("from elmo_jax.training import loop\n")
     (package / "features" / "embed.py").write_text("from elmo_jax import export\nfrom elmo_jax.model import bilm\n")
-    assert upward_imports(package) == ["elmo_jax/features/embed.py:1 imports elmo_jax.export",
-                                       "elmo_jax/model/bilm.py:1 imports elmo_jax.training.loop"]
+    assert upward_imports(package) == [
+        "elmo_jax/features/embed.py:1 imports elmo_jax.export",
+        "elmo_jax/model/bilm.py:1 imports elmo_jax.training.loop",
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(LAYERS))

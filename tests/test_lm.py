@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax.training import lm
 from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.precision import ComputeOptions
+from elmo_jax.training import lm
 from tests.reference.elmo_equations import BOS, BOW, EOW, PAD, np_lm_outputs
 from tests.support.models import randomize, tiny_bilm_config, to_numpy
 
@@ -44,8 +44,13 @@ def random_window(rng, D, B, T, C, max_bytes=5):
 
 # Forward rows: full, a tail past the end of the data, nothing at all, and a hole; backward rows:
 # a short prefix and full rows. Row 0 forward and row 1, 2 backward continue their previous window.
-MASK = np.array([[[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0], [1, 1, 0, 1, 1, 1]],
-                 [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]], bool)
+MASK = np.array(
+    [
+        [[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0], [1, 1, 0, 1, 1, 1]],
+        [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]],
+    ],
+    bool,
+)
 CARRY = np.array([[True, False, True, False], [False, True, True, False]])
 
 
@@ -62,8 +67,9 @@ def _setup(config_overrides, seed):
 
 
 def _run(params, char_ids, c0, h0, **kwargs):
-    state = lm.reset_state(LSTMState(c=jnp.asarray(c0, jnp.float32), h=jnp.asarray(h0, jnp.float32)),
-                           jnp.asarray(CARRY))
+    state = lm.reset_state(
+        LSTMState(c=jnp.asarray(c0, jnp.float32), h=jnp.asarray(h0, jnp.float32)), jnp.asarray(CARRY)
+    )
     out, final = lm.lm_outputs(params, jnp.asarray(char_ids), jnp.asarray(MASK), state, **kwargs)
     return np.asarray(out), np.asarray(final.c), np.asarray(final.h)
 
@@ -80,12 +86,16 @@ def test_reset_state_zeroes_only_rows_that_start_afresh():
     np.testing.assert_array_equal(np.asarray(got.h), np.where(keep, h, 0.0))
 
 
-@pytest.mark.parametrize("overrides,content_positions", [
-    (dict(), None),
-    (dict(), 8),
-    (dict(n_layers=3), None),
-    (dict(use_skip_connections=False), None),
-], ids=["two_layers", "two_layers_content_positions_8", "three_layers", "no_skip"])
+@pytest.mark.parametrize(
+    "overrides,content_positions",
+    [
+        (dict(), None),
+        (dict(), 8),
+        (dict(n_layers=3), None),
+        (dict(use_skip_connections=False), None),
+    ],
+    ids=["two_layers", "two_layers_content_positions_8", "three_layers", "no_skip"],
+)
 def test_lm_outputs_match_numpy(overrides, content_positions):
     """Outputs and final state equal the loop reference: the carried state where `carry` is true and
     zeros where not, masked positions (a tail, a whole row, a hole) skipped, residual on layers > 0."""
@@ -136,8 +146,9 @@ def test_lm_outputs_dropout_matches_numpy_with_its_masks(monkeypatch):
     assert len(keeps) == config.n_layers + 1
     dropped = 1.0 - np.mean([k.mean() for k in keeps])
     assert 0.15 < dropped < 0.35, f"test setup: masks drop {dropped:.2f}, expected about {rate}"
-    ref_out, ref_c, ref_h = np_lm_outputs(to_numpy(params.weights), config, char_ids, MASK, c0, h0, CARRY,
-                                          rate=rate, keep=keeps)
+    ref_out, ref_c, ref_h = np_lm_outputs(
+        to_numpy(params.weights), config, char_ids, MASK, c0, h0, CARRY, rate=rate, keep=keeps
+    )
     np.testing.assert_allclose(out, ref_out, atol=ATOL, rtol=0)
     np.testing.assert_allclose(c, ref_c, atol=ATOL, rtol=0)
     np.testing.assert_allclose(h, ref_h, atol=ATOL, rtol=0)

@@ -54,14 +54,24 @@ def free_port() -> int:
 
 def run_two_processes(corpus, workdir: Path) -> None:
     """train.py as 2 processes with 2 CPU devices each; fails with both logs if either fails or hangs."""
-    args = tiny_flags(corpus, workdir, **OVERRIDES, num_train_steps=STOP, checkpoint_every_steps=STOP, **{"mesh.model": 2})
+    args = tiny_flags(
+        corpus, workdir, **OVERRIDES, num_train_steps=STOP, checkpoint_every_steps=STOP, **{"mesh.model": 2}
+    )
     env = command_env(XLA_FLAGS="--xla_force_host_platform_device_count=2")
     port = free_port()
     logs = [open(workdir.parent / f"process_{i}.log", "w+") for i in range(2)]
-    processes = [subprocess.Popen(command_argv("train.py", *args, f"--coordinator_address=127.0.0.1:{port}",
-                                               "--num_processes=2", f"--process_id={i}"),
-                                  cwd=REPO, env=env, stdout=logs[i], stderr=subprocess.STDOUT)
-                 for i in range(2)]
+    processes = [
+        subprocess.Popen(
+            command_argv(
+                "train.py", *args, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"
+            ),
+            cwd=REPO,
+            env=env,
+            stdout=logs[i],
+            stderr=subprocess.STDOUT,
+        )
+        for i in range(2)
+    ]
     try:
         codes = [p.wait(timeout=TIMEOUT) for p in processes]
     except subprocess.TimeoutExpired:
@@ -86,13 +96,15 @@ def runs(small_corpus, tmp_path_factory):
     root = tmp_path_factory.mktemp("multihost")
     one, two = root / "one", root / "two" / "workdir"
     two.parent.mkdir()
-    loop.train_and_evaluate(tiny_config(small_corpus, **OVERRIDES, num_train_steps=END, checkpoint_every_steps=END),
-                            str(one))
+    loop.train_and_evaluate(
+        tiny_config(small_corpus, **OVERRIDES, num_train_steps=END, checkpoint_every_steps=END), str(one)
+    )
     run_two_processes(small_corpus, two)  # after the first run: the corpus is prepared, the processes only read it
     resumed = root / "resumed"
     shutil.copytree(two, resumed)
-    loop.train_and_evaluate(tiny_config(small_corpus, **OVERRIDES, num_train_steps=END, checkpoint_every_steps=END),
-                            str(resumed))
+    loop.train_and_evaluate(
+        tiny_config(small_corpus, **OVERRIDES, num_train_steps=END, checkpoint_every_steps=END), str(resumed)
+    )
     return {"one": one, "two": two, "resumed": resumed}
 
 
@@ -108,15 +120,29 @@ def test_two_processes_train_like_one(runs, small_corpus):
         assert a["tokens"] == b["tokens"]
     heldout = Path(small_corpus["heldout"]).read_text(encoding="utf-8").splitlines()
     vocab = Vocab.load(os.path.join(runs["two"], "vocab.txt"))
-    windows = [sum(1 for _ in BiLMBatchStream(heldout, vocab, batch_size=8, unroll_steps=5, seed=None, repeat=False,
-                                              process_index=i, process_count=2)) for i in range(2)]
+    windows = [
+        sum(
+            1
+            for _ in BiLMBatchStream(
+                heldout, vocab, batch_size=8, unroll_steps=5, seed=None, repeat=False, process_index=i, process_count=2
+            )
+        )
+        for i in range(2)
+    ]
     assert windows[0] != windows[1], windows  # one process feeds empty windows while the other finishes
     (eval_two,), (eval_one,) = read_metrics(runs["two"], "eval"), read_metrics(runs["one"], "eval")[:1]
     assert eval_two["step"] == eval_one["step"] == STOP
     assert eval_two["tokens"] == eval_one["tokens"] > 0
     assert abs(eval_two["cross_entropy"] - eval_one["cross_entropy"]) <= ATOL
-    assert sorted(os.listdir(runs["two"] / "export")) == ["USAGE.md", "extractor.jax", "manifest.json", "options.json",
-                                                          "params.npz", "vocab.txt", "weights.hdf5"]
+    assert sorted(os.listdir(runs["two"] / "export")) == [
+        "USAGE.md",
+        "extractor.jax",
+        "manifest.json",
+        "options.json",
+        "params.npz",
+        "vocab.txt",
+        "weights.hdf5",
+    ]
     assert sorted(os.listdir(runs["two"] / "checkpoints")) == [str(STOP)]
 
 

@@ -58,8 +58,16 @@ def poisoned_steps():
 
 
 def skip_config(corpus, steps, limit):
-    return tiny_config(corpus, **{"num_train_steps": steps, "checkpoint_every_steps": 1, "keep_checkpoints": 10,
-                                  "eval_every_steps": 0, "max_nonfinite_steps": limit})
+    return tiny_config(
+        corpus,
+        **{
+            "num_train_steps": steps,
+            "checkpoint_every_steps": 1,
+            "keep_checkpoints": 10,
+            "eval_every_steps": 0,
+            "max_nonfinite_steps": limit,
+        },
+    )
 
 
 def test_skipped_nonfinite_steps_leave_parameters_unchanged_and_are_counted(corpus, tmp_path, poisoned_steps):
@@ -76,8 +84,15 @@ def test_skipped_nonfinite_steps_leave_parameters_unchanged_and_are_counted(corp
         assert_trees_equal(states[bad].params, states[bad - 1].params)
         assert_trees_equal(states[bad].opt_state, states[bad - 1].opt_state)
     for good in (2, 4, 6):  # the other steps do train
-        assert np.max(np.abs(np.asarray(states[good].params["softmax"]["W"]) -
-                             np.asarray(states[good - 1].params["softmax"]["W"]))) > 0
+        assert (
+            np.max(
+                np.abs(
+                    np.asarray(states[good].params["softmax"]["W"])
+                    - np.asarray(states[good - 1].params["softmax"]["W"])
+                )
+            )
+            > 0
+        )
     for state in states.values():
         assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(state))
     logged = {r["step"]: r for r in read_metrics(workdir)}  # the last record of each step
@@ -91,8 +106,11 @@ def test_more_nonfinite_steps_than_allowed_stop_training(corpus, tmp_path, poiso
     """max_nonfinite_steps=1: step 3 is skipped, step 5 stops training with a message naming the step
     and the limit; the newest checkpoint is step 4's, finite."""
     workdir = str(tmp_path / "w")
-    with pytest.raises(step_report.TrainingError, match=r"at step 5 .*1 such steps skipped already, the most "
-                       r"--config.max_nonfinite_steps allows; stopped without saving it"):
+    with pytest.raises(
+        step_report.TrainingError,
+        match=r"at step 5 .*1 such steps skipped already, the most "
+        r"--config.max_nonfinite_steps allows; stopped without saving it",
+    ):
         loop.train_and_evaluate(skip_config(corpus, 6, 1), workdir)
     state, _ = restored(workdir)
     assert int(state.step) == 4

@@ -54,7 +54,7 @@ def test_has_one_parameters_cell_first(path):
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
     tagged = [cell for cell in code if "parameters" in cell.metadata.get("tags", [])]
     assert tagged == code[:1], f"{path.name}: expected exactly the first code cell tagged 'parameters'"
-    assert "SMOKE_TEST = False" in code[0].source and "REPO_DIR = \"\"" in code[0].source
+    assert "SMOKE_TEST = False" in code[0].source and 'REPO_DIR = ""' in code[0].source
 
 
 def smoke_notebook(path: Path) -> nbformat.NotebookNode:
@@ -72,24 +72,29 @@ def this_interpreter_kernel(directory: Path) -> KernelManager:
     with its files under `directory`."""
     spec_dir = directory / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True)
-    spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": "elmo-jax tests", "language": "python",
-            # IPYTHONDIR: no user profile or startup files take part. matplotlib uses ipykernel's inline
-            # backend (PNG outputs).
-            "env": {"JAX_PLATFORMS": "cpu", "IPYTHONDIR": str(directory / "ipython")}}
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "elmo-jax tests",
+        "language": "python",
+        # IPYTHONDIR: no user profile or startup files take part. matplotlib uses ipykernel's inline
+        # backend (PNG outputs).
+        "env": {"JAX_PLATFORMS": "cpu", "IPYTHONDIR": str(directory / "ipython")},
+    }
     (spec_dir / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
     specs = KernelSpecManager(kernel_dirs=[str(directory / "kernels")], ensure_native_kernel=False)
     # The connection file goes to tmp_path too, not to ~/.local/share/jupyter (CI's HOME may be read-only).
-    return KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs,
-                         connection_file=str(directory / "connection.json"))
+    return KernelManager(
+        kernel_name=KERNEL_NAME, kernel_spec_manager=specs, connection_file=str(directory / "connection.json")
+    )
 
 
 def execute(nb: nbformat.NotebookNode, tmp_path: Path) -> Path:
     """Runs `nb` in place in a fresh kernel of this interpreter, in tmp_path/cwd; returns that directory."""
     workdir = tmp_path / "cwd"
     workdir.mkdir()
-    NotebookClient(nb, km=this_interpreter_kernel(tmp_path), timeout=CELL_TIMEOUT_S,
-                   resources={"metadata": {"path": str(workdir)}}).execute()
+    NotebookClient(
+        nb, km=this_interpreter_kernel(tmp_path), timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(workdir)}}
+    ).execute()
     return workdir
 
 
@@ -99,9 +104,13 @@ def stdout_of(nb: nbformat.NotebookNode) -> str:
 
 def test_a_failing_cell_fails_the_run(tmp_path):
     """What the smoke test relies on: an exception in any cell stops the run with CellExecutionError."""
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import sys\nprint(sys.executable)"),
-                                         nbformat.v4.new_code_cell("raise ValueError('boom')"),
-                                         nbformat.v4.new_code_cell("print('never')")])
+    nb = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell("import sys\nprint(sys.executable)"),
+            nbformat.v4.new_code_cell("raise ValueError('boom')"),
+            nbformat.v4.new_code_cell("print('never')"),
+        ]
+    )
     with pytest.raises(CellExecutionError, match="boom"):
         execute(nb, tmp_path)
     assert stdout_of(nb).strip() == sys.executable  # the kernel is this interpreter (CI's .venv)

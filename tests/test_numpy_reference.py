@@ -1,8 +1,8 @@
 """elmo-jax against NumPy re-derivations of the ELMo equations (docs/ELMO.md).
 
 The references (tests/reference/elmo_equations.py) are written from the equations, in float64, with
-plain loops over tokens, time steps and filter positions; they share no code with elmo_jax. Random weights are scaled so that the
-LSTM cell clip is actually hit. Float32 tolerance: 1e-5 absolute.
+plain loops over tokens, time steps and filter positions; they share no code with elmo_jax. Random
+weights are scaled so that the LSTM cell clip is actually hit. Float32 tolerance: 1e-5 absolute.
 """
 
 from __future__ import annotations
@@ -15,8 +15,16 @@ import pytest
 import elmo_jax
 import elmo_jax.model.char_cnn
 import elmo_jax.model.lstm
-from tests.reference.elmo_equations import (BOS, PAD, np_bilm_sentence, np_boundary_ids, np_highway, np_lstm_step,
-                                            np_scalar_mix_layer_norm, np_token_embedding)
+from tests.reference.elmo_equations import (
+    BOS,
+    PAD,
+    np_bilm_sentence,
+    np_boundary_ids,
+    np_highway,
+    np_lstm_step,
+    np_scalar_mix_layer_norm,
+    np_token_embedding,
+)
 from tests.support.models import random_char_ids, randomize, tiny_bilm_config, to_numpy
 
 ATOL = 1e-5
@@ -41,7 +49,9 @@ def _one_lstm_step(cell, config, x, c_prev, h_prev):
         stacked["W_P"] = f32(cell["W_P_0"])[None]
     inputs = f32(x)[None, None]  # (T=1, D=1, B, P)
     mask = jnp.ones(inputs.shape[:3], bool)
-    outputs, (c, h) = elmo_jax.model.lstm.lstm_layer(stacked, config, inputs, mask, f32(c_prev)[None], f32(h_prev)[None])
+    outputs, (c, h) = elmo_jax.model.lstm.lstm_layer(
+        stacked, config, inputs, mask, f32(c_prev)[None], f32(h_prev)[None]
+    )
     np.testing.assert_array_equal(np.asarray(outputs[0, 0]), np.asarray(h[0]))  # a live step outputs its h
     return c[0], h[0]
 
@@ -93,21 +103,30 @@ def test_highway_matches_numpy():
     """The gate from W_carry weights the relu branch (bilm-tf's naming), not the identity."""
     rng = np.random.default_rng(2)
     F = 24
-    layer = {"W_carry": rng.normal(0, 0.5, (F, F)), "b_carry": rng.normal(0, 1, (F,)),
-             "W_transform": rng.normal(0, 0.5, (F, F)), "b_transform": rng.normal(0, 1, (F,))}
+    layer = {
+        "W_carry": rng.normal(0, 0.5, (F, F)),
+        "b_carry": rng.normal(0, 1, (F,)),
+        "W_transform": rng.normal(0, 0.5, (F, F)),
+        "b_transform": rng.normal(0, 1, (F,)),
+    }
     x = rng.normal(0, 1, (16, F))
-    got = elmo_jax.model.char_cnn.highway(jnp.asarray(x, jnp.float32),
-                                    {k: jnp.asarray(v, jnp.float32) for k, v in layer.items()})
+    got = elmo_jax.model.char_cnn.highway(
+        jnp.asarray(x, jnp.float32), {k: jnp.asarray(v, jnp.float32) for k, v in layer.items()}
+    )
     np.testing.assert_allclose(np.asarray(got), np_highway(x, layer), atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(),
-    dict(activation="tanh"),
-    dict(n_highway=0),
-    dict(n_highway=2, activation="tanh"),
-    dict(projection_dim=18, lstm_dim=18),  # sum(filters) == P: no CNN projection
-], ids=["relu", "tanh", "no_highway", "two_highway_tanh", "no_projection"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(),
+        dict(activation="tanh"),
+        dict(n_highway=0),
+        dict(n_highway=2, activation="tanh"),
+        dict(projection_dim=18, lstm_dim=18),  # sum(filters) == P: no CNN projection
+    ],
+    ids=["relu", "tanh", "no_highway", "two_highway_tanh", "no_projection"],
+)
 def test_token_embedding_matches_numpy(overrides):
     """Embedding (zero row for id 0), valid 1-D convolutions, max over positions, bias, activation,
     highway and projection, for random tokens of every length plus an all-padding token."""
@@ -130,13 +149,17 @@ def test_token_embedding_matches_numpy(overrides):
 # ----------------------------------------------------------------------------- full biLM
 
 
-@pytest.mark.parametrize("overrides,max_bytes", [
-    (dict(), 10),
-    (dict(), 48),
-    (dict(n_layers=3), 10),
-    (dict(use_skip_connections=False), 10),
-    (dict(projection_dim=18, lstm_dim=18, cell_clip=None, proj_clip=None), 10),
-], ids=["two_layers", "two_layers_48_byte_tokens", "three_layers", "no_skip", "no_projections_no_clip"])
+@pytest.mark.parametrize(
+    "overrides,max_bytes",
+    [
+        (dict(), 10),
+        (dict(), 48),
+        (dict(n_layers=3), 10),
+        (dict(use_skip_connections=False), 10),
+        (dict(projection_dim=18, lstm_dim=18, cell_clip=None, proj_clip=None), 10),
+    ],
+    ids=["two_layers", "two_layers_48_byte_tokens", "three_layers", "no_skip", "no_projections_no_clip"],
+)
 def test_bilm_matches_numpy(overrides, max_bytes):
     """`embed` equals a per-sentence, per-time-step NumPy biLM for a batch of different lengths incl. an
     empty sentence: padding must not leak into any row, and the backward stack must reverse each
@@ -179,8 +202,13 @@ def test_layer_norm_scalar_mix_matches_numpy():
     layers[~np.broadcast_to(mask[:, None], (B, L, T))] = 100.0  # garbage at padding must be ignored
     s, gamma = np.array([0.3, -1.0, 0.8]), 1.7
 
-    got = elmo_jax.scalar_mix(jnp.asarray(layers, jnp.float32), jnp.asarray(s, jnp.float32),
-                              jnp.asarray(gamma, jnp.float32), jnp.asarray(mask), layer_norm=True)
+    got = elmo_jax.scalar_mix(
+        jnp.asarray(layers, jnp.float32),
+        jnp.asarray(s, jnp.float32),
+        jnp.asarray(gamma, jnp.float32),
+        jnp.asarray(mask),
+        layer_norm=True,
+    )
     expected = np_scalar_mix_layer_norm(layers, s, gamma, mask)
     np.testing.assert_allclose(np.asarray(got), expected, atol=ATOL, rtol=0)
     assert np.all(np.asarray(got)[~mask] == 0.0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 import elmo_jax
 
 ATOL = 1e-5
@@ -72,8 +73,9 @@ def test_scalar_mix_matches_allennlp_elmo(tiny_params, fixture_batch):
     """`scalar_mix` with the fixture's s and gamma reproduces AllenNLP's `Elmo` output and mask."""
     arrays = fixture_batch.arrays
     layers, mask = elmo_jax.embed(tiny_params, arrays["char_ids"])
-    mixed = elmo_jax.scalar_mix(layers, jnp.asarray(arrays["scalar_mix_parameters"]),
-                                jnp.asarray(arrays["scalar_mix_gamma"]), mask)
+    mixed = elmo_jax.scalar_mix(
+        layers, jnp.asarray(arrays["scalar_mix_parameters"]), jnp.asarray(arrays["scalar_mix_gamma"]), mask
+    )
     np.testing.assert_array_equal(np.asarray(mask), arrays["elmo_mask"])
     np.testing.assert_allclose(np.asarray(mixed), arrays["elmo"], atol=ATOL, rtol=0)
 
@@ -106,8 +108,9 @@ def test_embed_is_stateless(tiny_params, load_batch):
     second, _ = elmo_jax.embed(tiny_params, arrays["char_ids"])
     np.testing.assert_array_equal(np.asarray(first), np.asarray(second))
     assert np.abs(arrays["activations_stateful_2nd_call"] - arrays["activations"]).max() > 1e-3
-    np.testing.assert_allclose(_to_fixture_layout(second)[:, arrays["mask"]],
-                               arrays["activations"][:, arrays["mask"]], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        _to_fixture_layout(second)[:, arrays["mask"]], arrays["activations"][:, arrays["mask"]], atol=ATOL, rtol=0
+    )
 
 
 def test_unroll_does_not_change_results(tiny_params, load_batch):

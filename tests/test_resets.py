@@ -11,9 +11,9 @@ import pytest
 
 import elmo_jax
 from elmo_jax.data.batch_stream import BiLMBatchStream
-from elmo_jax.training.lm import lm_outputs
-from elmo_jax.model.lstm import zero_state
 from elmo_jax.formats.vocab_file import Vocab
+from elmo_jax.model.lstm import zero_state
+from elmo_jax.training.lm import lm_outputs
 
 SENTENCES = [" ".join(f"w{(i * 3 + j) % 7}" for j in range(1 + i % 5)) for i in range(40)]
 
@@ -54,8 +54,9 @@ def test_resets_are_deterministic_and_independent_of_the_process_layout(vocab):
 
 def test_lstm_reset_equals_reading_from_a_zero_state():
     """Outputs after a reset position equal a fresh run over the tokens from that position on."""
-    config = elmo_jax.BiLMConfig(char_embed_dim=4, filters=((1, 4), (2, 8)), n_highway=1, lstm_dim=12,
-                                 projection_dim=6, n_layers=2)
+    config = elmo_jax.BiLMConfig(
+        char_embed_dim=4, filters=((1, 4), (2, 8)), n_highway=1, lstm_dim=12, projection_dim=6, n_layers=2
+    )
     params = elmo_jax.init_params(config, jax.random.key(0))
     rng = np.random.default_rng(0)
     D, B, T = 2, 3, 7

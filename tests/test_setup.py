@@ -20,7 +20,20 @@ def test_runtime_dependencies_cover_what_training_and_export_import():
     import tomllib
 
     pyproject = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())
-    names = {dep.split(">")[0].split("=")[0].split("[")[0].strip().lower() for dep in pyproject["project"]["dependencies"]}
-    for needed in ("jax", "flax", "optax", "orbax-checkpoint", "tensorflow-datasets", "h5py", "flatbuffers",
-                   "ml_collections", "absl-py", "grain", "tensorboardx"):
+    names = {
+        dep.split(">")[0].split("=")[0].split("[")[0].strip().lower() for dep in pyproject["project"]["dependencies"]
+    }
+    for needed in (
+        "jax",
+        "flax",
+        "optax",
+        "orbax-checkpoint",
+        "tensorflow-datasets",
+        "h5py",
+        "flatbuffers",
+        "ml_collections",
+        "absl-py",
+        "grain",
+        "tensorboardx",
+    ):
         assert needed in names, needed

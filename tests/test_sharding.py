@@ -11,24 +11,35 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from elmo_jax.training import jitted_steps, sharding
-from tests.support.commands import command_env, error_line, run_command
-from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.model.config import BiLMConfig
-from elmo_jax.training.lm import lm_losses
 from elmo_jax.model.params import init_params
+from elmo_jax.training import jitted_steps, sharding
+from elmo_jax.training.checkpoint import Checkpoints
+from elmo_jax.training.lm import lm_losses
 from elmo_jax.training.softmax import VOCAB_PAD_MULTIPLE, padded_vocab_size
 from elmo_jax.training.train_step import StepConfig, make_optimizer
+from tests.support.commands import command_env, error_line, run_command
 
 ATOL = 1e-5
 MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
 B, T, C = 8, 5, 50
 VOCAB = 300  # padded to 512 rows: 64 per shard on 8 model shards
-MODEL = BiLMConfig(char_embed_dim=4, filters=((1, 4), (2, 8), (3, 8)), n_highway=1, activation="relu",
-                   max_characters_per_token=C, lstm_dim=16, projection_dim=8, n_layers=2, cell_clip=3.0,
-                   proj_clip=3.0, use_skip_connections=True)
+MODEL = BiLMConfig(
+    char_embed_dim=4,
+    filters=((1, 4), (2, 8), (3, 8)),
+    n_highway=1,
+    activation="relu",
+    max_characters_per_token=C,
+    lstm_dim=16,
+    projection_dim=8,
+    n_layers=2,
+    cell_clip=3.0,
+    proj_clip=3.0,
+    use_skip_connections=True,
+)
 CFG = StepConfig(model=MODEL, vocab_size=VOCAB, unroll_steps=T, n_negative_samples=16)
 OPTIMIZER = make_optimizer(0.2, 1.0, 10.0)
 
@@ -40,8 +51,13 @@ def random_batch(seed: int, carry: bool) -> dict[str, np.ndarray]:
     char_ids[..., 0], char_ids[..., 1:5], char_ids[..., 5] = 258, rng.integers(0, 256, (2, B, T, 4)), 259
     mask = np.ones((2, B, T), bool)
     mask[:, 3, 3:] = False
-    return {"char_ids": char_ids, "targets": rng.integers(0, VOCAB, (2, B, T)).astype(np.int32), "mask": mask,
-            "carry": np.full((2, B), carry), "reset": rng.random((2, B, T)) < 0.1}
+    return {
+        "char_ids": char_ids,
+        "targets": rng.integers(0, VOCAB, (2, B, T)).astype(np.int32),
+        "mask": mask,
+        "carry": np.full((2, B), carry),
+        "reset": rng.random((2, B, T)) < 0.1,
+    }
 
 
 def two_steps(mesh):
@@ -68,8 +84,7 @@ def assert_trees_close(a, b):
     leaves_b, tree_b = jax.tree.flatten(b)
     assert tree_a == tree_b
     for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], leaves_b):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=ATOL, rtol=0,
-                                   err_msg=jax.tree_util.keystr(path))
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=ATOL, rtol=0, err_msg=jax.tree_util.keystr(path))
 
 
 # ----------------------------------------------------------------------------- rules
@@ -94,8 +109,9 @@ def test_parameter_shardings_follow_the_rules_table():
     assert len(flat) == 4 * 3 + 3 * 2 + 4 + 2 + 1
     for path, leaf in flat:
         assert leaf.sharding.is_fully_replicated, jax.tree_util.keystr(path)
-    bilm_axes = jax.tree.leaves(sharding.param_logical_axes(state.params)["bilm"],
-                                is_leaf=lambda x: isinstance(x, tuple))
+    bilm_axes = jax.tree.leaves(
+        sharding.param_logical_axes(state.params)["bilm"], is_leaf=lambda x: isinstance(x, tuple)
+    )
     assert len(bilm_axes) == len(flat) and all(rules[a] is None for axes in bilm_axes for a in axes)
     accumulators = [s for s in jax.tree.leaves(state.opt_state) if s.ndim == 2 and s.shape == (512, 8)]
     assert len(accumulators) == 1 and accumulators[0].sharding.spec == P("model", None)
@@ -122,9 +138,15 @@ def test_changing_the_rules_table_changes_the_parallelism():
 def test_every_published_weight_has_logical_axes():
     """The original model's weight layout (2 highway layers, CNN projection, LSTM projection)."""
     original = BiLMConfig(lstm_dim=4096, projection_dim=512, n_highway=2)
-    abstract = jax.eval_shape(lambda: {"bilm": init_params(original, jax.random.key(0)).weights,
-                                       "softmax": {"W": jnp.zeros((padded_vocab_size(793_471), 512)),
-                                                   "b": jnp.zeros((padded_vocab_size(793_471),))}})
+    abstract = jax.eval_shape(
+        lambda: {
+            "bilm": init_params(original, jax.random.key(0)).weights,
+            "softmax": {
+                "W": jnp.zeros((padded_vocab_size(793_471), 512)),
+                "b": jnp.zeros((padded_vocab_size(793_471),)),
+            },
+        }
+    )
     shardings = sharding.param_shardings(sharding.make_mesh(1, 8), abstract)
     assert shardings["softmax"]["W"].spec == P("model", None)
     assert shardings["bilm"]["CNN_high_1"]["W_carry"].spec == P(None, None)
@@ -166,13 +188,15 @@ def test_vocab_sharded_softmax_equals_the_unsharded_one(num_sampled):
     mask = rng.random((2, B, T)) < 0.9
 
     def loss(softmax, outputs):
-        sums, counts = lm_losses(softmax, outputs, targets, mask, vocab_size=V, num_sampled=num_sampled,
-                                 key=jax.random.key(1), chunk=128)
+        sums, counts = lm_losses(
+            softmax, outputs, targets, mask, vocab_size=V, num_sampled=num_sampled, key=jax.random.key(1), chunk=128
+        )
         return jnp.sum(sums), (sums, counts)
 
     run = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
-    (_, (ref_sums, ref_counts)), ref_grads = run(jax.device_put({"W": W, "b": b}, jax.devices()[0]),
-                                                 jax.device_put(outputs, jax.devices()[0]))
+    (_, (ref_sums, ref_counts)), ref_grads = run(
+        jax.device_put({"W": W, "b": b}, jax.devices()[0]), jax.device_put(outputs, jax.devices()[0])
+    )
     mesh = sharding.make_mesh(2, 4)
     softmax = {"W": sharded(mesh, W, P("model", None)), "b": sharded(mesh, b, P("model"))}
     (_, (sums, counts)), grads = run(softmax, sharded(mesh, outputs, P(None, "data")))
@@ -190,8 +214,10 @@ def test_sharded_steps_never_gather_the_softmax_or_the_batch():
     steps = jitted_steps.jit_steps(sharding.make_mesh(2, 4), CFG, OPTIMIZER, B)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=steps.batch) for k, v in random_batch(0, True).items()}
     state = steps.abstract_state
-    for compiled in (steps.train.lower(state, batch, 8).compile(),
-                     steps.eval.lower(state.params, state.lstm, batch, 8).compile()):
+    for compiled in (
+        steps.train.lower(state, batch, 8).compile(),
+        steps.eval.lower(state.params, state.lstm, batch, 8).compile(),
+    ):
         text = compiled.as_text()
         assert "all-reduce" in text
         assert not re.search(r"\ball-gather(-start)?\(", text), "a sharded array is gathered whole"
@@ -218,13 +244,17 @@ def test_a_checkpoint_written_on_one_mesh_restores_on_another(tmp_path):
 # ----------------------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("data,model,named", [
-    (3, -1, "8 devices do not split into groups of 3"),
-    (4, 4, "4 x 4 = 16 devices but there are 8"),
-    (1, 1, "1 x 1 = 1 devices but there are 8"),
-    (-1, -1, "at most one of them -1"),
-    (0, 8, "positive integers"),
-], ids=["no_split", "too_many", "too_few", "two_free", "zero"])
+@pytest.mark.parametrize(
+    "data,model,named",
+    [
+        (3, -1, "8 devices do not split into groups of 3"),
+        (4, 4, "4 x 4 = 16 devices but there are 8"),
+        (1, 1, "1 x 1 = 1 devices but there are 8"),
+        (-1, -1, "at most one of them -1"),
+        (0, 8, "positive integers"),
+    ],
+    ids=["no_split", "too_many", "too_few", "two_free", "zero"],
+)
 def test_a_mesh_that_does_not_fit_the_devices_is_refused(data, model, named):
     with pytest.raises(ValueError) as error:
         sharding.make_mesh(data, model)
@@ -234,8 +264,11 @@ def test_a_mesh_that_does_not_fit_the_devices_is_refused(data, model, named):
 
 def test_a_batch_or_vocabulary_that_does_not_split_is_refused():
     mesh = sharding.make_mesh(8, 1)
-    with pytest.raises(ValueError, match=r"--config.batch_size=12 is not divisible by the 8 shards of mesh axis "
-                                         r"'data'"):
+    with pytest.raises(
+        ValueError,
+        match=r"--config.batch_size=12 is not divisible by the 8 shards of mesh axis "
+        r"'data'",
+    ):
         sharding.check_training_mesh(mesh, 12, process_count=1)
     with pytest.raises(ValueError, match=r"--config.batch_size=12 is not divisible by the 8 processes"):
         sharding.check_training_mesh(sharding.make_mesh(1, 8), 12, process_count=8)
@@ -245,10 +278,16 @@ def test_a_batch_or_vocabulary_that_does_not_split_is_refused():
 
 
 def test_the_cli_refuses_a_bad_mesh_in_one_line_before_writing_anything(tmp_path):
-    result = run_command("train.py", "--config=configs/default.py", f"--workdir={tmp_path / 'w'}",
-                         "--config.batch_size=6", "--config.mesh.model=2",
-                         env=command_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+    result = run_command(
+        "train.py",
+        "--config=configs/default.py",
+        f"--workdir={tmp_path / 'w'}",
+        "--config.batch_size=6",
+        "--config.mesh.model=2",
+        env=command_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"),
+    )
     assert error_line(result) == (
         "error: --config.batch_size=6 is not divisible by the 4 shards of mesh axis 'data' (--config.mesh.data=4 "
-        "--config.mesh.model=2); use a batch size that is a multiple of 4")
+        "--config.mesh.model=2); use a batch size that is a multiple of 4"
+    )
     assert not (tmp_path / "w").exists()

@@ -15,8 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from elmo_jax.training.softmax import (expected_draws, full_softmax_loss, log_expected_count, sample_candidates,
-                              sampled_softmax_loss)
+from elmo_jax.training.softmax import (
+    expected_draws,
+    full_softmax_loss,
+    log_expected_count,
+    sample_candidates,
+    sampled_softmax_loss,
+)
 
 ATOL = 1e-5
 
@@ -83,14 +88,17 @@ def test_two_token_cross_entropy_by_hand():
     b = [0.1, -0.2, 0.0]
     h = [[1.0, 2.0], [0.5, -1.0]]
     targets = [2, 0]
-    expected = [math.log(math.exp(1.1) + math.exp(1.8) + math.exp(3.0)) - 3.0,
-                math.log(math.exp(0.6) + math.exp(-1.2) + math.exp(-0.5)) - 0.6]
+    expected = [
+        math.log(math.exp(1.1) + math.exp(1.8) + math.exp(3.0)) - 3.0,
+        math.log(math.exp(0.6) + math.exp(-1.2) + math.exp(-0.5)) - 0.6,
+    ]
 
     full = full_softmax_loss(f32(W), f32(b), f32(h), jnp.asarray(targets), vocab_size=3)
     np.testing.assert_allclose(np.asarray(full), expected, atol=ATOL, rtol=0)
     # Every class a candidate: no log-Q correction and the target's own candidate removed.
-    sampled = sampled_softmax_loss(f32(W), f32(b), f32(h), jnp.asarray(targets), jnp.arange(3), vocab_size=3,
-                                   num_sampled=3)
+    sampled = sampled_softmax_loss(
+        f32(W), f32(b), f32(h), jnp.asarray(targets), jnp.arange(3), vocab_size=3, num_sampled=3
+    )
     np.testing.assert_allclose(np.asarray(sampled), expected, atol=ATOL, rtol=0)
 
 
@@ -167,13 +175,17 @@ def test_sampled_softmax_matches_tf_rederivation_with_accidental_hits():
     hit = np.isin(targets, candidates)
     assert np.all(np.abs(kept_hits - expected)[hit] > 1e-3), "test setup: the hits must matter"
 
-    got = np.asarray(sampled_softmax_loss(f32(W), f32(b), f32(h), jnp.asarray(targets),
-                                          jnp.asarray(candidates, jnp.int32), V, num_sampled=S))
+    got = np.asarray(
+        sampled_softmax_loss(
+            f32(W), f32(b), f32(h), jnp.asarray(targets), jnp.asarray(candidates, jnp.int32), V, num_sampled=S
+        )
+    )
     np.testing.assert_allclose(got, expected, atol=ATOL, rtol=0)
     for i in np.nonzero(hit)[0]:
         others = jnp.asarray(candidates[candidates != targets[i]], jnp.int32)
-        without = sampled_softmax_loss(f32(W), f32(b), f32(h[i : i + 1]), jnp.asarray(targets[i : i + 1]), others,
-                                       V, num_sampled=S)
+        without = sampled_softmax_loss(
+            f32(W), f32(b), f32(h[i : i + 1]), jnp.asarray(targets[i : i + 1]), others, V, num_sampled=S
+        )
         np.testing.assert_allclose(np.asarray(without), got[i : i + 1], atol=ATOL, rtol=0, err_msg=f"token {i}")
 
 

@@ -43,8 +43,10 @@ def with_mix_params(variables, values):
     """Replaces mix i's s and gamma by values[i] = (s (L,), gamma)."""
     params = jax.tree.map(lambda x: x, variables["params"])
     for i, (s, gamma) in enumerate(values):
-        params["mixes"][f"scalar_mix_{i}"] = {"scalar_parameters": jnp.asarray(s, jnp.float32),
-                                              "gamma": jnp.asarray(gamma, jnp.float32)}
+        params["mixes"][f"scalar_mix_{i}"] = {
+            "scalar_parameters": jnp.asarray(s, jnp.float32),
+            "gamma": jnp.asarray(gamma, jnp.float32),
+        }
     return {"params": params}
 
 
@@ -61,8 +63,9 @@ def test_mixes_equal_numpy_formula_on_allennlp_layers(tiny_params, load_batch, l
         np.testing.assert_array_equal(np.asarray(mask), batch.arrays["mask"])
         assert len(reps) == 2
         for rep, (s, gamma) in zip(reps, values):
-            expected = numpy_mix(batch.arrays["activations_with_bos_eos"], batch.arrays["mask_with_bos_eos"], s, gamma,
-                                 layer_norm)
+            expected = numpy_mix(
+                batch.arrays["activations_with_bos_eos"], batch.arrays["mask_with_bos_eos"], s, gamma, layer_norm
+            )
             assert rep.shape == expected.shape and rep.dtype == jnp.float32
             np.testing.assert_allclose(np.asarray(rep), expected, atol=ATOL, rtol=0)
         assert not np.allclose(np.asarray(reps[0]), np.asarray(reps[1]))
@@ -105,8 +108,11 @@ def test_frozen_bilm_gets_exactly_zero_gradient_and_finetuned_gets_one(tiny_para
     tuned = ElmoTaskLayers(bilm=tiny_params, num_output_representations=2, finetune_bilm=True)
     variables = tuned.init(jax.random.key(0), ONE_TOKEN)
     assert set(variables["params"]) == {"mixes", "bilm"}
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-                 variables["params"]["bilm"], tiny_params.weights)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+        variables["params"]["bilm"],
+        tiny_params.weights,
+    )
     grads = jax.jit(jax.grad(lambda v: _loss(*tuned.apply(v, chars))))(variables)["params"]["bilm"]
     for group in ("char_embed", "CNN", "CNN_high_0", "CNN_proj", "RNN_0", "RNN_1"):
         assert any(np.any(np.asarray(g) != 0.0) for g in jax.tree.leaves(grads[group])), group
@@ -122,6 +128,7 @@ def test_mixes_have_separate_parameters(tiny_params, load_batch):
     module = ElmoTaskLayers(bilm=tiny_params, num_output_representations=3)
     variables = module.init(jax.random.key(0), ONE_TOKEN)
     assert set(variables["params"]["mixes"]) == {"scalar_mix_0", "scalar_mix_1", "scalar_mix_2"}
+
     def loss_of_first(v):
         reps, mask = module.apply(v, chars)
         return _loss(reps[:1], mask)
@@ -145,8 +152,9 @@ def test_jit_dropout_and_l2_penalty(tiny_params, load_batch):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=ATOL, rtol=0)
     np.testing.assert_array_equal(np.asarray(mask), np.asarray(jmask))
 
-    (dropped, _), state = jax.jit(lambda v, c, k: module.apply(v, c, deterministic=False, rngs={"dropout": k},
-                                                               mutable=["losses"]))(params, chars, jax.random.key(1))
+    (dropped, _), state = jax.jit(
+        lambda v, c, k: module.apply(v, c, deterministic=False, rngs={"dropout": k}, mutable=["losses"])
+    )(params, chars, jax.random.key(1))
     # 0.01 * (1 + 4 + 9) + 0.01 * 0.25, by hand
     np.testing.assert_allclose(float(elmo_penalty(state)), 0.1425, rtol=1e-6)
     for kept, full in zip(dropped, eager):
@@ -188,10 +196,12 @@ def test_inside_a_user_model_trains_under_jit(tiny_params, load_batch):
     @jax.jit
     def step(params, opt_state, key):
         def loss_fn(p):
-            (logits, m), state = model.apply({"params": p}, word_ids, chars, deterministic=False,
-                                             rngs={"dropout": key}, mutable=["losses"])
+            (logits, m), state = model.apply(
+                {"params": p}, word_ids, chars, deterministic=False, rngs={"dropout": key}, mutable=["losses"]
+            )
             ce = optax.softmax_cross_entropy_with_integer_labels(logits, tags)
             return jnp.sum(jnp.where(m, ce, 0.0)) / jnp.sum(m) + elmo_penalty(state)
+
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = optimizer.update(grads, opt_state)
         return optax.apply_updates(params, updates), opt_state, loss
@@ -213,5 +223,6 @@ def test_bad_input_is_refused(tiny_params):
     with pytest.raises(ValueError, match="ElmoTaskLayers.bilm must be BiLMParams"):
         ElmoTaskLayers(bilm=tiny_params.weights).init(jax.random.key(0), np.ones((1, 2, 50), np.int32))
     with pytest.raises(ValueError, match="num_output_representations must be a positive integer, found 0"):
-        ElmoTaskLayers(bilm=tiny_params, num_output_representations=0).init(jax.random.key(0),
-                                                                            np.ones((1, 2, 50), np.int32))
+        ElmoTaskLayers(bilm=tiny_params, num_output_representations=0).init(
+            jax.random.key(0), np.ones((1, 2, 50), np.int32)
+        )

@@ -9,8 +9,8 @@ import tracemalloc
 import pytest
 
 from elmo_jax.data import text_files
-from elmo_jax.formats import atomic_write
 from elmo_jax.data.text_files import ReadStats, expand_glob, iter_sentences
+from elmo_jax.formats import atomic_write
 
 
 def write(path, data: bytes | str):
@@ -26,7 +26,8 @@ def test_expand_glob_sorts_and_keeps_pattern_order(tmp_path):
         write(tmp_path / name, "x\n")
     assert expand_glob(str(tmp_path / "*.txt")) == [str(tmp_path / n) for n in ("a.txt", "b.txt", "c.txt")]
     assert expand_glob([str(tmp_path / "c.txt"), str(tmp_path / "[ab].txt")]) == [
-        str(tmp_path / n) for n in ("c.txt", "a.txt", "b.txt")]
+        str(tmp_path / n) for n in ("c.txt", "a.txt", "b.txt")
+    ]
 
 
 def test_expand_glob_takes_an_existing_path_literally(tmp_path):
@@ -67,14 +68,17 @@ def test_expand_glob_rejects_no_patterns():
 
 # ----------------------------------------------------------------------------- iter_sentences
 
-ODD = (b"\xef\xbb\xbfhello  world .\r\n"  # 1: BOM, double space, CRLF
-       b"\n"                              # 2: blank
-       b" \t \n"                          # 3: blank
-       b"bad \xff byte\n"                 # 4: invalid UTF-8
-       b"nul\x00inside x\n"               # 5: NUL is not whitespace
-       + b"y" * 30 + b"\n"                # 6: over the 20-character limit
-       + b"<S> again <S>\n"               # 7: reserved words
-       b"no newline at end")              # 8
+ODD = (
+    b"\xef\xbb\xbfhello  world .\r\n"  # 1: BOM, double space, CRLF
+    b"\n"  # 2: blank
+    b" \t \n"  # 3: blank
+    b"bad \xff byte\n"  # 4: invalid UTF-8
+    b"nul\x00inside x\n"  # 5: NUL is not whitespace
+    + b"y" * 30
+    + b"\n"  # 6: over the 20-character limit
+    + b"<S> again <S>\n"  # 7: reserved words
+    b"no newline at end"
+)  # 8
 
 
 @pytest.mark.parametrize("policy", ["replace", "skip"])
@@ -82,8 +86,9 @@ def test_every_odd_line_is_counted(tmp_path, policy):
     odd = write(tmp_path / "odd.txt", ODD)
     empty = write(tmp_path / "empty.txt", b"")
     stats = ReadStats()
-    sentences = list(iter_sentences([odd, empty], max_line_chars=20, invalid_utf8=policy, stats=stats,
-                                    reserved=["<S>"]))
+    sentences = list(
+        iter_sentences([odd, empty], max_line_chars=20, invalid_utf8=policy, stats=stats, reserved=["<S>"])
+    )
     expected = [["hello", "world", "."]]
     if policy == "replace":
         expected.append(["bad", "\ufffd", "byte"])
@@ -100,9 +105,20 @@ def test_every_odd_line_is_counted(tmp_path, policy):
     assert stats.examples["empty_files"] == [empty]
     summary = stats.summary()
     assert "\n" not in summary
-    for count in ("files=2", "empty=1", "bom=1", "lines=8", f"sentences={len(expected)}", "blank=2", "too_long=1",
-                  f"invalid_utf8={stats.invalid_utf8_skipped}", f"invalid_utf8_replaced={stats.invalid_utf8_replaced}",
-                  "nul=1", "reserved_tokens=2", f"long_lines: {odd}:6"):
+    for count in (
+        "files=2",
+        "empty=1",
+        "bom=1",
+        "lines=8",
+        f"sentences={len(expected)}",
+        "blank=2",
+        "too_long=1",
+        f"invalid_utf8={stats.invalid_utf8_skipped}",
+        f"invalid_utf8_replaced={stats.invalid_utf8_replaced}",
+        "nul=1",
+        "reserved_tokens=2",
+        f"long_lines: {odd}:6",
+    ):
         assert count in summary
 
 
@@ -145,11 +161,14 @@ def test_sentences_stream_in_file_order(tmp_path):
     assert [s for s in iter_sentences([b, a])] == [["three"], ["one"], ["two"]]
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(invalid_utf8="ignore"), r"invalid_utf8='ignore': expected one of \('replace', 'skip'\)"),
-    (dict(max_line_chars=0), r"max_line_chars=0: expected a positive int or None"),
-    (dict(max_line_chars=2.5), r"max_line_chars=2.5"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(invalid_utf8="ignore"), r"invalid_utf8='ignore': expected one of \('replace', 'skip'\)"),
+        (dict(max_line_chars=0), r"max_line_chars=0: expected a positive int or None"),
+        (dict(max_line_chars=2.5), r"max_line_chars=2.5"),
+    ],
+)
 def test_bad_options_fail_at_the_call(tmp_path, kwargs, message):
     path = write(tmp_path / "a.txt", "x\n")
     with pytest.raises(ValueError, match=message):

@@ -19,8 +19,9 @@ ATOL = 1e-6  # issue #6: cached-vocab outputs equal char-CNN outputs to 1e-6
 PARITY_ATOL = 1e-5  # against AllenNLP's own code, as in test_parity_allennlp.py
 
 # A small random biLM with the demo's char CNN shape (several filter widths, highway, projection).
-SMALL = elmo_jax.BiLMConfig(char_embed_dim=8, filters=((1, 16), (2, 16), (3, 32), (4, 64)), n_highway=1,
-                            lstm_dim=48, projection_dim=24)
+SMALL = elmo_jax.BiLMConfig(
+    char_embed_dim=8, filters=((1, 16), (2, 16), (3, 32), (4, 64)), n_highway=1, lstm_dim=48, projection_dim=24
+)
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +68,13 @@ def test_random_model_oov_boundaries_padding_state(small_params):
     rng = np.random.default_rng(0)
     vocab = _words(rng, 150)
     cache = tc.build_token_cache(small_params, vocab, batch_size=16)  # many chunks, a partial last one
-    sentences = [list(rng.choice(vocab, 12)) + ["unseen", "wörd"], ["<S>", vocab[3], "</S>", "x" * 70], [],
-                 _words(rng, 9), [vocab[0]]]
+    sentences = [
+        list(rng.choice(vocab, 12)) + ["unseen", "wörd"],
+        ["<S>", vocab[3], "</S>", "x" * 70],
+        [],
+        _words(rng, 9),
+        [vocab[0]],
+    ]
     sentences += [list(rng.choice(vocab + _words(rng, 20), int(n))) for n in rng.integers(1, 15, size=6)]
     _assert_same(small_params, cache, sentences)
     _assert_same(small_params, cache, sentences, keep_boundaries=True)
@@ -87,8 +93,9 @@ def test_cache_rows_are_char_cnn_vectors(small_params):
     assert cache.tokens == tuple(vocab) + ("<S>", "</S>")
     assert cache.embeddings.shape == (len(vocab) + 2, SMALL.projection_dim) and cache.embeddings.dtype == np.float32
     layers, _ = elmo_jax.embed(small_params, elmo_jax.batch_to_ids([[w] for w in vocab]))
-    np.testing.assert_allclose(cache.embeddings[: len(vocab)], np.asarray(layers)[:, 0, 0, : SMALL.projection_dim],
-                               atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        cache.embeddings[: len(vocab)], np.asarray(layers)[:, 0, 0, : SMALL.projection_dim], atol=ATOL, rtol=0
+    )
     bos, _ = elmo_jax.embed(small_params, elmo_jax.batch_to_ids([["<S>"]]))
     np.testing.assert_allclose(cache.embeddings[cache.index["<S>"]], np.asarray(bos)[0, 0, 0, :24], atol=ATOL, rtol=0)
     with pytest.raises(ValueError, match=r"duplicate token .a. at positions 0 and 2"):

@@ -24,7 +24,6 @@ from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.training import heldout, loop, settings
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.train_step import init_train_state
-
 from tests.support.compare import assert_trees_equal, read_metrics, restored, without_timing
 from tests.support.configs import TRAINED_STEPS, with_overrides
 
@@ -94,10 +93,12 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(trained_run, corpus,
     assert int(state_b.step) == N + M
     assert_trees_equal(state_a, state_b)
     assert data_a == data_b
-    weights_a = elmo_jax.load_hdf5(os.path.join(workdir_a, "export", "options.json"),
-                                   os.path.join(workdir_a, "export", "weights.hdf5"))
-    weights_b = elmo_jax.load_hdf5(os.path.join(workdir_b, "export", "options.json"),
-                                   os.path.join(workdir_b, "export", "weights.hdf5"))
+    weights_a = elmo_jax.load_hdf5(
+        os.path.join(workdir_a, "export", "options.json"), os.path.join(workdir_a, "export", "weights.hdf5")
+    )
+    weights_b = elmo_jax.load_hdf5(
+        os.path.join(workdir_b, "export", "options.json"), os.path.join(workdir_b, "export", "weights.hdf5")
+    )
     assert_trees_equal(weights_a.weights, weights_b.weights)
 
 
@@ -110,8 +111,15 @@ def test_export_loads_and_embeds_like_the_trained_parameters(trained_run, corpus
     checkpoint, which are not the initial ones."""
     workdir, config = trained_run.workdir, trained_run.config
     export = os.path.join(workdir, "export")
-    assert sorted(os.listdir(export)) == ["USAGE.md", "extractor.jax", "manifest.json", "options.json", "params.npz",
-                                          "vocab.txt", "weights.hdf5"]
+    assert sorted(os.listdir(export)) == [
+        "USAGE.md",
+        "extractor.jax",
+        "manifest.json",
+        "options.json",
+        "params.npz",
+        "vocab.txt",
+        "weights.hdf5",
+    ]
     assert Vocab.load(os.path.join(export, "vocab.txt")).words == Vocab.load(os.path.join(workdir, "vocab.txt")).words
     loaded = elmo_jax.load_hdf5(os.path.join(export, "options.json"), os.path.join(export, "weights.hdf5"))
     model = settings.model_config(config)
@@ -198,8 +206,7 @@ def test_init_from_workdir_keeps_the_softmax_and_export_starts_a_fresh_one(train
     assert loss_w < loss_a - 1.0, (loss_w, loss_a)
 
     from_export = str(tmp_path / "from_export")
-    loop.train_and_evaluate(with_overrides(config_a, init_from=os.path.join(workdir_a, "export"), **steps),
-                           from_export)
+    loop.train_and_evaluate(with_overrides(config_a, init_from=os.path.join(workdir_a, "export"), **steps), from_export)
     state_e, _ = restored(from_export)
     assert_trees_equal(state_e.params["bilm"], state_a.params["bilm"])
     cfg = settings.step_config(config_a, len(Vocab.load(os.path.join(workdir_a, "vocab.txt"))))

@@ -44,10 +44,14 @@ def test_cli_trains_checkpoints_and_exports(trained):
     assert loaded.config.lstm_dim == LSTM_DIM
 
 
-@pytest.mark.parametrize("override,named", [
-    ("--config.model.lstm_dimm=16", "lstm_dimm"),
-    ("--config.batch_size=abc", "batch_size"),
-], ids=["unknown_key", "bad_value"])
+@pytest.mark.parametrize(
+    "override,named",
+    [
+        ("--config.model.lstm_dimm=16", "lstm_dimm"),
+        ("--config.batch_size=abc", "batch_size"),
+    ],
+    ids=["unknown_key", "bad_value"],
+)
 def test_config_mistakes_are_one_line_errors(corpus, tmp_path, override, named):
     line = error_line(run_train(*tiny_args(corpus, tmp_path / "w"), override))
     assert named in line

@@ -17,13 +17,7 @@ from tests.support.commands import run_command
 REPO = Path(__file__).resolve().parents[1]
 
 # Counts: the 5, cat 3, sat 3, . 3, a 2, b 2, dog 1, é 1, z 1; "<S>" twice, which must not count.
-CORPUS = ("the cat sat .\n"
-          "the dog sat .\n"
-          "\n"
-          "<S> the cat sat . <S>\n"
-          "the b a z\n"
-          "the é b a\n"
-          "cat\n")
+CORPUS = "the cat sat .\nthe dog sat .\n\n<S> the cat sat . <S>\nthe b a z\nthe é b a\ncat\n"
 
 
 @pytest.fixture
@@ -38,8 +32,9 @@ def corpus(tmp_path) -> Path:
 
 def test_count_tokens_counts_words_but_not_reserved_ones(corpus):
     counts, stats = count_tokens(str(corpus))
-    assert counts == collections.Counter({"the": 5, "cat": 3, "sat": 3, ".": 3, "a": 2, "b": 2, "dog": 1,
-                                          "z": 1, "é": 1})
+    assert counts == collections.Counter(
+        {"the": 5, "cat": 3, "sat": 3, ".": 3, "a": 2, "b": 2, "dog": 1, "z": 1, "é": 1}
+    )
     assert (stats.lines, stats.sentences, stats.blank_lines, stats.reserved_tokens) == (7, 6, 1, 2)
     assert stats.examples["reserved_tokens"] == [f"{corpus}:4"]
 
@@ -71,11 +66,14 @@ def test_build_vocab_does_not_depend_on_counter_order():
     assert build_vocab(dict(items)) == build_vocab(dict(reversed(items)))
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(min_count=0), r"min_count=0: expected an int >= 1"),
-    (dict(max_size=2), r"max_size=2: expected None or an int >= 3 \(it counts the reserved <S>, </S>, <UNK>\)"),
-    (dict(max_size=True), r"max_size=True"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(min_count=0), r"min_count=0: expected an int >= 1"),
+        (dict(max_size=2), r"max_size=2: expected None or an int >= 3 \(it counts the reserved <S>, </S>, <UNK>\)"),
+        (dict(max_size=True), r"max_size=True"),
+    ],
+)
 def test_build_vocab_rejects_bad_sizes(kwargs, message):
     with pytest.raises(ValueError, match=message):
         build_vocab({"a": 1}, **kwargs)
@@ -121,16 +119,24 @@ def test_save_and_load_round_trip_and_replace(tmp_path, corpus):
     assert sorted(os.listdir(tmp_path)) == ["corpus.txt", "vocab.txt"]
 
 
-@pytest.mark.parametrize("content,error,message", [
-    (b"", ValueError, r"{path}: no tokens"),
-    (b"<S>\n</S>\nthe\n", ValueError, r"{path}: missing <UNK>; a vocabulary must contain <S>, </S>, <UNK>"),
-    (b"the\n", ValueError, r"{path}: missing <S>, </S>, <UNK>"),
-    (b"<S>\n</S>\n<UNK>\nthe\ncat\nthe\n", ValueError, r"{path}:6: duplicate token 'the', first on line 4"),
-    (b"<S>\n</S>\n!!!MAXTERMID\n<UNK>\n<S>\n", ValueError, r"{path}:5: duplicate token '<S>', first on line 1"),
-    (b"<S>\n</S>\n<UNK>\nnew york\n", ValueError, r"{path}:4: expected one token without whitespace, found 'new york'"),
-    (b"<S>\n</S>\n<UNK>\n\nthe\n", ValueError, r"{path}:4: expected one token without whitespace, found ''"),
-    (b"<S>\n</S>\n<UNK>\nbad\xffbyte\n", ValueError, r"{path}:4: not valid UTF-8"),
-], ids=["empty", "no_unk", "no_specials", "duplicate", "duplicate_after_maxtermid", "space", "blank", "utf8"])
+@pytest.mark.parametrize(
+    "content,error,message",
+    [
+        (b"", ValueError, r"{path}: no tokens"),
+        (b"<S>\n</S>\nthe\n", ValueError, r"{path}: missing <UNK>; a vocabulary must contain <S>, </S>, <UNK>"),
+        (b"the\n", ValueError, r"{path}: missing <S>, </S>, <UNK>"),
+        (b"<S>\n</S>\n<UNK>\nthe\ncat\nthe\n", ValueError, r"{path}:6: duplicate token 'the', first on line 4"),
+        (b"<S>\n</S>\n!!!MAXTERMID\n<UNK>\n<S>\n", ValueError, r"{path}:5: duplicate token '<S>', first on line 1"),
+        (
+            b"<S>\n</S>\n<UNK>\nnew york\n",
+            ValueError,
+            r"{path}:4: expected one token without whitespace, found 'new york'",
+        ),
+        (b"<S>\n</S>\n<UNK>\n\nthe\n", ValueError, r"{path}:4: expected one token without whitespace, found ''"),
+        (b"<S>\n</S>\n<UNK>\nbad\xffbyte\n", ValueError, r"{path}:4: not valid UTF-8"),
+    ],
+    ids=["empty", "no_unk", "no_specials", "duplicate", "duplicate_after_maxtermid", "space", "blank", "utf8"],
+)
 def test_bad_vocab_files_are_named_with_line(tmp_path, content, error, message):
     path = tmp_path / "vocab.txt"
     path.write_bytes(content)
@@ -157,17 +163,31 @@ def test_cli_writes_the_vocabulary(tmp_path, corpus):
     result = run_cli(f"--files={tmp_path}/*.txt", f"--output={output}", "--min_count=2")
     assert result.returncode == 0, result.stderr
     assert output.read_text(encoding="utf-8").split("\n") == [
-        "<S>", "</S>", "<UNK>", "the", ".", "cat", "sat", "a", "b", ""]
+        "<S>",
+        "</S>",
+        "<UNK>",
+        "the",
+        ".",
+        "cat",
+        "sat",
+        "a",
+        "b",
+        "",
+    ]
     assert "sentences=6" in result.stdout and "reserved_tokens=2" in result.stdout
     assert "9 seen, 6 kept, 3 dropped" in result.stdout
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--files={tmp}/missing-*"], "error: no file matches"),
-    (["--files={tmp}/*.txt", "--max_size=2"], "error: max_size=2: expected None or an int >= 3"),
-    (["--files={tmp}/*.txt", "--invalid_utf8=ignore"], "error: flag --invalid_utf8=ignore"),
-    (["--files={tmp}/blank.txt"], "error: no sentences in"),
-], ids=["no_match", "max_size", "bad_enum", "no_sentences"])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--files={tmp}/missing-*"], "error: no file matches"),
+        (["--files={tmp}/*.txt", "--max_size=2"], "error: max_size=2: expected None or an int >= 3"),
+        (["--files={tmp}/*.txt", "--invalid_utf8=ignore"], "error: flag --invalid_utf8=ignore"),
+        (["--files={tmp}/blank.txt"], "error: no sentences in"),
+    ],
+    ids=["no_match", "max_size", "bad_enum", "no_sentences"],
+)
 def test_cli_bad_input_is_one_line_and_leaves_the_output_alone(tmp_path, corpus, args, message):
     (tmp_path / "blank.txt").write_text("\n\n", encoding="utf-8")
     output = tmp_path / "out" / "vocab.txt"
@@ -191,4 +211,5 @@ def test_cli_checks_the_output_directory_before_counting(tmp_path, corpus):
 def test_importing_vocab_defines_no_flags():
     """Library users (the data pipeline, train.py) must not inherit --files/--output from this CLI."""
     from absl import flags
+
     assert "min_count" not in flags.FLAGS and vocab_lib.FLAGS is flags.FLAGS

@@ -25,8 +25,11 @@ def hdf5_datasets(path) -> dict[str, tuple]:
     """{path: (shape, dtype, values)} of every dataset in an HDF5 file."""
     out = {}
     with h5py.File(path, "r") as f:
-        f.visititems(lambda name, obj: out.__setitem__(name, (obj.shape, obj.dtype, obj[...]))
-                     if isinstance(obj, h5py.Dataset) else None)
+        f.visititems(
+            lambda name, obj: (
+                out.__setitem__(name, (obj.shape, obj.dtype, obj[...])) if isinstance(obj, h5py.Dataset) else None
+            )
+        )
     return out
 
 
@@ -107,8 +110,9 @@ def test_save_replaces_an_existing_file_atomically(tiny_params, tmp_path):
     elmo_jax.save_hdf5(changed, options, weights)
     assert sorted(os.listdir(tmp_path)) == ["options.json", "weights.hdf5"]
     reloaded = elmo_jax.load_hdf5(options, weights)
-    np.testing.assert_array_equal(np.asarray(reloaded.weights["char_embed"]),
-                                  2 * np.asarray(tiny_params.weights["char_embed"]))
+    np.testing.assert_array_equal(
+        np.asarray(reloaded.weights["char_embed"]), 2 * np.asarray(tiny_params.weights["char_embed"])
+    )
 
 
 def test_failed_save_keeps_the_old_file(tiny_params, tmp_path, monkeypatch):
@@ -167,8 +171,9 @@ def test_published_parameter_counts(name):
     assert sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes)) == PUBLISHED_COUNTS[name]
 
 
-@pytest.mark.parametrize("name,dims", [("small", (1024, 128, 1)), ("medium", (2048, 256, 1)),
-                                       ("original", (4096, 512, 2))])
+@pytest.mark.parametrize(
+    "name,dims", [("small", (1024, 128, 1)), ("medium", (2048, 256, 1)), ("original", (4096, 512, 2))]
+)
 def test_presets_match_the_published_sizes(name, dims):
     """Each preset has the published H, P, n_highway and the shared filter bank."""
     config = elmo_jax.BiLMConfig.preset(name)
@@ -181,8 +186,14 @@ def test_presets_match_the_published_sizes(name, dims):
 # ----------------------------------------------------------------------------- initialisation
 
 
-MODERATE = dict(char_embed_dim=16, filters=((1, 32), (2, 32), (3, 64), (4, 128)), n_highway=1,
-                lstm_dim=512, projection_dim=128, n_layers=2)
+MODERATE = dict(
+    char_embed_dim=16,
+    filters=((1, 32), (2, 32), (3, 64), (4, 128)),
+    n_highway=1,
+    lstm_dim=512,
+    projection_dim=128,
+    n_layers=2,
+)
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import grain
 import numpy as np
 
-from elmo_jax.model.chars import BOS_TOKEN, EOS_TOKEN, token_to_raw_ids
 from elmo_jax.formats.vocab_file import Vocab
+from elmo_jax.model.chars import BOS_TOKEN, EOS_TOKEN, token_to_raw_ids
 
 DIRECTIONS = ("forward", "backward")
 # Words whose character ids are cached; the cache stops growing past this (a 1B-Word vocabulary is
@@ -70,8 +71,9 @@ class _Direction:
     # each shard it touches (and TFDS starts a thread pool per call), so calls must be few and large.
     READ_AHEAD = 256
 
-    def __init__(self, source: Sequence[Any], seed: int | None, direction: int, repeat: bool, rows: range,
-                 batch_size: int):
+    def __init__(
+        self, source: Sequence[Any], seed: int | None, direction: int, repeat: bool, rows: range, batch_size: int
+    ):
         self.source, self.seed, self.direction = source, seed, direction
         self.n_sentences = len(source)
         self.repeat = repeat
@@ -113,8 +115,9 @@ class _Direction:
             if start is None:  # a row that has not started reads from its own first position later
                 continue
             count = self.READ_AHEAD - len(ahead)
-            wanted.extend((r, p) for p in range(start, start + count * self.batch_size, self.batch_size)
-                          if not self.exhausted(p))
+            wanted.extend(
+                (r, p) for p in range(start, start + count * self.batch_size, self.batch_size) if not self.exhausted(p)
+            )
         indices = [self.source_index(p) for _, p in wanted]
         getitems = getattr(self.source, "__getitems__", None)
         records = getitems(indices) if getitems else [self.source[i] for i in indices]
@@ -154,18 +157,34 @@ class BiLMBatchStream:
         and independent of the process layout.
     """
 
-    def __init__(self, sentences: Sequence[Any], vocab: Vocab, *, batch_size: int, unroll_steps: int,
-                 seed: int | None = 0, repeat: bool = True, process_index: int = 0, process_count: int = 1,
-                 max_characters_per_token: int = 50, reset_probability: float = 0.0):
+    def __init__(
+        self,
+        sentences: Sequence[Any],
+        vocab: Vocab,
+        *,
+        batch_size: int,
+        unroll_steps: int,
+        seed: int | None = 0,
+        repeat: bool = True,
+        process_index: int = 0,
+        process_count: int = 1,
+        max_characters_per_token: int = 50,
+        reset_probability: float = 0.0,
+    ):
         if len(sentences) == 0:
             raise ValueError("the sentence source is empty")
-        for name, value in (("batch_size", batch_size), ("unroll_steps", unroll_steps),
-                            ("process_count", process_count)):
+        for name, value in (
+            ("batch_size", batch_size),
+            ("unroll_steps", unroll_steps),
+            ("process_count", process_count),
+        ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, found {value!r}")
         if batch_size % process_count:
-            raise ValueError(f"batch_size {batch_size} is not divisible by the process count {process_count}: "
-                             "every process must feed the same number of rows")
+            raise ValueError(
+                f"batch_size {batch_size} is not divisible by the process count {process_count}: "
+                "every process must feed the same number of rows"
+            )
         if not 0.0 <= reset_probability <= 1.0:
             raise ValueError(f"reset_probability must be in [0, 1], found {reset_probability}")
         if not 0 <= process_index < process_count:
@@ -179,8 +198,9 @@ class BiLMBatchStream:
         self.rows = range(process_index * local, (process_index + 1) * local)
         # Independent shuffles (the direction is part of each epoch's seed): the backward stream must
         # not mirror the forward one.
-        self._directions = {d: _Direction(sentences, seed, i, repeat, self.rows, batch_size)
-                            for i, d in enumerate(DIRECTIONS)}
+        self._directions = {
+            d: _Direction(sentences, seed, i, repeat, self.rows, batch_size) for i, d in enumerate(DIRECTIONS)
+        }
         # word -> (vocabulary id, row of its raw char ids in _char_table): one dict lookup per token.
         self._words: dict[str, tuple[int, int]] = {}
         self._char_table = np.zeros((1024, max_characters_per_token), np.int16)
@@ -213,8 +233,9 @@ class BiLMBatchStream:
         ids = np.fromiter((e[0] for e in entries), np.int32, len(entries))
         rows = np.fromiter((e[1] for e in entries), np.int64, len(entries))
         if rows.min() < 0:  # a word past the cache limit: its characters are computed on the spot
-            return ids, np.stack([self._char_table[r] if r >= 0 else token_to_raw_ids(w, self.max_chars)
-                                  for w, r in zip(words, rows)]).astype(np.int16)
+            return ids, np.stack(
+                [self._char_table[r] if r >= 0 else token_to_raw_ids(w, self.max_chars) for w, r in zip(words, rows)]
+            ).astype(np.int16)
         return ids, self._char_table[rows]
 
     def _word_entry(self, word: str) -> tuple[int, int]:
@@ -240,9 +261,14 @@ class BiLMBatchStream:
 
     def _zeros(self) -> dict[str, np.ndarray]:
         b, T, C = len(self.rows), self.unroll_steps, self.max_chars
-        return {"char_ids": np.zeros((b, T, C), np.int32), "token_ids": np.zeros((b, T), np.int32),
-                "targets": np.zeros((b, T), np.int32), "mask": np.zeros((b, T), bool),
-                "carry": np.zeros((b,), bool), "reset": np.zeros((b, T), bool)}
+        return {
+            "char_ids": np.zeros((b, T, C), np.int32),
+            "token_ids": np.zeros((b, T), np.int32),
+            "targets": np.zeros((b, T), np.int32),
+            "mask": np.zeros((b, T), bool),
+            "carry": np.zeros((b,), bool),
+            "reset": np.zeros((b, T), bool),
+        }
 
     def _window(self, direction: _Direction, reverse: bool) -> dict[str, np.ndarray]:
         T = self.unroll_steps
@@ -259,8 +285,10 @@ class BiLMBatchStream:
                         break
                     row.position, row.offset = position, 0
                     sentence = direction.current[r] = self._encode(r, position, direction, reverse)
-                    if self.reset_threshold and \
-                            _hash64(self.seed or 0, direction.direction, position) < self.reset_threshold:
+                    if (
+                        self.reset_threshold
+                        and _hash64(self.seed or 0, direction.direction, position) < self.reset_threshold
+                    ):
                         out["reset"][i, filled] = True
                 ids, chars = sentence
                 n = min(len(ids) - row.offset - 1, T - filled)
@@ -282,24 +310,37 @@ class BiLMBatchStream:
         (`merge_states`) and restored into any process layout.
         """
         return {
-            "version": STATE_VERSION, "seed": -1 if self.seed is None else self.seed, "repeat": self.repeat,
-            "batch_size": self.batch_size, "unroll_steps": self.unroll_steps,
-            "n_sentences": self._directions["forward"].n_sentences, "windows": self.windows,
+            "version": STATE_VERSION,
+            "seed": -1 if self.seed is None else self.seed,
+            "repeat": self.repeat,
+            "batch_size": self.batch_size,
+            "unroll_steps": self.unroll_steps,
+            "n_sentences": self._directions["forward"].n_sentences,
+            "windows": self.windows,
             "reset_threshold": self.reset_threshold,
-            **{d: {str(r): [row.position, row.offset] for r, row in self._directions[d].rows.items()}
-               for d in DIRECTIONS},
+            **{
+                d: {str(r): [row.position, row.offset] for r, row in self._directions[d].rows.items()}
+                for d in DIRECTIONS
+            },
         }
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Continues exactly where `get_state` was taken (the same windows, bit for bit)."""
-        expected = {"version": STATE_VERSION, "seed": -1 if self.seed is None else self.seed,
-                    "repeat": self.repeat, "batch_size": self.batch_size, "unroll_steps": self.unroll_steps,
-                    "n_sentences": self._directions["forward"].n_sentences,
-                    "reset_threshold": self.reset_threshold}  # the reset flags are part of the stream
+        expected = {
+            "version": STATE_VERSION,
+            "seed": -1 if self.seed is None else self.seed,
+            "repeat": self.repeat,
+            "batch_size": self.batch_size,
+            "unroll_steps": self.unroll_steps,
+            "n_sentences": self._directions["forward"].n_sentences,
+            "reset_threshold": self.reset_threshold,
+        }  # the reset flags are part of the stream
         for key, value in expected.items():
             if state.get(key) != value:
-                raise ValueError(f"data stream state: {key} is {state.get(key)!r} in the saved state but "
-                                 f"{value!r} here; the checkpoint was made with a different corpus or config")
+                raise ValueError(
+                    f"data stream state: {key} is {state.get(key)!r} in the saved state but "
+                    f"{value!r} here; the checkpoint was made with a different corpus or config"
+                )
         for d in DIRECTIONS:
             direction = self._directions[d]
             for r in self.rows:
@@ -308,8 +349,9 @@ class BiLMBatchStream:
                 except (KeyError, TypeError, ValueError):
                     raise ValueError(f"data stream state: no position for {d} row {r}") from None
                 direction.rows[r] = _Row(int(position), int(offset))
-                direction.current[r] = (None if position < 0
-                                        else self._encode(r, int(position), direction, reverse=(d == "backward")))
+                direction.current[r] = (
+                    None if position < 0 else self._encode(r, int(position), direction, reverse=(d == "backward"))
+                )
         self.windows = int(state["windows"])
 
 

@@ -31,7 +31,6 @@ import sysconfig
 import time
 from collections.abc import Iterator, Sequence
 
-from elmo_jax.data import text_files
 from elmo_jax.formats import atomic_write
 
 FORMAT_VERSION = 1  # bump when the extraction or tokenization changes, so old builds are not reused
@@ -44,25 +43,173 @@ NO_STOP_WORD_FRACTION = 0.8  # the same for a sentence that does not end in . ! 
 # IDLE, tkinter and turtledemo (often packaged separately), generated tables (encodings, stringprep,
 # _sysconfigdata*), easter eggs (this, antigravity) and modules removed in 3.12 or 3.13.
 MODULES = (
-    "__future__", "_collections_abc", "_compat_pickle", "_compression", "_markupbase", "_osx_support",
-    "_py_abc", "_pydecimal", "_pyio", "_sitebuiltins", "_strptime", "_threading_local", "_weakrefset", "abc",
-    "argparse", "ast", "asyncio", "base64", "bdb", "bisect", "bz2", "cProfile", "calendar", "cmd", "code",
-    "codecs", "codeop", "collections", "colorsys", "compileall", "concurrent", "configparser", "contextlib",
-    "contextvars", "copy", "copyreg", "csv", "ctypes", "curses", "dataclasses", "datetime", "dbm", "decimal",
-    "difflib", "dis", "doctest", "email", "enum", "filecmp", "fileinput", "fnmatch", "fractions", "ftplib",
-    "functools", "genericpath", "getopt", "getpass", "gettext", "glob", "graphlib", "gzip", "hashlib", "heapq",
-    "hmac", "html", "http", "imaplib", "importlib", "inspect", "io", "ipaddress", "json", "keyword",
-    "linecache", "locale", "logging", "lzma", "mailbox", "mimetypes", "modulefinder", "multiprocessing",
-    "netrc", "ntpath", "nturl2path", "numbers", "opcode", "operator", "optparse", "os", "pathlib", "pdb",
-    "pickle", "pickletools", "pkgutil", "platform", "plistlib", "poplib", "posixpath", "pprint", "profile",
-    "pstats", "pty", "py_compile", "pyclbr", "pydoc", "pydoc_data", "queue", "quopri", "random", "re",
-    "reprlib", "rlcompleter", "runpy", "sched", "secrets", "selectors", "shelve", "shlex", "shutil", "signal",
-    "site", "smtplib", "socket", "socketserver", "sqlite3", "sre_compile", "sre_constants", "sre_parse",
-    "ssl", "stat", "statistics", "string", "struct", "subprocess", "symtable", "sysconfig", "tabnanny",
-    "tarfile", "tempfile", "textwrap", "threading", "timeit", "token", "tokenize", "tomllib", "trace",
-    "traceback", "tracemalloc", "tty", "turtle", "types", "typing", "unittest", "urllib", "uuid", "venv",
-    "warnings", "wave", "weakref", "webbrowser", "wsgiref", "xml", "xmlrpc", "zipapp", "zipfile",
-    "zipimport", "zoneinfo",
+    "__future__",
+    "_collections_abc",
+    "_compat_pickle",
+    "_compression",
+    "_markupbase",
+    "_osx_support",
+    "_py_abc",
+    "_pydecimal",
+    "_pyio",
+    "_sitebuiltins",
+    "_strptime",
+    "_threading_local",
+    "_weakrefset",
+    "abc",
+    "argparse",
+    "ast",
+    "asyncio",
+    "base64",
+    "bdb",
+    "bisect",
+    "bz2",
+    "cProfile",
+    "calendar",
+    "cmd",
+    "code",
+    "codecs",
+    "codeop",
+    "collections",
+    "colorsys",
+    "compileall",
+    "concurrent",
+    "configparser",
+    "contextlib",
+    "contextvars",
+    "copy",
+    "copyreg",
+    "csv",
+    "ctypes",
+    "curses",
+    "dataclasses",
+    "datetime",
+    "dbm",
+    "decimal",
+    "difflib",
+    "dis",
+    "doctest",
+    "email",
+    "enum",
+    "filecmp",
+    "fileinput",
+    "fnmatch",
+    "fractions",
+    "ftplib",
+    "functools",
+    "genericpath",
+    "getopt",
+    "getpass",
+    "gettext",
+    "glob",
+    "graphlib",
+    "gzip",
+    "hashlib",
+    "heapq",
+    "hmac",
+    "html",
+    "http",
+    "imaplib",
+    "importlib",
+    "inspect",
+    "io",
+    "ipaddress",
+    "json",
+    "keyword",
+    "linecache",
+    "locale",
+    "logging",
+    "lzma",
+    "mailbox",
+    "mimetypes",
+    "modulefinder",
+    "multiprocessing",
+    "netrc",
+    "ntpath",
+    "nturl2path",
+    "numbers",
+    "opcode",
+    "operator",
+    "optparse",
+    "os",
+    "pathlib",
+    "pdb",
+    "pickle",
+    "pickletools",
+    "pkgutil",
+    "platform",
+    "plistlib",
+    "poplib",
+    "posixpath",
+    "pprint",
+    "profile",
+    "pstats",
+    "pty",
+    "py_compile",
+    "pyclbr",
+    "pydoc",
+    "pydoc_data",
+    "queue",
+    "quopri",
+    "random",
+    "re",
+    "reprlib",
+    "rlcompleter",
+    "runpy",
+    "sched",
+    "secrets",
+    "selectors",
+    "shelve",
+    "shlex",
+    "shutil",
+    "signal",
+    "site",
+    "smtplib",
+    "socket",
+    "socketserver",
+    "sqlite3",
+    "sre_compile",
+    "sre_constants",
+    "sre_parse",
+    "ssl",
+    "stat",
+    "statistics",
+    "string",
+    "struct",
+    "subprocess",
+    "symtable",
+    "sysconfig",
+    "tabnanny",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "threading",
+    "timeit",
+    "token",
+    "tokenize",
+    "tomllib",
+    "trace",
+    "traceback",
+    "tracemalloc",
+    "tty",
+    "turtle",
+    "types",
+    "typing",
+    "unittest",
+    "urllib",
+    "uuid",
+    "venv",
+    "warnings",
+    "wave",
+    "weakref",
+    "webbrowser",
+    "wsgiref",
+    "xml",
+    "xmlrpc",
+    "zipapp",
+    "zipfile",
+    "zipimport",
+    "zoneinfo",
 )
 _SKIP_DIRS = {"__pycache__", "test", "tests", "idle_test"}
 # Modules whose long string constants (not only docstrings) are prose: pydoc's help topics, which
@@ -110,16 +257,25 @@ def build_default_corpus(out_dir: str | os.PathLike, *, modules: Sequence[str] =
     if os.path.exists(manifest_path):
         os.remove(manifest_path)  # the data files are about to change; the old manifest must not vouch for them
     splits = _split(_unique_sentences(stdlib, sources))
-    manifest = {"fingerprint": key, "format_version": FORMAT_VERSION, "python": sys.version,
-                "modules": list(modules), "missing_modules": missing, "source_files": len(sources),
-                "heldout_one_in": HELDOUT_ONE_IN}
+    manifest = {
+        "fingerprint": key,
+        "format_version": FORMAT_VERSION,
+        "python": sys.version,
+        "modules": list(modules),
+        "missing_modules": missing,
+        "source_files": len(sources),
+        "heldout_one_in": HELDOUT_ONE_IN,
+    }
     for name, sentences in splits.items():
         text = "".join(" ".join(tokens) + "\n" for tokens in sentences)
         atomic_write.write_text(paths[name], text)
-        manifest[name] = {"sentences": len(sentences), "tokens": sum(map(len, sentences)),
-                          "types": len({token for tokens in sentences for token in tokens}),
-                          "bytes": len(text.encode("utf-8")),
-                          "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
+        manifest[name] = {
+            "sentences": len(sentences),
+            "tokens": sum(map(len, sentences)),
+            "types": len({token for tokens in sentences for token in tokens}),
+            "bytes": len(text.encode("utf-8")),
+            "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        }
     manifest["build_seconds"] = round(time.perf_counter() - start, 2)
     atomic_write.write_text(manifest_path, json.dumps(manifest, indent=1) + "\n")
     return paths["train"], paths["heldout"]
@@ -144,8 +300,13 @@ def _source_files(stdlib: str, modules: Sequence[str]) -> tuple[list[str], list[
 def _fingerprint(stdlib: str, modules: Sequence[str], sources: Sequence[str]) -> str:
     """Hash of what decides the output: format, Python version, modules, each source file's path and size."""
     sizes = [[path, os.path.getsize(os.path.join(stdlib, path))] for path in sources]
-    key = {"format": FORMAT_VERSION, "python": sys.version, "heldout_one_in": HELDOUT_ONE_IN,
-           "modules": list(modules), "sources": sizes}
+    key = {
+        "format": FORMAT_VERSION,
+        "python": sys.version,
+        "heldout_one_in": HELDOUT_ONE_IN,
+        "modules": list(modules),
+        "sources": sizes,
+    }
     return hashlib.sha256(json.dumps(key).encode("utf-8")).hexdigest()
 
 
@@ -154,7 +315,8 @@ def _is_built(manifest_path: str, key: str, paths: dict[str, str]) -> bool:
         with open(manifest_path, encoding="utf-8") as f:
             manifest = json.load(f)
         return manifest["fingerprint"] == key and all(
-            os.path.getsize(path) == manifest[name]["bytes"] for name, path in paths.items())
+            os.path.getsize(path) == manifest[name]["bytes"] for name, path in paths.items()
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
@@ -266,4 +428,3 @@ def _sentences(paragraph: str) -> Iterator[list[str]]:
         needed = MIN_WORD_FRACTION if tokens[-1] in (".", "!", "?", ":") else NO_STOP_WORD_FRACTION
         if words >= needed * len(tokens):
             yield tokens
-

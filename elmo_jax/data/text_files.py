@@ -32,7 +32,6 @@ import glob
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
-
 DEFAULT_MAX_LINE_CHARS = 10_000  # far above real sentences; bounds the memory one line can take
 INVALID_UTF8_POLICIES = ("replace", "skip")
 MAX_EXAMPLES = 5  # offending "file:line" locations kept per kind
@@ -75,13 +74,16 @@ def expand_glob(patterns: Files) -> list[str]:
                 raise IsADirectoryError(f"{path} (matched by {pattern!r}) is a directory, expected a text file")
             key = os.path.realpath(path)
             if key in matched_by:
-                raise ValueError(f"{path} is matched by both {matched_by[key]!r} and {pattern!r}; "
-                                 "it would be read twice")
+                raise ValueError(
+                    f"{path} is matched by both {matched_by[key]!r} and {pattern!r}; it would be read twice"
+                )
             matched_by[key] = pattern
             files.append(path)
     if all(os.path.getsize(path) == 0 for path in files):
-        raise ValueError(f"all {len(files)} file(s) matched by {list(map(os.fspath, patterns))} are empty "
-                         f"(0 bytes): {', '.join(files[:MAX_EXAMPLES])}")
+        raise ValueError(
+            f"all {len(files)} file(s) matched by {list(map(os.fspath, patterns))} are empty "
+            f"(0 bytes): {', '.join(files[:MAX_EXAMPLES])}"
+        )
     return files
 
 
@@ -129,11 +131,13 @@ class ReadStats:
 
     def summary(self) -> str:
         """One line with every count and the first offending places, e.g. for a CLI or a log."""
-        text = (f"files={self.files} (empty={self.empty_files}, bom={self.bom_files}) lines={self.lines} "
-                f"sentences={self.sentences} tokens={self.tokens} | skipped: blank={self.blank_lines} "
-                f"too_long={self.long_lines} invalid_utf8={self.invalid_utf8_skipped} | kept: "
-                f"invalid_utf8_replaced={self.invalid_utf8_replaced} nul={self.nul_lines} "
-                f"reserved_tokens={self.reserved_tokens}")
+        text = (
+            f"files={self.files} (empty={self.empty_files}, bom={self.bom_files}) lines={self.lines} "
+            f"sentences={self.sentences} tokens={self.tokens} | skipped: blank={self.blank_lines} "
+            f"too_long={self.long_lines} invalid_utf8={self.invalid_utf8_skipped} | kept: "
+            f"invalid_utf8_replaced={self.invalid_utf8_replaced} nul={self.nul_lines} "
+            f"reserved_tokens={self.reserved_tokens}"
+        )
         places = [f"{kind}: {' '.join(where)}" for kind, where in sorted(self.examples.items()) if where]
         return text + (" | first at " + "; ".join(places) if places else "")
 
@@ -142,9 +146,14 @@ class ReadStats:
         return dataclasses.asdict(self)
 
 
-def iter_sentences(files: Files, *, max_line_chars: int | None = DEFAULT_MAX_LINE_CHARS,
-                   invalid_utf8: str = "replace", stats: ReadStats | None = None,
-                   reserved: Iterable[str] = ()) -> Iterator[list[str]]:
+def iter_sentences(
+    files: Files,
+    *,
+    max_line_chars: int | None = DEFAULT_MAX_LINE_CHARS,
+    invalid_utf8: str = "replace",
+    stats: ReadStats | None = None,
+    reserved: Iterable[str] = (),
+) -> Iterator[list[str]]:
     """Streams the sentences of text files, one token list per non-blank line, in file order.
 
     Memory stays constant: one line (at most about 4 * max_line_chars bytes) is held at a time.
@@ -164,27 +173,31 @@ def iter_sentences(files: Files, *, max_line_chars: int | None = DEFAULT_MAX_LIN
     """
     check_read_options(max_line_chars, invalid_utf8)
     paths = expand_glob(files)
-    return _read_all(paths, max_line_chars, invalid_utf8, stats if stats is not None else ReadStats(),
-                     frozenset(reserved))
+    return _read_all(
+        paths, max_line_chars, invalid_utf8, stats if stats is not None else ReadStats(), frozenset(reserved)
+    )
 
 
 def check_read_options(max_line_chars: int | None, invalid_utf8: str) -> None:
     """Raises ValueError unless the options are valid for `iter_sentences`."""
     if invalid_utf8 not in INVALID_UTF8_POLICIES:
         raise ValueError(f"invalid_utf8={invalid_utf8!r}: expected one of {INVALID_UTF8_POLICIES}")
-    if max_line_chars is not None and (isinstance(max_line_chars, bool) or not isinstance(max_line_chars, int)
-                                       or max_line_chars < 1):
+    if max_line_chars is not None and (
+        isinstance(max_line_chars, bool) or not isinstance(max_line_chars, int) or max_line_chars < 1
+    ):
         raise ValueError(f"max_line_chars={max_line_chars!r}: expected a positive int or None")
 
 
-def _read_all(paths: list[str], max_line_chars: int | None, invalid_utf8: str, stats: ReadStats,
-              reserved: frozenset[str]) -> Iterator[list[str]]:
+def _read_all(
+    paths: list[str], max_line_chars: int | None, invalid_utf8: str, stats: ReadStats, reserved: frozenset[str]
+) -> Iterator[list[str]]:
     for path in paths:
         yield from _read_file(path, max_line_chars, invalid_utf8, stats, reserved)
 
 
-def _read_file(path: str, max_line_chars: int | None, invalid_utf8: str, stats: ReadStats,
-               reserved: frozenset[str]) -> Iterator[list[str]]:
+def _read_file(
+    path: str, max_line_chars: int | None, invalid_utf8: str, stats: ReadStats, reserved: frozenset[str]
+) -> Iterator[list[str]]:
     stats.files += 1
     # A line of max_line_chars characters takes at most 4 bytes per character, plus "\r\n" and, on the
     # first line, a 3-byte BOM; a longer read that has not reached "\n" is too long whatever it decodes to.
@@ -197,7 +210,7 @@ def _read_file(path: str, max_line_chars: int | None, invalid_utf8: str, stats: 
                 break
             number += 1
             if number == 1 and raw.startswith(_BOM):
-                raw = raw[len(_BOM):]
+                raw = raw[len(_BOM) :]
                 stats.note("bom_files", path)
             stats.lines += 1
             if byte_limit > 0 and len(raw) == byte_limit and not raw.endswith(b"\n"):
@@ -216,8 +229,9 @@ def _read_file(path: str, max_line_chars: int | None, invalid_utf8: str, stats: 
             stats.note("empty_files", path)
 
 
-def _decode_line(raw: bytes, path: str, number: int, max_line_chars: int | None, invalid_utf8: str,
-                 stats: ReadStats) -> list[str] | None:
+def _decode_line(
+    raw: bytes, path: str, number: int, max_line_chars: int | None, invalid_utf8: str, stats: ReadStats
+) -> list[str] | None:
     """The tokens of one raw line, or None when the line is skipped (and counted)."""
     replaced = False
     try:
@@ -248,4 +262,3 @@ def _discard_rest_of_line(f) -> None:
         chunk = f.readline(_CHUNK)
         if not chunk or chunk.endswith(b"\n"):
             return
-

@@ -84,8 +84,9 @@ class LocalTextCorpus(tfds.core.GeneratorBasedBuilder):
     def _generate_examples(self, files: Sequence[str], split: str):
         config = self.builder_config
         stats = text_files.ReadStats()
-        sentences = text_files.iter_sentences(files, max_line_chars=config.max_line_chars,
-                                              invalid_utf8=config.invalid_utf8, stats=stats)
+        sentences = text_files.iter_sentences(
+            files, max_line_chars=config.max_line_chars, invalid_utf8=config.invalid_utf8, stats=stats
+        )
         for index, tokens in enumerate(sentences):
             yield index, {"text": " ".join(tokens)}
         logging.info("local_text_corpus %s: %s", split, stats.summary())
@@ -95,22 +96,34 @@ class LocalTextCorpus(tfds.core.GeneratorBasedBuilder):
         self.info.metadata[f"read_stats_{split}"] = stats.to_dict()
 
 
-def fingerprint(train_files: Sequence[str], test_files: Sequence[str], max_line_chars: int | None,
-                invalid_utf8: str) -> str:
+def fingerprint(
+    train_files: Sequence[str], test_files: Sequence[str], max_line_chars: int | None, invalid_utf8: str
+) -> str:
     """Hex digest of everything that decides a prepared dataset's content."""
+
     def describe(path: str) -> list:
         info = os.stat(path)
         return [os.path.abspath(path), info.st_size, info.st_mtime_ns]
-    key = {"version": str(LocalTextCorpus.VERSION), "train": [describe(p) for p in train_files],
-           "test": [describe(p) for p in test_files], "max_line_chars": max_line_chars,
-           "invalid_utf8": invalid_utf8}
+
+    key = {
+        "version": str(LocalTextCorpus.VERSION),
+        "train": [describe(p) for p in train_files],
+        "test": [describe(p) for p in test_files],
+        "max_line_chars": max_line_chars,
+        "invalid_utf8": invalid_utf8,
+    }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-def prepare_local_corpus(train_files: text_files.Files, heldout_files: text_files.Files | None,
-                         data_dir: str | os.PathLike | None, *, name: str = "corpus",
-                         max_line_chars: int | None = text_files.DEFAULT_MAX_LINE_CHARS,
-                         invalid_utf8: str = "replace") -> LocalTextCorpus:
+def prepare_local_corpus(
+    train_files: text_files.Files,
+    heldout_files: text_files.Files | None,
+    data_dir: str | os.PathLike | None,
+    *,
+    name: str = "corpus",
+    max_line_chars: int | None = text_files.DEFAULT_MAX_LINE_CHARS,
+    invalid_utf8: str = "replace",
+) -> LocalTextCorpus:
     """Writes (once) the TFDS dataset of local text files and returns its builder.
 
     Args:
@@ -139,14 +152,20 @@ def prepare_local_corpus(train_files: text_files.Files, heldout_files: text_file
     if both:  # heldout perplexity on training text would look far better than it is
         raise ValueError(f"{len(both)} file(s) are in both the train and the heldout files: {', '.join(both[:5])}")
     digest = fingerprint(train, test, max_line_chars, invalid_utf8)
-    config = LocalTextCorpusConfig(name=f"{name}_{digest[:16]}", description=f"fingerprint {digest}",
-                                   train_files=train, test_files=test, max_line_chars=max_line_chars,
-                                   invalid_utf8=invalid_utf8)
+    config = LocalTextCorpusConfig(
+        name=f"{name}_{digest[:16]}",
+        description=f"fingerprint {digest}",
+        train_files=train,
+        test_files=test,
+        max_line_chars=max_line_chars,
+        invalid_utf8=invalid_utf8,
+    )
     builder = LocalTextCorpus(config=config, data_dir=data_dir, file_format="array_record")
     with _in_memory_shuffle_without_tensorflow():
         builder.download_and_prepare(
             # Statistics would need TensorFlow; the counts that matter are in read_stats(builder).
-            download_config=tfds.download.DownloadConfig(compute_stats=tfds.download.ComputeStatsMode.SKIP))
+            download_config=tfds.download.DownloadConfig(compute_stats=tfds.download.ComputeStatsMode.SKIP)
+        )
     for split, stats in read_stats(builder).items():
         logging.info("%s %s: %s", tfds_name(builder), split, stats.summary())
     return builder
@@ -175,7 +194,7 @@ def _in_memory_shuffle_without_tensorflow():
 
 
 def tfds_name(builder: tfds.core.DatasetBuilder) -> str:
-    """"dataset/config" (or "dataset"), the name `tfds.data_source(name, data_dir=...)` reads it by."""
+    """ "dataset/config" (or "dataset"), the name `tfds.data_source(name, data_dir=...)` reads it by."""
     return f"{builder.name}/{builder.builder_config.name}" if builder.builder_config else builder.name
 
 
@@ -184,7 +203,7 @@ def read_stats(builder: tfds.core.DatasetBuilder) -> dict[str, text_files.ReadSt
     found = {}
     for key, value in (builder.info.metadata or {}).items():
         if key.startswith("read_stats_"):
-            found[key[len("read_stats_"):]] = text_files.ReadStats(**value)
+            found[key[len("read_stats_") :]] = text_files.ReadStats(**value)
     return found
 
 
@@ -232,9 +251,15 @@ class SentenceSource(Sequence):
         return text.decode("utf-8") if isinstance(text, bytes) else str(text)
 
 
-def open_sentences(split: str, *, tfds_name: str | None = None, data_dir: str | os.PathLike | None = None,
-                   files: Mapping[str, text_files.Files] | None = None,
-                   builder: tfds.core.DatasetBuilder | None = None, text_key: str = "text") -> SentenceSource:
+def open_sentences(
+    split: str,
+    *,
+    tfds_name: str | None = None,
+    data_dir: str | os.PathLike | None = None,
+    files: Mapping[str, text_files.Files] | None = None,
+    builder: tfds.core.DatasetBuilder | None = None,
+    text_key: str = "text",
+) -> SentenceSource:
     """The sentences of one split, from exactly one of `tfds_name`, `files` or `builder`.
 
     Args:
@@ -267,9 +292,11 @@ def open_sentences(split: str, *, tfds_name: str | None = None, data_dir: str | 
             first_line = str(e).strip().split("\n", 1)[0]  # TFDS appends a list of every dataset it knows
             raise ValueError(f"cannot open TFDS dataset {tfds_name!r} in data_dir={data_dir}: {first_line}") from e
         if not builder.is_prepared():
-            raise FileNotFoundError(f"TFDS dataset {tfds_name!r} is not prepared in {builder.data_dir}; prepare it "
-                                    "first with download_and_prepare(file_format='array_record') (it is never "
-                                    "downloaded here)")
+            raise FileNotFoundError(
+                f"TFDS dataset {tfds_name!r} is not prepared in {builder.data_dir}; prepare it "
+                "first with download_and_prepare(file_format='array_record') (it is never "
+                "downloaded here)"
+            )
     return _from_builder(builder, split, text_key)
 
 

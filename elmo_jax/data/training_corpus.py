@@ -18,8 +18,7 @@ import os
 
 from absl import logging
 
-from elmo_jax.data import vocab_builder
-from elmo_jax.data import tfds_corpus, default_corpus, text_files
+from elmo_jax.data import default_corpus, text_files, tfds_corpus, vocab_builder
 from elmo_jax.data.tfds_corpus import SentenceSource
 from elmo_jax.formats.vocab_file import Vocab
 
@@ -69,13 +68,19 @@ def open_training_data(data, workdir: str, *, write_files: bool = True) -> Train
         else:
             train_files, heldout_files = default_corpus.build_default_corpus(os.path.join(cache_dir, "default_corpus"))
             description = "the embedded default corpus (Python standard library docstrings)"
-        builder = tfds_corpus.prepare_local_corpus(train_files, heldout_files, os.path.join(cache_dir, "tfds"),
-                                              **read_options)
+        builder = tfds_corpus.prepare_local_corpus(
+            train_files, heldout_files, os.path.join(cache_dir, "tfds"), **read_options
+        )
         train = tfds_corpus.open_sentences("train", builder=builder)
         heldout = tfds_corpus.open_sentences("test", builder=builder) if heldout_files else None
     vocab = _resolve_vocab(data, workdir, train_files, train, read_options, write_files)
-    logging.info("corpus: %s; %d training sentences, %s heldout; vocabulary of %d", description, len(train),
-                 len(heldout) if heldout is not None else "no", len(vocab))
+    logging.info(
+        "corpus: %s; %d training sentences, %s heldout; vocabulary of %d",
+        description,
+        len(train),
+        len(heldout) if heldout is not None else "no",
+        len(vocab),
+    )
     return TrainingData(vocab=vocab, train=train, heldout=heldout, description=description)
 
 
@@ -89,8 +94,9 @@ def _optional_split(split: str, **kwargs) -> SentenceSource | None:
         return None
 
 
-def _resolve_vocab(data, workdir: str, train_files, train: SentenceSource, read_options: dict,
-                   write_files: bool) -> Vocab:
+def _resolve_vocab(
+    data, workdir: str, train_files, train: SentenceSource, read_options: dict, write_files: bool
+) -> Vocab:
     if data.vocab_file:
         return Vocab.load(data.vocab_file)
     path = os.path.join(workdir, "vocab.txt")

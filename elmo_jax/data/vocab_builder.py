@@ -20,9 +20,13 @@ from elmo_jax.data import text_files
 from elmo_jax.formats.vocab_file import SPECIALS, Vocab
 
 
-def count_tokens(files: text_files.Files, *, max_line_chars: int | None = text_files.DEFAULT_MAX_LINE_CHARS,
-                 invalid_utf8: str = "replace", log_every: int = 1_000_000,
-                 ) -> tuple[collections.Counter, text_files.ReadStats]:
+def count_tokens(
+    files: text_files.Files,
+    *,
+    max_line_chars: int | None = text_files.DEFAULT_MAX_LINE_CHARS,
+    invalid_utf8: str = "replace",
+    log_every: int = 1_000_000,
+) -> tuple[collections.Counter, text_files.ReadStats]:
     """Counts the tokens of a corpus in one streaming pass.
 
     Args:
@@ -38,16 +42,22 @@ def count_tokens(files: text_files.Files, *, max_line_chars: int | None = text_f
       ValueError: bad arguments, or no sentence at all in the files.
     """
     stats = text_files.ReadStats()
-    sentences = text_files.iter_sentences(files, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8,
-                                          stats=stats, reserved=SPECIALS)
+    sentences = text_files.iter_sentences(
+        files, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8, stats=stats, reserved=SPECIALS
+    )
     counts: collections.Counter = collections.Counter()
     start, next_log = time.perf_counter(), log_every
     for tokens in sentences:
         counts.update(tokens)
         if stats.lines >= next_log:
             elapsed = time.perf_counter() - start
-            logging.info("counted %d lines, %d tokens, %d types (%.0f lines/s)", stats.lines, stats.tokens,
-                         len(counts), stats.lines / max(elapsed, 1e-9))
+            logging.info(
+                "counted %d lines, %d tokens, %d types (%.0f lines/s)",
+                stats.lines,
+                stats.tokens,
+                len(counts),
+                stats.lines / max(elapsed, 1e-9),
+            )
             next_log += log_every
     for special in SPECIALS:
         counts.pop(special, None)
@@ -56,8 +66,7 @@ def count_tokens(files: text_files.Files, *, max_line_chars: int | None = text_f
     return counts, stats
 
 
-def build_vocab(counts: collections.Counter | dict[str, int], min_count: int = 1,
-                max_size: int | None = None) -> Vocab:
+def build_vocab(counts: collections.Counter | dict[str, int], min_count: int = 1, max_size: int | None = None) -> Vocab:
     """`<S>`, `</S>`, `<UNK>`, then words by descending count, ties in Unicode code-point order.
 
     Args:
@@ -80,7 +89,10 @@ def check_size_args(min_count: int, max_size: int | None) -> None:
     """Raises ValueError unless min_count >= 1 and max_size is None or >= 3."""
     if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
         raise ValueError(f"min_count={min_count!r}: expected an int >= 1")
-    if max_size is not None and (isinstance(max_size, bool) or not isinstance(max_size, int)
-                                 or max_size < len(SPECIALS)):
-        raise ValueError(f"max_size={max_size!r}: expected None or an int >= {len(SPECIALS)} "
-                         f"(it counts the reserved {', '.join(SPECIALS)})")
+    if max_size is not None and (
+        isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < len(SPECIALS)
+    ):
+        raise ValueError(
+            f"max_size={max_size!r}: expected None or an int >= {len(SPECIALS)} "
+            f"(it counts the reserved {', '.join(SPECIALS)})"
+        )

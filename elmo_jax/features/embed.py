@@ -13,13 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from elmo_jax.features.token_cache import TokenCache, check_token_cache, lookup
 from elmo_jax.model.bilm import bilm_layers, contextual_layers, remove_boundaries
 from elmo_jax.model.char_cnn import content_bucket, token_embedding
 from elmo_jax.model.config import N_SHIFTED_CHARACTERS
 from elmo_jax.model.lstm import LSTMState, zero_state
 from elmo_jax.model.params import N_DIRECTIONS, BiLMParams
 from elmo_jax.model.precision import ComputeOptions
-from elmo_jax.features.token_cache import TokenCache, check_token_cache, lookup
 
 # No unrolling by default: on the 2-core CPU, unrolling the LSTM scan 2 / 4 / 20 times made the small
 # model's train step 0.88x / 0.68x / 0.50x as fast (bench/RESULTS.md): XLA:CPU does not overlap the
@@ -27,8 +27,16 @@ from elmo_jax.features.token_cache import TokenCache, check_token_cache, lookup
 DEFAULT_UNROLL = 1
 
 
-def embed(params: BiLMParams, chars, *, initial_state: LSTMState | None = None, return_state: bool = False,
-          keep_boundaries: bool = False, compute_dtype="float32", unroll: int = DEFAULT_UNROLL):
+def embed(
+    params: BiLMParams,
+    chars,
+    *,
+    initial_state: LSTMState | None = None,
+    return_state: bool = False,
+    keep_boundaries: bool = False,
+    compute_dtype="float32",
+    unroll: int = DEFAULT_UNROLL,
+):
     """Contextual ELMo layers for a batch of shifted character ids.
 
     Args:
@@ -51,8 +59,9 @@ def embed(params: BiLMParams, chars, *, initial_state: LSTMState | None = None, 
       mask bool (B, T).
     """
     if not isinstance(params, BiLMParams):
-        raise ValueError(f"params must be BiLMParams (from load_hdf5, init_params or load), "
-                         f"found {type(params).__name__}")
+        raise ValueError(
+            f"params must be BiLMParams (from load_hdf5, init_params or load), found {type(params).__name__}"
+        )
     C = params.config.max_characters_per_token
     chars = check_char_ids(chars, C)
     if initial_state is None:
@@ -60,8 +69,14 @@ def embed(params: BiLMParams, chars, *, initial_state: LSTMState | None = None, 
     else:
         _check_state(initial_state, params, chars.shape[0])
     compute = ComputeOptions(dtype=compute_dtype, unroll=unroll, content_positions=_content_bucket(chars, C))
-    return _embed_jit(params, chars, initial_state, return_state=bool(return_state),
-                      keep_boundaries=bool(keep_boundaries), compute=compute)
+    return _embed_jit(
+        params,
+        chars,
+        initial_state,
+        return_state=bool(return_state),
+        keep_boundaries=bool(keep_boundaries),
+        compute=compute,
+    )
 
 
 def _content_bucket(chars, max_characters_per_token: int) -> int | None:
@@ -79,9 +94,17 @@ def _embed_jit(params, chars, initial_state, *, return_state, keep_boundaries, c
     return (layers, mask, state) if return_state else (layers, mask)
 
 
-def embed_tokens(params: BiLMParams, cache: TokenCache, sentences, *, initial_state: LSTMState | None = None,
-                 return_state: bool = False, keep_boundaries: bool = False, compute_dtype="float32",
-                 unroll: int = DEFAULT_UNROLL):
+def embed_tokens(
+    params: BiLMParams,
+    cache: TokenCache,
+    sentences,
+    *,
+    initial_state: LSTMState | None = None,
+    return_state: bool = False,
+    keep_boundaries: bool = False,
+    compute_dtype="float32",
+    unroll: int = DEFAULT_UNROLL,
+):
     """`embed` for tokenized sentences, with the char CNN replaced by `cache` lookups for known words.
 
     Tokens missing from the cache (and `<S>`/`</S>` if it lacks them) go through the char CNN, so
@@ -101,11 +124,13 @@ def embed_tokens(params: BiLMParams, cache: TokenCache, sentences, *, initial_st
       as `embed`: layers float32 (B, L+1, T, 2P), mask bool (B, T)[, final state].
     """
     if not isinstance(params, BiLMParams):
-        raise ValueError(f"params must be BiLMParams (from load_hdf5, init_params or load), "
-                         f"found {type(params).__name__}")
+        raise ValueError(
+            f"params must be BiLMParams (from load_hdf5, init_params or load), found {type(params).__name__}"
+        )
     if not isinstance(cache, TokenCache):
-        raise ValueError(f"cache must be a TokenCache (from build_token_cache or load_token_cache), "
-                         f"found {type(cache).__name__}")
+        raise ValueError(
+            f"cache must be a TokenCache (from build_token_cache or load_token_cache), found {type(cache).__name__}"
+        )
     check_token_cache(cache, params, weights=False)  # the weights digest is checked at load time
     batch = lookup(cache, sentences)
     B = batch.mask.shape[0]
@@ -114,13 +139,23 @@ def embed_tokens(params: BiLMParams, cache: TokenCache, sentences, *, initial_st
     else:
         _check_state(initial_state, params, B)
     compute = ComputeOptions(dtype=compute_dtype, unroll=unroll, content_positions=batch.content_positions)
-    return _embed_tokens_jit(params, batch.known, batch.oov_index, batch.oov_chars, batch.mask, initial_state,
-                             return_state=bool(return_state), keep_boundaries=bool(keep_boundaries), compute=compute)
+    return _embed_tokens_jit(
+        params,
+        batch.known,
+        batch.oov_index,
+        batch.oov_chars,
+        batch.mask,
+        initial_state,
+        return_state=bool(return_state),
+        keep_boundaries=bool(keep_boundaries),
+        compute=compute,
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("return_state", "keep_boundaries", "compute"))
-def _embed_tokens_jit(params, known, oov_index, oov_chars, mask, initial_state, *, return_state, keep_boundaries,
-                      compute):
+def _embed_tokens_jit(
+    params, known, oov_index, oov_chars, mask, initial_state, *, return_state, keep_boundaries, compute
+):
     """known (B, T2, P), oov_index (B, T2), oov_chars (U, C), mask (B, T2): see `token_cache.CachedBatch`."""
     oov = token_embedding(params.weights, params.config, oov_chars, compute)  # (U, P)
     computed = jnp.take(oov, jnp.maximum(oov_index, 0), axis=0)  # (B, T2, P)
@@ -145,34 +180,43 @@ def check_char_ids(chars, max_characters_per_token: int):
     if len(shape) != 3 or shape[2] != max_characters_per_token:
         raise ValueError(f"chars: expected shape (batch, tokens, {max_characters_per_token}), found {tuple(shape)}")
     if shape[0] == 0 or shape[1] == 0:
-        raise ValueError(f"chars: empty batch of shape {tuple(shape)}; need at least one sentence and one "
-                         "time step")
+        raise ValueError(f"chars: empty batch of shape {tuple(shape)}; need at least one sentence and one time step")
     if isinstance(chars, jax.core.Tracer):
         return chars.astype(jnp.int32)  # values are unknown under an outer jit
     host = np.asarray(chars)
     low, high = int(host.min()), int(host.max())
     if low < 0 or high >= N_SHIFTED_CHARACTERS:
         bad = np.argwhere((host < 0) | (host >= N_SHIFTED_CHARACTERS))[0]
-        raise ValueError(f"chars: ids must be in [0, {N_SHIFTED_CHARACTERS}) (shifted ids from batch_to_ids); "
-                         f"found {int(host[tuple(bad)])} at index {tuple(int(i) for i in bad)}")
+        raise ValueError(
+            f"chars: ids must be in [0, {N_SHIFTED_CHARACTERS}) (shifted ids from batch_to_ids); "
+            f"found {int(host[tuple(bad)])} at index {tuple(int(i) for i in bad)}"
+        )
     present = np.any(host > 0, axis=-1)  # (B, T)
     gaps = present[:, 1:] & ~present[:, :-1]
     if gaps.any():
         row, t = np.argwhere(gaps)[0]
-        raise ValueError(f"chars: row {row} has a token at position {t + 1} after a padding token; padding "
-                         "(all-zero) tokens must come after a sentence's tokens")
+        raise ValueError(
+            f"chars: row {row} has a token at position {t + 1} after a padding token; padding "
+            "(all-zero) tokens must come after a sentence's tokens"
+        )
     return host.astype(np.int32, copy=False)
 
 
 def _check_state(state, params: BiLMParams, batch_size: int) -> None:
     config = params.config
-    expected = {"c": (N_DIRECTIONS, config.n_layers, batch_size, config.lstm_dim),
-                "h": (N_DIRECTIONS, config.n_layers, batch_size, config.projection_dim)}
+    expected = {
+        "c": (N_DIRECTIONS, config.n_layers, batch_size, config.lstm_dim),
+        "h": (N_DIRECTIONS, config.n_layers, batch_size, config.projection_dim),
+    }
     if not isinstance(state, LSTMState):
-        raise ValueError(f"initial_state must be an LSTMState (c, h) as returned with return_state=True, "
-                         f"found {type(state).__name__}")
+        raise ValueError(
+            f"initial_state must be an LSTMState (c, h) as returned with return_state=True, "
+            f"found {type(state).__name__}"
+        )
     for name, shape in expected.items():
         found = getattr(state, name)
         if tuple(np.shape(found)) != shape or not jnp.issubdtype(found.dtype, jnp.floating):
-            raise ValueError(f"initial_state.{name}: expected float {shape} (directions, layers, batch, width), "
-                             f"found {getattr(found, 'dtype', '?')} {tuple(np.shape(found))}")
+            raise ValueError(
+                f"initial_state.{name}: expected float {shape} (directions, layers, batch, width), "
+                f"found {getattr(found, 'dtype', '?')} {tuple(np.shape(found))}"
+            )

@@ -45,8 +45,14 @@ class Options:
     progress: bool = False
 
 
-def embed_file(params, input_path: str, output_path: str, options: Options = Options(), *,
-               summary: sentence_input.InputSummary | None = None) -> dict:
+def embed_file(
+    params,
+    input_path: str,
+    output_path: str,
+    options: Options = Options(),
+    *,
+    summary: sentence_input.InputSummary | None = None,
+) -> dict:
     """Embeds every line of `input_path` into a new HDF5 file at `output_path` (see the module doc).
 
     Args:
@@ -69,16 +75,27 @@ def embed_file(params, input_path: str, output_path: str, options: Options = Opt
     if os.path.exists(output_path) and os.path.exists(input_path) and os.path.samefile(input_path, output_path):
         raise ValueError(f"--output={output_path} is the --input file; writing there would destroy the input")
     mix = _mix_weights(options, params.config.n_output_layers)
-    summary = summary or sentence_input.scan(input_path, blank_lines=options.blank_lines,
-                                             max_tokens=options.max_sentence_tokens,
-                                             long_sentences=options.long_sentences)
+    summary = summary or sentence_input.scan(
+        input_path,
+        blank_lines=options.blank_lines,
+        max_tokens=options.max_sentence_tokens,
+        long_sentences=options.long_sentences,
+    )
     C = params.config.max_characters_per_token
-    batcher = (length_buckets.BucketBatcher(options.batch_tokens, C) if options.bucketing
-               else length_buckets.InputOrderBatcher(options.batch_tokens, C))
+    batcher = (
+        length_buckets.BucketBatcher(options.batch_tokens, C)
+        if options.bucketing
+        else length_buckets.InputOrderBatcher(options.batch_tokens, C)
+    )
     progress = _Progress(summary.lines - summary.blank, summary.tokens, enabled=options.progress)
     start, shapes, batches = time.perf_counter(), set(), 0
-    with VectorsFile(output_path, params.config, layers=options.layers, float16=options.float16,
-                     sentence_index=options.sentence_index) as output:
+    with VectorsFile(
+        output_path,
+        params.config,
+        layers=options.layers,
+        float16=options.float16,
+        sentence_index=options.sentence_index,
+    ) as output:
         pending = None  # the previous batch: written while the device computes the next one
         for batch in _batches(input_path, batcher, output, options.max_sentence_tokens, options.blank_lines, C):
             shapes.add(batch.chars.shape + (content_bucket(batch.chars, C),))
@@ -89,13 +106,22 @@ def embed_file(params, input_path: str, output_path: str, options: Options = Opt
         if pending is not None:
             progress.update(*output.write_batch(*pending))
         if output.lines_read != summary.lines:
-            raise ValueError(f"--input={input_path}: {output.lines_read:,} lines now, {summary.lines:,} when it was "
-                             "checked; the file changed while it was read")
+            raise ValueError(
+                f"--input={input_path}: {output.lines_read:,} lines now, {summary.lines:,} when it was "
+                "checked; the file changed while it was read"
+            )
         output.commit()
     progress.close()
-    counts = {"lines": summary.lines, "sentences": output.datasets, "tokens": summary.tokens,
-              "blank_lines": summary.blank, "split_lines": summary.long, "batches": batches,
-              "compiled_shapes": len(shapes), "seconds": time.perf_counter() - start}
+    counts = {
+        "lines": summary.lines,
+        "sentences": output.datasets,
+        "tokens": summary.tokens,
+        "blank_lines": summary.blank,
+        "split_lines": summary.long,
+        "batches": batches,
+        "compiled_shapes": len(shapes),
+        "seconds": time.perf_counter() - start,
+    }
     _log_summary(summary, counts, options)
     return counts
 
@@ -113,8 +139,8 @@ def check_output_path(path: str) -> None:
 
 def _batches(input_path, batcher, output, max_tokens: int, blank_lines: str, C: int):
     """Streams the file into the batcher; creates each line's dataset as it goes."""
-    from elmo_jax.model.chars import tokens_to_raw_ids
     from elmo_jax.features.length_buckets import Piece
+    from elmo_jax.model.chars import tokens_to_raw_ids
 
     for line, tokens in sentence_input.lines(input_path):
         output.lines_read += 1
@@ -124,7 +150,7 @@ def _batches(input_path, batcher, output, max_tokens: int, blank_lines: str, C: 
         if not tokens:
             continue  # an empty entry needs no compute
         for offset in range(0, len(tokens), max_tokens):
-            piece = tokens[offset:offset + max_tokens]
+            piece = tokens[offset : offset + max_tokens]
             yield from batcher.add(Piece(line, offset, tokens_to_raw_ids(piece, C) + 1))
     yield from batcher.flush()
 
@@ -193,8 +219,14 @@ class _Progress:
         elapsed = max(now - self.start, 1e-9)
         rate = self.tokens / elapsed
         eta = (self.total_tokens - self.tokens) / rate if rate > 0 else float("nan")
-        print(f"{self.lines:,}/{self.total_lines:,} sentences  {self.lines / elapsed:,.1f} sentences/s  {rate:,.0f} tokens/s  "
-              f"{100 * self.tokens / self.total_tokens:5.1f}%  ETA {_clock(eta)}", end=end, file=sys.stderr, flush=True)
+        print(
+            f"{self.lines:,}/{self.total_lines:,} sentences  {self.lines / elapsed:,.1f} sentences/s  "
+            f"{rate:,.0f} tokens/s  "
+            f"{100 * self.tokens / self.total_tokens:5.1f}%  ETA {_clock(eta)}",
+            end=end,
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _clock(seconds: float) -> str:
@@ -205,13 +237,23 @@ def _clock(seconds: float) -> str:
 
 
 def _log_summary(summary: sentence_input.InputSummary, counts: dict, options: Options) -> None:
-    logging.info("embedded %d sentences (%d tokens) in %.1f s: %d batches, %d compiled shapes",
-                 counts["sentences"], counts["tokens"], counts["seconds"], counts["batches"], counts["compiled_shapes"])
+    logging.info(
+        "embedded %d sentences (%d tokens) in %.1f s: %d batches, %d compiled shapes",
+        counts["sentences"],
+        counts["tokens"],
+        counts["seconds"],
+        counts["batches"],
+        counts["compiled_shapes"],
+    )
     if summary.blank:
         how = {"empty": "written as empty (0-token) entries", "skip": "skipped (no entry)"}[options.blank_lines]
-        logging.warning("%d blank lines %s, first at line %s", summary.blank, how,
-                        ", ".join(map(str, summary.first_blank)))
+        logging.warning(
+            "%d blank lines %s, first at line %s", summary.blank, how, ", ".join(map(str, summary.first_blank))
+        )
     if summary.long:
-        logging.warning("%d sentences over %d tokens embedded in pieces (each piece without the others' "
-                        "context), first at line %s", summary.long, options.max_sentence_tokens,
-                        ", ".join(map(str, summary.first_long)))
+        logging.warning(
+            "%d sentences over %d tokens embedded in pieces (each piece without the others' context), first at line %s",
+            summary.long,
+            options.max_sentence_tokens,
+            ", ".join(map(str, summary.first_long)),
+        )

@@ -53,7 +53,7 @@ def stack(pieces: list[Piece], rows: int, T: int, C: int) -> Batch:
     """A (rows, T, C) batch holding `pieces` in its first rows; the other rows and positions are padding."""
     chars = np.zeros((rows, T, C), np.int32)
     for row, piece in enumerate(pieces):
-        chars[row, :piece.n_tokens] = piece.chars
+        chars[row, : piece.n_tokens] = piece.chars
     return Batch(chars, pieces)
 
 

@@ -10,7 +10,7 @@ AllenNLP exactly with layer normalisation, mix the layers returned by `embed(...
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
@@ -32,8 +32,9 @@ def masked_layer_norm(layer: jax.Array, mask: jax.Array) -> jax.Array:
     return (layer - mean) / jnp.sqrt(variance + LAYER_NORM_EPSILON)
 
 
-def scalar_mix(layers: jax.Array, scalars: jax.Array, gamma: jax.Array, mask: jax.Array | None = None, *,
-               layer_norm: bool = False) -> jax.Array:
+def scalar_mix(
+    layers: jax.Array, scalars: jax.Array, gamma: jax.Array, mask: jax.Array | None = None, *, layer_norm: bool = False
+) -> jax.Array:
     """Mixes biLM layers.
 
     Args:
@@ -47,15 +48,15 @@ def scalar_mix(layers: jax.Array, scalars: jax.Array, gamma: jax.Array, mask: ja
       float32 (B, T, D).
     """
     if layers.ndim != 4 or scalars.shape != (layers.shape[1],):
-        raise ValueError(f"scalar_mix: expected layers (B, L, T, D) and scalars (L,), found {layers.shape} "
-                         f"and {scalars.shape}")
+        raise ValueError(
+            f"scalar_mix: expected layers (B, L, T, D) and scalars (L,), found {layers.shape} and {scalars.shape}"
+        )
     if layer_norm:
         if mask is None:
             raise ValueError("scalar_mix: layer_norm=True needs the token mask")
         layers = jnp.stack([masked_layer_norm(layers[:, j], mask) for j in range(layers.shape[1])], axis=1)
     weights = jax.nn.softmax(scalars)
-    mixed = jnp.reshape(gamma, ()) * jnp.einsum("l,bltd->btd", weights, layers,
-                                                 precision=jax.lax.Precision.HIGHEST)
+    mixed = jnp.reshape(gamma, ()) * jnp.einsum("l,bltd->btd", weights, layers, precision=jax.lax.Precision.HIGHEST)
     if mask is not None:
         mixed = jnp.where(mask[..., None], mixed, 0.0)
     return mixed
@@ -110,5 +111,9 @@ class ElmoRepresentations(nn.Module):
     @nn.compact
     def __call__(self, layers: jax.Array, mask: jax.Array, *, deterministic: bool = True) -> Sequence[jax.Array]:
         """layers (B, L, T, D), mask (B, T) -> a list of (B, T, D), one per mix."""
-        return [ScalarMix(self.num_layers, self.layer_norm, self.dropout, self.l2_coef, name=f"scalar_mix_{i}")(
-            layers, mask, deterministic=deterministic) for i in range(self.num_output_representations)]
+        return [
+            ScalarMix(self.num_layers, self.layer_norm, self.dropout, self.l2_coef, name=f"scalar_mix_{i}")(
+                layers, mask, deterministic=deterministic
+            )
+            for i in range(self.num_output_representations)
+        ]

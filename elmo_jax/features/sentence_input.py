@@ -35,8 +35,9 @@ class InputSummary:
     first_long: list[int] = dataclasses.field(default_factory=list)
 
 
-def scan(path: str, *, blank_lines: str = "empty", max_tokens: int = 1024,
-         long_sentences: str = "error") -> InputSummary:
+def scan(
+    path: str, *, blank_lines: str = "empty", max_tokens: int = 1024, long_sentences: str = "error"
+) -> InputSummary:
     """Checks every line of `path`; returns the counts.
 
     Raises:
@@ -57,15 +58,19 @@ def scan(path: str, *, blank_lines: str = "empty", max_tokens: int = 1024,
         summary.tokens += len(tokens)
         if not tokens:
             if blank_lines == "error":
-                raise ValueError(f"{path}:{number}: blank line; remove it, or pass --blank_lines=empty (an empty "
-                                 "entry) or --blank_lines=skip (no entry)")
+                raise ValueError(
+                    f"{path}:{number}: blank line; remove it, or pass --blank_lines=empty (an empty "
+                    "entry) or --blank_lines=skip (no entry)"
+                )
             summary.blank += 1
             _keep_first(summary.first_blank, number)
         elif len(tokens) > max_tokens:
             if long_sentences == "error":
-                raise ValueError(f"{path}:{number}: {len(tokens):,} tokens, over --max_sentence_tokens={max_tokens}; "
-                                 "raise the limit or pass --long_sentences=split (embeds pieces of at most that "
-                                 "many tokens, each without the others' context)")
+                raise ValueError(
+                    f"{path}:{number}: {len(tokens):,} tokens, over --max_sentence_tokens={max_tokens}; "
+                    "raise the limit or pass --long_sentences=split (embeds pieces of at most that "
+                    "many tokens, each without the others' context)"
+                )
             summary.long += 1
             _keep_first(summary.first_long, number)
     if summary.lines == 0:
@@ -85,23 +90,29 @@ def _numbered_lines(path: str) -> Iterator[tuple[int, list[str]]]:
     if not os.path.exists(path):
         raise FileNotFoundError(f"--input={path}: file not found")
     if not stat.S_ISREG(os.stat(path).st_mode):  # a pipe would be used up by `scan` before `lines` reads it
-        raise ValueError(f"--input={path}: not a regular file (a pipe or device); the input is read twice, "
-                         "so write it to a file first")
+        raise ValueError(
+            f"--input={path}: not a regular file (a pipe or device); the input is read twice, "
+            "so write it to a file first"
+        )
     with open(path, "rb") as f:
         number = 0
         while raw := f.readline(MAX_LINE_BYTES + 1):
             number += 1
             if len(raw) > MAX_LINE_BYTES:
-                raise ValueError(f"{path}:{number}: line longer than {MAX_LINE_BYTES >> 20} MiB; expected one "
-                                 "sentence per line")
+                raise ValueError(
+                    f"{path}:{number}: line longer than {MAX_LINE_BYTES >> 20} MiB; expected one sentence per line"
+                )
             if NUL in raw:  # valid UTF-8, but in a text file almost always a sign of binary data
-                raise ValueError(f"{path}:{number}: NUL byte at byte {raw.index(NUL)} of the line; expected "
-                                 "UTF-8 text (is this a binary file?)")
+                raise ValueError(
+                    f"{path}:{number}: NUL byte at byte {raw.index(NUL)} of the line; expected "
+                    "UTF-8 text (is this a binary file?)"
+                )
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start} of the line)") \
-                    from None
+                raise ValueError(
+                    f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start} of the line)"
+                ) from None
             if number == 1:
                 text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the first token
             yield number, text.split()

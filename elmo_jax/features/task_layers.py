@@ -25,10 +25,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from elmo_jax.model.bilm import bilm_layers, remove_boundaries, token_mask
 from elmo_jax.features.embed import check_char_ids
-from elmo_jax.model.lstm import zero_state
 from elmo_jax.features.mix import ElmoRepresentations
+from elmo_jax.model.bilm import bilm_layers, remove_boundaries, token_mask
+from elmo_jax.model.lstm import zero_state
 from elmo_jax.model.params import BiLMParams
 from elmo_jax.model.precision import ComputeOptions
 
@@ -64,20 +64,32 @@ class ElmoTaskLayers(nn.Module):
         jit); under jit only their shape and dtype can be.
         """
         if not isinstance(self.bilm, BiLMParams):
-            raise ValueError(f"ElmoTaskLayers.bilm must be BiLMParams (from load_hdf5, init_params or load), "
-                             f"found {type(self.bilm).__name__}")
+            raise ValueError(
+                f"ElmoTaskLayers.bilm must be BiLMParams (from load_hdf5, init_params or load), "
+                f"found {type(self.bilm).__name__}"
+            )
         if not isinstance(self.num_output_representations, int) or self.num_output_representations < 1:
-            raise ValueError(f"ElmoTaskLayers.num_output_representations must be a positive integer, found "
-                             f"{self.num_output_representations!r}")
+            raise ValueError(
+                f"ElmoTaskLayers.num_output_representations must be a positive integer, found "
+                f"{self.num_output_representations!r}"
+            )
         config = self.bilm.config
         chars = check_char_ids(char_ids, config.max_characters_per_token)
         weights = self._weights()
-        layers, mask, _ = bilm_layers(BiLMParams(weights, config), chars, zero_state(config, chars.shape[0]),
-                                      compute=ComputeOptions(dtype=self.compute_dtype))
-        mixes = ElmoRepresentations(num_output_representations=self.num_output_representations,
-                                    num_layers=config.n_output_layers, layer_norm=self.do_layer_norm,
-                                    dropout=self.dropout, l2_coef=self.l2_coef, name="mixes")(
-            layers, mask, deterministic=deterministic)
+        layers, mask, _ = bilm_layers(
+            BiLMParams(weights, config),
+            chars,
+            zero_state(config, chars.shape[0]),
+            compute=ComputeOptions(dtype=self.compute_dtype),
+        )
+        mixes = ElmoRepresentations(
+            num_output_representations=self.num_output_representations,
+            num_layers=config.n_output_layers,
+            layer_norm=self.do_layer_norm,
+            dropout=self.dropout,
+            l2_coef=self.l2_coef,
+            name="mixes",
+        )(layers, mask, deterministic=deterministic)
         outputs = [remove_boundaries(mix, mask)[0] for mix in mixes]  # (B, T2, 2P) -> (B, T, 2P)
         return outputs, token_mask(chars)
 
@@ -100,4 +112,3 @@ def elmo_penalty(state: Any) -> jax.Array:
     losses = state.get("losses", state) if hasattr(state, "get") else state
     leaves = jax.tree.leaves(losses)
     return sum((jnp.sum(leaf) for leaf in leaves), jnp.zeros((), jnp.float32))
-

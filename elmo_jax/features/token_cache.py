@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import hashlib
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import h5py
 import jax
@@ -64,8 +64,10 @@ class TokenCache:
 
     def __post_init__(self):
         if self.embeddings.ndim != 2 or self.embeddings.shape[0] != len(self.tokens):
-            raise ValueError(f"TokenCache: embeddings must be (V, P) with V = {len(self.tokens)} tokens, "
-                             f"found {self.embeddings.shape}")
+            raise ValueError(
+                f"TokenCache: embeddings must be (V, P) with V = {len(self.tokens)} tokens, "
+                f"found {self.embeddings.shape}"
+            )
         index: dict[str, int] = {}
         for row, token in enumerate(self.tokens):
             first = index.setdefault(token, row)
@@ -120,8 +122,7 @@ def token_vectors(params: BiLMParams, char_ids: np.ndarray, *, batch_size: int =
     return out
 
 
-def build_token_cache(params: BiLMParams, tokens: Sequence[str], *,
-                      batch_size: int = DEFAULT_BATCH_SIZE) -> TokenCache:
+def build_token_cache(params: BiLMParams, tokens: Sequence[str], *, batch_size: int = DEFAULT_BATCH_SIZE) -> TokenCache:
     """Runs the char CNN once for every token (plus `<S>` and `</S>` if missing).
 
     Args:
@@ -169,8 +170,9 @@ def save_token_cache(cache: TokenCache, path: str | os.PathLike) -> None:
     atomic_write.write(path, write)
 
 
-def load_token_cache(path: str | os.PathLike, *, params: BiLMParams | None = None,
-                     vocab_file: str | os.PathLike | None = None) -> TokenCache:
+def load_token_cache(
+    path: str | os.PathLike, *, params: BiLMParams | None = None, vocab_file: str | os.PathLike | None = None
+) -> TokenCache:
     """Reads a cache written by `save_token_cache` or bilm-tf's `dump_token_embeddings`.
 
     Args:
@@ -187,27 +189,35 @@ def load_token_cache(path: str | os.PathLike, *, params: BiLMParams | None = Non
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: token cache file not found")
     if os.path.isdir(path) or not h5py.is_hdf5(path):
-        raise ValueError(f"{path}: not an HDF5 file (expected a token cache from save_token_cache or "
-                         "bilm-tf's dump_token_embeddings)")
+        raise ValueError(
+            f"{path}: not an HDF5 file (expected a token cache from save_token_cache or "
+            "bilm-tf's dump_token_embeddings)"
+        )
     try:
         with h5py.File(path, "r") as h5:
             if "embedding" not in h5 or not isinstance(h5["embedding"], h5py.Dataset):
                 raise ValueError(f"{path}: missing dataset 'embedding' (expected float32 (V, P))")
             dataset = h5["embedding"]
             if dataset.ndim != 2 or not np.issubdtype(dataset.dtype, np.floating):
-                raise ValueError(f"{path}: dataset 'embedding' must be float (V, P), found {dataset.dtype} "
-                                 f"{dataset.shape}")
+                raise ValueError(
+                    f"{path}: dataset 'embedding' must be float (V, P), found {dataset.dtype} {dataset.shape}"
+                )
             embeddings = np.asarray(dataset[...], np.float32)
             tokens = [t.decode("utf-8") for t in h5["tokens"][...]] if "tokens" in h5 else None
-            C = int(h5.attrs.get("max_characters_per_token", params.config.max_characters_per_token
-                                 if params is not None else 50))
+            C = int(
+                h5.attrs.get(
+                    "max_characters_per_token", params.config.max_characters_per_token if params is not None else 50
+                )
+            )
             digest = str(h5.attrs.get("char_cnn_sha256", ""))
     except OSError as e:
         raise ValueError(f"{path}: cannot read the token cache ({e})") from None
     tokens = _resolve_tokens(path, tokens, vocab_file)
     if len(tokens) != embeddings.shape[0]:
-        raise ValueError(f"{path}: 'embedding' has {embeddings.shape[0]} rows but there are {len(tokens)} tokens"
-                         + (f" in {os.fspath(vocab_file)}" if vocab_file is not None else ""))
+        raise ValueError(
+            f"{path}: 'embedding' has {embeddings.shape[0]} rows but there are {len(tokens)} tokens"
+            + (f" in {os.fspath(vocab_file)}" if vocab_file is not None else "")
+        )
     cache = TokenCache(tuple(tokens), embeddings, C, digest)
     if params is not None:
         check_token_cache(cache, params, source=path)
@@ -217,8 +227,10 @@ def load_token_cache(path: str | os.PathLike, *, params: BiLMParams | None = Non
 def _resolve_tokens(path: str, stored: list[str] | None, vocab_file) -> list[str]:
     if vocab_file is None:
         if stored is None:
-            raise ValueError(f"{path}: no 'tokens' dataset (a bilm-tf vocab_embedding.hdf5?); pass the vocabulary "
-                             "file it was dumped from as vocab_file")
+            raise ValueError(
+                f"{path}: no 'tokens' dataset (a bilm-tf vocab_embedding.hdf5?); pass the vocabulary "
+                "file it was dumped from as vocab_file"
+            )
         return stored
     from elmo_jax.formats.vocab_file import Vocab
 
@@ -229,8 +241,9 @@ def _resolve_tokens(path: str, stored: list[str] | None, vocab_file) -> list[str
     return words
 
 
-def check_token_cache(cache: TokenCache, params: BiLMParams, *, source: str = "token cache",
-                      weights: bool = True) -> None:
+def check_token_cache(
+    cache: TokenCache, params: BiLMParams, *, source: str = "token cache", weights: bool = True
+) -> None:
     """Raises ValueError unless `cache` was computed by `params`'s char CNN.
 
     Checks the width P and C, then with `weights` the digest (or, without one, a spot check of the
@@ -238,25 +251,36 @@ def check_token_cache(cache: TokenCache, params: BiLMParams, *, source: str = "t
     """
     config = params.config
     if cache.dim != config.projection_dim:
-        raise ValueError(f"{source}: vectors are {cache.dim} wide, the model's token layer is "
-                         f"{config.projection_dim} (lstm.projection_dim); the cache is for another model")
+        raise ValueError(
+            f"{source}: vectors are {cache.dim} wide, the model's token layer is "
+            f"{config.projection_dim} (lstm.projection_dim); the cache is for another model"
+        )
     if cache.max_characters_per_token != config.max_characters_per_token:
-        raise ValueError(f"{source}: built with max_characters_per_token {cache.max_characters_per_token}, the "
-                         f"model uses {config.max_characters_per_token}")
+        raise ValueError(
+            f"{source}: built with max_characters_per_token {cache.max_characters_per_token}, the "
+            f"model uses {config.max_characters_per_token}"
+        )
     if not weights:
         return
     if cache.char_cnn_sha256:
         if cache.char_cnn_sha256 != char_cnn_digest(params):
-            raise ValueError(f"{source}: built from different char-CNN weights than this model's (digest "
-                             "mismatch); rebuild it with build_token_cache")
+            raise ValueError(
+                f"{source}: built from different char-CNN weights than this model's (digest "
+                "mismatch); rebuild it with build_token_cache"
+            )
         return
     rows = list(range(min(SPOT_CHECK_ROWS, len(cache))))
-    expected = token_vectors(params, batch_to_ids([[cache.tokens[i] for i in rows]], cache.max_characters_per_token)[0],
-                             batch_size=max(len(rows), 1))
+    expected = token_vectors(
+        params,
+        batch_to_ids([[cache.tokens[i] for i in rows]], cache.max_characters_per_token)[0],
+        batch_size=max(len(rows), 1),
+    )
     error = float(np.max(np.abs(expected - cache.embeddings[rows]))) if rows else 0.0
     if error > SPOT_CHECK_ATOL:
-        raise ValueError(f"{source}: its first {len(rows)} rows differ from this model's char CNN by up to "
-                         f"{error:.3g}; the cache is for other weights or another vocabulary order")
+        raise ValueError(
+            f"{source}: its first {len(rows)} rows differ from this model's char CNN by up to "
+            f"{error:.3g}; the cache is for other weights or another vocabulary order"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,8 +311,9 @@ class CachedBatch:
 def lookup(cache: TokenCache, sentences: Sequence[Sequence[str]]) -> CachedBatch:
     """Looks every token of a batch of tokenized sentences up in `cache`, boundaries added (host-side)."""
     if isinstance(sentences, str) or not isinstance(sentences, Sequence) or len(sentences) == 0:
-        raise ValueError("sentences must be a non-empty list of tokenized sentences (lists of str), found "
-                         f"{sentences!r:.60}")
+        raise ValueError(
+            f"sentences must be a non-empty list of tokenized sentences (lists of str), found {sentences!r:.60}"
+        )
     for b, sentence in enumerate(sentences):
         if isinstance(sentence, str) or not isinstance(sentence, Sequence):
             raise ValueError(f"sentence {b} must be a list of str tokens, found {type(sentence).__name__}")

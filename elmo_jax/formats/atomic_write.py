@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import BinaryIO, Callable
+from collections.abc import Callable
+from typing import BinaryIO
 
 
 def stage(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> str:
@@ -41,8 +42,9 @@ def temporary_file(path: str | os.PathLike) -> tuple[int, str]:
     """(fd, name) of a new file `<name>.XXXX.tmp` next to `path`; an OSError names `path`, not the temporary."""
     path = os.fspath(path)
     try:
-        return tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
-                                dir=os.path.dirname(os.path.abspath(path)))
+        return tempfile.mkstemp(
+            prefix=os.path.basename(path) + ".", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path))
+        )
     except OSError as e:
         raise type(e)(e.errno, f"cannot write {path}: {e.strerror}") from None
 
@@ -51,8 +53,9 @@ def temporary_directory(path: str | os.PathLike) -> str:
     """A new directory `.<name>.XXXX.tmp` next to `path` (hidden: it is not the result yet)."""
     path = os.fspath(path)
     try:
-        return tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                                dir=os.path.dirname(os.path.abspath(path)))
+        return tempfile.mkdtemp(
+            prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path))
+        )
     except OSError as e:
         raise type(e)(e.errno, f"cannot write {path}: {e.strerror}") from None
 

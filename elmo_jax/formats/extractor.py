@@ -84,6 +84,5 @@ def export_extractor(params: BiLMParams, compute_dtype="float32", platforms=PLAT
     weights = {path: jax.ShapeDtypeStruct(np.shape(a), jnp.float32) for path, a in iter_flat(params.weights)}
     batch, time = jax.export.symbolic_shape("batch, time")
     chars = jax.ShapeDtypeStruct((batch, time, config.max_characters_per_token), jnp.int32)
-    exported = jax.export.export(jax.jit(extract_fn(config, compute_dtype)), platforms=tuple(platforms))(
-        weights, chars)
+    exported = jax.export.export(jax.jit(extract_fn(config, compute_dtype)), platforms=tuple(platforms))(weights, chars)
     return bytes(exported.serialize())

@@ -38,13 +38,26 @@ FORMAT = "elmo-jax model directory"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 OPTIONS, WEIGHTS, PARAMS, EXTRACTOR, VOCAB, USAGE = (
-    "options.json", "weights.hdf5", "params.npz", "extractor.jax", "vocab.txt", "USAGE.md")
+    "options.json",
+    "weights.hdf5",
+    "params.npz",
+    "extractor.jax",
+    "vocab.txt",
+    "USAGE.md",
+)
 REQUIRED = (OPTIONS, WEIGHTS, PARAMS, EXTRACTOR, USAGE)
 
 
-def write_model_dir(params: BiLMParams, directory: str | os.PathLike, *, vocab_file: str | None = None,
-                    vocab=None, source: str = "", compute_dtype: str = "float32",
-                    overwrite: bool = False) -> dict[str, Any]:
+def write_model_dir(
+    params: BiLMParams,
+    directory: str | os.PathLike,
+    *,
+    vocab_file: str | None = None,
+    vocab=None,
+    source: str = "",
+    compute_dtype: str = "float32",
+    overwrite: bool = False,
+) -> dict[str, Any]:
     """Writes a complete model directory at `directory`; returns its manifest.
 
     Args:
@@ -115,8 +128,10 @@ def load(directory: str | os.PathLike, *, verify: bool = True) -> BiLMParams:
         raise ValueError(f"{params_file}: cannot read the parameter archive ({e})") from None
     expected = weight_shapes(config)
     if set(flat) != set(expected):
-        raise ValueError(f"{params_file}: arrays do not match {os.path.join(path, OPTIONS)}: missing "
-                         f"{sorted(set(expected) - set(flat))}, unexpected {sorted(set(flat) - set(expected))}")
+        raise ValueError(
+            f"{params_file}: arrays do not match {os.path.join(path, OPTIONS)}: missing "
+            f"{sorted(set(expected) - set(flat))}, unexpected {sorted(set(flat) - set(expected))}"
+        )
     for key, shape in expected.items():
         if flat[key].shape != shape or flat[key].dtype != np.float32:
             raise ValueError(f"{params_file}: {key!r} is {flat[key].dtype} {flat[key].shape}, expected float32 {shape}")
@@ -139,24 +154,34 @@ def load_model(model: str | None, options_file: str | None, weight_file: str | N
 def read_manifest(directory: str, *, verify: bool = True) -> dict[str, Any]:
     """The checked manifest of a model directory (see `load` for what is checked and raised)."""
     if not os.path.isdir(directory):
-        raise FileNotFoundError(f"{directory}: model directory not found" if not os.path.exists(directory)
-                                else f"{directory}: expected a model directory, found a file")
+        raise FileNotFoundError(
+            f"{directory}: model directory not found"
+            if not os.path.exists(directory)
+            else f"{directory}: expected a model directory, found a file"
+        )
     manifest_file = os.path.join(directory, MANIFEST)
     if not os.path.exists(manifest_file):
-        hint = (" (it has options.json and weights.hdf5: pass them as --options/--weights, or make a model "
-                "directory with python -m elmo_jax.export)" if os.path.exists(os.path.join(directory, OPTIONS)) else "")
-        raise FileNotFoundError(f"{directory}: missing {MANIFEST}; not a model directory written by elmo_jax.export"
-                                + hint)
+        hint = (
+            " (it has options.json and weights.hdf5: pass them as --options/--weights, or make a model "
+            "directory with python -m elmo_jax.export)"
+            if os.path.exists(os.path.join(directory, OPTIONS))
+            else ""
+        )
+        raise FileNotFoundError(
+            f"{directory}: missing {MANIFEST}; not a model directory written by elmo_jax.export" + hint
+        )
     try:
         with open(manifest_file, encoding="utf-8") as f:
             manifest = json.load(f)
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{manifest_file}: not valid JSON ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ValueError(f"{manifest_file}: not an elmo-jax model manifest (expected \"format\": \"{FORMAT}\")")
+        raise ValueError(f'{manifest_file}: not an elmo-jax model manifest (expected "format": "{FORMAT}")')
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{manifest_file}: format_version {manifest.get('format_version')!r}; this elmo_jax reads "
-                         f"version {FORMAT_VERSION}")
+        raise ValueError(
+            f"{manifest_file}: format_version {manifest.get('format_version')!r}; this elmo_jax reads "
+            f"version {FORMAT_VERSION}"
+        )
     files = manifest.get("files", {})
     for name in REQUIRED:
         if name not in files:
@@ -200,35 +225,54 @@ The tokens `<S>` and `</S>` are added inside the program, as `elmo_jax.embed` do
 
 
 def _manifest(staging: str, config: BiLMConfig, source: str, compute_dtype: str) -> dict[str, Any]:
-    files = {name: {"bytes": os.path.getsize(os.path.join(staging, name)), "sha256": _sha256(os.path.join(staging, name))}
-             for name in sorted(os.listdir(staging))}
+    files = {
+        name: {"bytes": os.path.getsize(os.path.join(staging, name)), "sha256": _sha256(os.path.join(staging, name))}
+        for name in sorted(os.listdir(staging))
+    }
     return {
-        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": {name: _version(name) for name in ("elmo-jax", "jax", "jaxlib")},
         "source": source,
-        "output": {"layers": config.n_output_layers, "dim": config.output_dim,
-                   "max_characters_per_token": config.max_characters_per_token},
-        "extractor": {"file": EXTRACTOR, "compute_dtype": compute_dtype, "platforms": ["cpu", "cuda", "tpu"],
-                      "inputs": "weights: dict(np.load('params.npz')); chars: int32 (batch, time, C) shifted ids",
-                      "outputs": "layers float32 (batch, L+1, time, 2P); mask bool (batch, time)"},
+        "output": {
+            "layers": config.n_output_layers,
+            "dim": config.output_dim,
+            "max_characters_per_token": config.max_characters_per_token,
+        },
+        "extractor": {
+            "file": EXTRACTOR,
+            "compute_dtype": compute_dtype,
+            "platforms": ["cpu", "cuda", "tpu"],
+            "inputs": "weights: dict(np.load('params.npz')); chars: int32 (batch, time, C) shifted ids",
+            "outputs": "layers float32 (batch, L+1, time, 2P); mask bool (batch, time)",
+        },
         "files": files,
     }
 
 
 def _check_file(directory: str, name: str, entry: dict, verify: bool) -> None:
-    if (not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) or os.sep in name
-            or name in (os.curdir, os.pardir)):
-        raise ValueError(f"{os.path.join(directory, MANIFEST)}: bad entry for {name!r} (expected a file name in the "
-                         "directory with its \"bytes\" and \"sha256\")")
+    if (
+        not isinstance(entry, dict)
+        or not isinstance(entry.get("bytes"), int)
+        or os.sep in name
+        or name in (os.curdir, os.pardir)
+    ):
+        raise ValueError(
+            f"{os.path.join(directory, MANIFEST)}: bad entry for {name!r} (expected a file name in the "
+            'directory with its "bytes" and "sha256")'
+        )
     path = os.path.join(directory, name)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{directory}: missing {name} (listed in {MANIFEST}); copy the whole directory "
-                                "or export it again")
+        raise FileNotFoundError(
+            f"{directory}: missing {name} (listed in {MANIFEST}); copy the whole directory or export it again"
+        )
     size = os.path.getsize(path)
     if size != entry.get("bytes"):
-        raise ValueError(f"{path}: {size:,} bytes, expected {entry.get('bytes'):,} from {MANIFEST} (truncated or "
-                         "replaced); copy the whole directory again")
+        raise ValueError(
+            f"{path}: {size:,} bytes, expected {entry.get('bytes'):,} from {MANIFEST} (truncated or "
+            "replaced); copy the whole directory again"
+        )
     if verify and _sha256(path) != entry.get("sha256"):
         raise ValueError(f"{path}: contents differ from {MANIFEST} (SHA-256 mismatch: corrupted or edited)")
 
@@ -242,11 +286,15 @@ def check_target(target: str, overwrite: bool) -> None:
         if not os.path.isdir(target):
             raise NotADirectoryError(f"cannot write the model directory {target}: a file is in the way")
         if not overwrite:
-            raise FileExistsError(f"{target} already exists; pass --overwrite to replace it (the old one is "
-                                  "removed only after the new one is complete)")
+            raise FileExistsError(
+                f"{target} already exists; pass --overwrite to replace it (the old one is "
+                "removed only after the new one is complete)"
+            )
         if os.listdir(target) and not _is_model_dir(target):
-            raise FileExistsError(f"{target} exists and is not a model directory (no elmo-jax {MANIFEST}); "
-                                  "--overwrite replaces only an earlier export, never other files")
+            raise FileExistsError(
+                f"{target} exists and is not a model directory (no elmo-jax {MANIFEST}); "
+                "--overwrite replaces only an earlier export, never other files"
+            )
     if not os.access(parent, os.W_OK):
         raise PermissionError(f"cannot write {target}: directory {parent} is not writable")
 

@@ -30,8 +30,9 @@ class VectorsFile:
       sentence_index: write the sentence_to_index dataset.
     """
 
-    def __init__(self, path: str, config: BiLMConfig, *, layers: str = "all", float16: bool = False,
-                 sentence_index: bool = True):
+    def __init__(
+        self, path: str, config: BiLMConfig, *, layers: str = "all", float16: bool = False, sentence_index: bool = True
+    ):
         self.path, self.all_layers, self.sentence_index = path, layers == "all", sentence_index
         self.layers, self.dim = config.n_output_layers, config.output_dim
         self.dtype = np.float16 if float16 else np.float32
@@ -68,8 +69,9 @@ class VectorsFile:
         try:
             yield
         except (RuntimeError, OSError) as e:
-            raise OSError(f"--output={self.path}: writing the HDF5 file failed ({e}); nothing was left under "
-                          "that name") from None
+            raise OSError(
+                f"--output={self.path}: writing the HDF5 file failed ({e}); nothing was left under that name"
+            ) from None
 
     def create(self, line: int, tokens: list[str]) -> None:
         n = len(tokens)
@@ -91,9 +93,9 @@ class VectorsFile:
             with self._writing():
                 dataset = self.h5[str(piece.line)]
                 if self.all_layers:
-                    dataset[:, piece.offset:piece.offset + n] = vectors[row, :, :n]
+                    dataset[:, piece.offset : piece.offset + n] = vectors[row, :, :n]
                 else:
-                    dataset[piece.offset:piece.offset + n] = vectors[row, :n]
+                    dataset[piece.offset : piece.offset + n] = vectors[row, :n]
             self._remaining[piece.line] -= n
             if self._remaining[piece.line] == 0:
                 del self._remaining[piece.line]

@@ -55,8 +55,10 @@ class Vocab:
                 raise ValueError(f"{source}:{line}: duplicate token {word!r}, first on line {lines[first]}")
         missing = [special for special in SPECIALS if special not in self._word_to_id]
         if missing:
-            raise ValueError(f"{source}: missing {', '.join(missing)}; a vocabulary must contain "
-                             f"{', '.join(SPECIALS)} (bilm-tf writes them as the first three lines)")
+            raise ValueError(
+                f"{source}: missing {', '.join(missing)}; a vocabulary must contain "
+                f"{', '.join(SPECIALS)} (bilm-tf writes them as the first three lines)"
+            )
         self.words: list[str] = list(words)
         self.bos_id, self.eos_id, self.unk_id = (self._word_to_id[s] for s in SPECIALS)
 

@@ -42,8 +42,10 @@ def read_weights(weight_file: str | os.PathLike, config: BiLMConfig) -> dict[str
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: weight file not found")
     if os.path.getsize(path) == 0:
-        raise ValueError(f"{path}: empty file (expected an ELMo weights .hdf5 as written by bilm-tf; an "
-                         "interrupted copy or download?)")
+        raise ValueError(
+            f"{path}: empty file (expected an ELMo weights .hdf5 as written by bilm-tf; an "
+            "interrupted copy or download?)"
+        )
     if not h5py.is_hdf5(path):
         raise ValueError(f"{path}: not an HDF5 file (expected an ELMo weights .hdf5 as written by bilm-tf)")
     expected = weight_shapes(config)
@@ -59,12 +61,15 @@ def read_weights(weight_file: str | os.PathLike, config: BiLMConfig) -> dict[str
             f.visititems(collect)
             for key, shape in expected.items():
                 if key not in found:
-                    raise ValueError(f"{path}: missing dataset {key!r} (expected shape {shape}); the options "
-                                     "may not match these weights")
+                    raise ValueError(
+                        f"{path}: missing dataset {key!r} (expected shape {shape}); the options "
+                        "may not match these weights"
+                    )
                 dataset = found[key]
                 if tuple(dataset.shape) != shape:
-                    raise ValueError(f"{path}: dataset {key!r} has shape {tuple(dataset.shape)}, expected {shape} "
-                                     "from the options")
+                    raise ValueError(
+                        f"{path}: dataset {key!r} has shape {tuple(dataset.shape)}, expected {shape} from the options"
+                    )
                 if not np.issubdtype(dataset.dtype, np.floating):
                     raise ValueError(f"{path}: dataset {key!r} has dtype {dataset.dtype}, expected float32")
                 out[key] = np.asarray(dataset[...], dtype=np.float32)
@@ -72,12 +77,16 @@ def read_weights(weight_file: str | os.PathLike, config: BiLMConfig) -> dict[str
     except OSError as e:  # truncated or otherwise unreadable HDF5
         truncated = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", str(e))
         if truncated:
-            raise ValueError(f"{path}: truncated HDF5 weight file ({truncated.group(1)} of its "
-                             f"{truncated.group(2)} bytes; an interrupted copy or download?)") from None
+            raise ValueError(
+                f"{path}: truncated HDF5 weight file ({truncated.group(1)} of its "
+                f"{truncated.group(2)} bytes; an interrupted copy or download?)"
+            ) from None
         raise ValueError(f"{path}: cannot read the HDF5 weight file ({e})") from None
     if unexpected:
-        raise ValueError(f"{path}: datasets {unexpected} are not described by the options (check n_highway, "
-                         "filters and lstm.n_layers)")
+        raise ValueError(
+            f"{path}: datasets {unexpected} are not described by the options (check n_highway, "
+            "filters and lstm.n_layers)"
+        )
     return out
 
 
@@ -92,8 +101,10 @@ def save_hdf5(params: BiLMParams, options_file: str | os.PathLike, weight_file: 
     expected = weight_shapes(params.config)
     flat = dict(iter_flat(params.weights))
     if set(flat) != set(expected):
-        raise ValueError(f"params do not match their config: missing {sorted(set(expected) - set(flat))}, "
-                         f"unexpected {sorted(set(flat) - set(expected))}")
+        raise ValueError(
+            f"params do not match their config: missing {sorted(set(expected) - set(flat))}, "
+            f"unexpected {sorted(set(flat) - set(expected))}"
+        )
     for key, shape in expected.items():
         if tuple(flat[key].shape) != shape:
             raise ValueError(f"params: {key!r} has shape {tuple(flat[key].shape)}, expected {shape}")
@@ -109,8 +120,7 @@ def save_hdf5(params: BiLMParams, options_file: str | os.PathLike, weight_file: 
     # a full disk) never pairs new options with old weights.
     staged = [(atomic_write.stage(weight_file, write_weights), weight_file)]
     try:
-        staged.append((atomic_write.stage(options_file, lambda f: f.write(options_text.encode("utf-8"))),
-                       options_file))
+        staged.append((atomic_write.stage(options_file, lambda f: f.write(options_text.encode("utf-8"))), options_file))
     except BaseException:
         os.unlink(staged[0][0])
         raise

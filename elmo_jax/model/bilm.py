@@ -10,8 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from elmo_jax.model.chars import BOS_CHAR, EOS_CHAR, boundary_char_ids
 from elmo_jax.model.char_cnn import token_embedding
+from elmo_jax.model.chars import BOS_CHAR, EOS_CHAR, boundary_char_ids
 from elmo_jax.model.lstm import LSTMState, lstm_stack
 from elmo_jax.model.params import N_DIRECTIONS, BiLMParams
 from elmo_jax.model.precision import ComputeOptions
@@ -71,8 +71,9 @@ def reverse_within_length(x: jax.Array, lengths: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x, source, axis=0)
 
 
-def bilm_layers(params: BiLMParams, char_ids: jax.Array, initial_state: LSTMState, *,
-                compute: ComputeOptions = ComputeOptions()) -> tuple[jax.Array, jax.Array, LSTMState]:
+def bilm_layers(
+    params: BiLMParams, char_ids: jax.Array, initial_state: LSTMState, *, compute: ComputeOptions = ComputeOptions()
+) -> tuple[jax.Array, jax.Array, LSTMState]:
     """All biLM layers, boundary tokens included, from character ids.
 
     Args:
@@ -92,8 +93,14 @@ def bilm_layers(params: BiLMParams, char_ids: jax.Array, initial_state: LSTMStat
     return contextual_layers(params, tokens, mask, initial_state, compute=compute)
 
 
-def contextual_layers(params: BiLMParams, tokens: jax.Array, mask: jax.Array, initial_state: LSTMState, *,
-                      compute: ComputeOptions = ComputeOptions()) -> tuple[jax.Array, jax.Array, LSTMState]:
+def contextual_layers(
+    params: BiLMParams,
+    tokens: jax.Array,
+    mask: jax.Array,
+    initial_state: LSTMState,
+    *,
+    compute: ComputeOptions = ComputeOptions(),
+) -> tuple[jax.Array, jax.Array, LSTMState]:
     """All biLM layers from token vectors that already hold `<S>`/`</S>`: the LSTM half of `bilm_layers`.
 
     The one code path for the LSTM stacks, whether the token vectors come from the char CNN

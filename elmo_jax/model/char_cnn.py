@@ -34,13 +34,15 @@ def _stacked_kernel(weights, config: BiLMConfig) -> tuple[jax.Array, np.ndarray]
     for i, (width, num) in enumerate(config.filters):
         kernel = weights["CNN"][f"W_cnn_{i}"].reshape(width * E, num)  # (1, w, E, n) -> (w*E, n)
         blocks.append(jnp.pad(kernel, ((0, (wmax - width) * E), (0, 0))))
-    last_start = np.concatenate([np.full((num,), config.max_characters_per_token - width)
-                                 for width, num in config.filters])
+    last_start = np.concatenate(
+        [np.full((num,), config.max_characters_per_token - width) for width, num in config.filters]
+    )
     return jnp.concatenate(blocks, axis=1), last_start
 
 
-def _conv_max(char_vectors: jax.Array, kernel: jax.Array, last_start: np.ndarray, n_starts: int,
-              compute_dtype) -> jax.Array:
+def _conv_max(
+    char_vectors: jax.Array, kernel: jax.Array, last_start: np.ndarray, n_starts: int, compute_dtype
+) -> jax.Array:
     """Max over the first `n_starts` start positions of every filter. char_vectors (N, C', E) -> (N, F).
 
     char_vectors must hold at least n_starts + Wmax - 1 positions (zero vectors past the token are
@@ -93,8 +95,9 @@ def _block_conv_max(windows, kernel, last_start, compute_dtype):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def conv_max(windows: jax.Array, kernel: jax.Array, last_start: tuple[int, ...] | None, n_blocks: int,
-             compute_dtype: str) -> jax.Array:
+def conv_max(
+    windows: jax.Array, kernel: jax.Array, last_start: tuple[int, ...] | None, n_blocks: int, compute_dtype: str
+) -> jax.Array:
     """max over starts s of windows[:, s] @ kernel, in token blocks: (N, S, K), (K, F) -> (N, F).
 
     Args:
@@ -115,8 +118,9 @@ def conv_max(windows: jax.Array, kernel: jax.Array, last_start: tuple[int, ...] 
 
 
 def _conv_max_fwd(windows, kernel, last_start, n_blocks, compute_dtype):
-    pooled, argmax = jax.lax.map(lambda w: _block_conv_max(w, kernel, last_start, compute_dtype),
-                                 _blocks(windows, n_blocks))
+    pooled, argmax = jax.lax.map(
+        lambda w: _block_conv_max(w, kernel, last_start, compute_dtype), _blocks(windows, n_blocks)
+    )
     return _unblock(pooled), (windows, kernel, _unblock(argmax))
 
 
@@ -132,8 +136,11 @@ def _conv_max_bwd(last_start, n_blocks, compute_dtype, residuals, g):
         d_kernel = d_kernel + matmul(w.reshape(-1, K).T, d_conv.reshape(-1, d_conv.shape[-1]), compute_dtype)
         return d_kernel, d_windows
 
-    d_kernel, d_windows = jax.lax.scan(block, jnp.zeros(kernel.shape, jnp.float32),
-                                       (_blocks(windows, n_blocks), _blocks(argmax, n_blocks), _blocks(g, n_blocks)))
+    d_kernel, d_windows = jax.lax.scan(
+        block,
+        jnp.zeros(kernel.shape, jnp.float32),
+        (_blocks(windows, n_blocks), _blocks(argmax, n_blocks), _blocks(g, n_blocks)),
+    )
     return _unblock(d_windows).astype(windows.dtype), d_kernel.astype(kernel.dtype)
 
 
@@ -171,8 +178,13 @@ def highway(x: jax.Array, layer_weights, compute_dtype=jnp.float32) -> jax.Array
     return gate * transform + (1.0 - gate) * x
 
 
-def token_embedding(weights, config: BiLMConfig, char_ids: jax.Array, compute: ComputeOptions = ComputeOptions(),
-                    token_block: int | None = CNN_TOKEN_BLOCK) -> jax.Array:
+def token_embedding(
+    weights,
+    config: BiLMConfig,
+    char_ids: jax.Array,
+    compute: ComputeOptions = ComputeOptions(),
+    token_block: int | None = CNN_TOKEN_BLOCK,
+) -> jax.Array:
     """Token vectors from shifted character ids.
 
     Args:

@@ -11,7 +11,7 @@ padding token (all C slots zero), which lets a padded batch carry its own mask.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -79,8 +79,9 @@ def batch_to_ids(sentences: Sequence[Sequence[str]], max_characters_per_token: i
     """
     _check_max_chars(max_characters_per_token)
     if isinstance(sentences, str) or not isinstance(sentences, Sequence):
-        raise ValueError("sentences must be a list of tokenized sentences (lists of str), "
-                         f"found {type(sentences).__name__}")
+        raise ValueError(
+            f"sentences must be a list of tokenized sentences (lists of str), found {type(sentences).__name__}"
+        )
     if len(sentences) == 0:
         raise ValueError("sentences is empty: batch_to_ids needs at least one sentence")
     for b, sentence in enumerate(sentences):
@@ -95,8 +96,10 @@ def batch_to_ids(sentences: Sequence[Sequence[str]], max_characters_per_token: i
 
 def _check_sentence(sentence, index: int) -> None:
     if isinstance(sentence, str) or not isinstance(sentence, Sequence):
-        raise ValueError(f"sentence {index} must be a list of str tokens, found {type(sentence).__name__}"
-                         + (" (split the string into tokens first)" if isinstance(sentence, str) else ""))
+        raise ValueError(
+            f"sentence {index} must be a list of str tokens, found {type(sentence).__name__}"
+            + (" (split the string into tokens first)" if isinstance(sentence, str) else "")
+        )
     for t, token in enumerate(sentence):
         if not isinstance(token, str):
             raise ValueError(f"sentence {index}, token {t}: expected str, found {type(token).__name__} {token!r}")

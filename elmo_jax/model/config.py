@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 # Raw character ids are 0..260 (256 bytes + 5 specials); inference shifts them by one so that 0 means
 # "no token". bilm-tf writes n_characters=261 in training options and 262 in inference options.
@@ -111,7 +112,7 @@ class BiLMConfig:
         return options
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any], source: str = "options") -> "BiLMConfig":
+    def from_options(cls, options: Mapping[str, Any], source: str = "options") -> BiLMConfig:
         """Parses an options dict; errors name `source` and the offending key."""
         if not isinstance(options, Mapping):
             raise ValueError(f"{source}: expected a JSON object at the top level, found {type(options).__name__}")
@@ -120,13 +121,19 @@ class BiLMConfig:
         embedding = _section(cnn, "embedding", f"{source}: char_cnn")
         n_characters = _get(cnn, "n_characters", int, source, "char_cnn", default=N_SHIFTED_CHARACTERS)
         if n_characters not in (N_RAW_CHARACTERS, N_SHIFTED_CHARACTERS):
-            raise ValueError(f"{source}: char_cnn.n_characters must be 261 (training) or 262 (inference), "
-                             f"found {n_characters}")
+            raise ValueError(
+                f"{source}: char_cnn.n_characters must be 261 (training) or 262 (inference), found {n_characters}"
+            )
         filters = cnn.get("filters")
-        if (not isinstance(filters, list) or not filters
-                or not all(isinstance(f, list) and len(f) == 2 and all(_is_int(v) for v in f) for f in filters)):
-            raise ValueError(f"{source}: char_cnn.filters must be a non-empty list of [width, n_filters] "
-                             f"integer pairs, found {filters!r}")
+        if (
+            not isinstance(filters, list)
+            or not filters
+            or not all(isinstance(f, list) and len(f) == 2 and all(_is_int(v) for v in f) for f in filters)
+        ):
+            raise ValueError(
+                f"{source}: char_cnn.filters must be a non-empty list of [width, n_filters] "
+                f"integer pairs, found {filters!r}"
+            )
         extra = {k: v for k, v in options.items() if k not in ("lstm", "char_cnn")}
         try:
             return cls(
@@ -147,7 +154,7 @@ class BiLMConfig:
             raise ValueError(f"{source}: {e}") from None
 
     @classmethod
-    def preset(cls, name: str) -> "BiLMConfig":
+    def preset(cls, name: str) -> BiLMConfig:
         """A published model size: "small", "medium" or "original" (see docs/ELMO.md)."""
         try:
             lstm_dim, projection_dim, n_highway = PRESETS[name]
@@ -197,8 +204,12 @@ def _get(section, key, kind, source, where, default=_MISSING):
         raise ValueError(f"{source}: missing key {where}.{key}")
     if value is None:
         return None
-    ok = {int: _is_int(value), float: isinstance(value, (int, float)) and not isinstance(value, bool),
-          str: isinstance(value, str), bool: isinstance(value, bool)}[kind]
+    ok = {
+        int: _is_int(value),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+        bool: isinstance(value, bool),
+    }[kind]
     if not ok:
         raise ValueError(f"{source}: {where}.{key} must be {kind.__name__}, found {value!r}")
     return kind(value)

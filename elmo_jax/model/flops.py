@@ -32,8 +32,9 @@ def embed_flops(config: BiLMConfig, batch_size: int, n_tokens: int) -> int:
     return batch_size * (n_tokens + 2) * (char_cnn_flops_per_token(config) + lstm_flops_per_token(config))
 
 
-def train_flops(config: BiLMConfig, batch_size: int, unroll_steps: int, *, vocab_size: int,
-                n_negative_samples: int | None) -> int:
+def train_flops(
+    config: BiLMConfig, batch_size: int, unroll_steps: int, *, vocab_size: int, n_negative_samples: int | None
+) -> int:
     """FLOPs of one training step (`train_step`) on a window of B rows x T steps in each direction.
 
     Forward and backward ≈ 3 x forward (the backward pass computes two products per forward one: the

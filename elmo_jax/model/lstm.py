@@ -43,8 +43,10 @@ class LSTMState(NamedTuple):
 def zero_state(config: BiLMConfig, batch_size: int) -> LSTMState:
     """All-zero state (D, L, B, ·) for a fresh, stateless pass."""
     D, L = N_DIRECTIONS, config.n_layers
-    return LSTMState(c=jnp.zeros((D, L, batch_size, config.lstm_dim), jnp.float32),
-                     h=jnp.zeros((D, L, batch_size, config.projection_dim), jnp.float32))
+    return LSTMState(
+        c=jnp.zeros((D, L, batch_size, config.lstm_dim), jnp.float32),
+        h=jnp.zeros((D, L, batch_size, config.projection_dim), jnp.float32),
+    )
 
 
 def _update(z, c_prev, cell_clip, w_proj, proj_clip, compute_dtype):
@@ -78,9 +80,17 @@ def stacked_cell(weights, config: BiLMConfig, layer: int) -> dict[str, jax.Array
     return stacked
 
 
-def lstm_layer(cell: dict[str, jax.Array], config: BiLMConfig, inputs: jax.Array, mask: jax.Array,
-               c0: jax.Array, h0: jax.Array, *, compute: ComputeOptions = ComputeOptions(),
-               resets: jax.Array | None = None):
+def lstm_layer(
+    cell: dict[str, jax.Array],
+    config: BiLMConfig,
+    inputs: jax.Array,
+    mask: jax.Array,
+    c0: jax.Array,
+    h0: jax.Array,
+    *,
+    compute: ComputeOptions = ComputeOptions(),
+    resets: jax.Array | None = None,
+):
     """Runs one layer of both directions over time.
 
     Args:
@@ -118,9 +128,17 @@ def lstm_layer(cell: dict[str, jax.Array], config: BiLMConfig, inputs: jax.Array
     return outputs, (c_final, h_final)
 
 
-def lstm_stack(weights, config: BiLMConfig, inputs: jax.Array, mask: jax.Array, initial_state: LSTMState, *,
-               compute: ComputeOptions = ComputeOptions(), dropout=None,
-               resets: jax.Array | None = None) -> tuple[list[jax.Array], LSTMState]:
+def lstm_stack(
+    weights,
+    config: BiLMConfig,
+    inputs: jax.Array,
+    mask: jax.Array,
+    initial_state: LSTMState,
+    *,
+    compute: ComputeOptions = ComputeOptions(),
+    dropout=None,
+    resets: jax.Array | None = None,
+) -> tuple[list[jax.Array], LSTMState]:
     """All LSTM layers of both directions, with bilm-tf's residual connections and dropout.
 
     Args:
@@ -141,9 +159,16 @@ def lstm_stack(weights, config: BiLMConfig, inputs: jax.Array, mask: jax.Array, 
     for layer in range(config.n_layers):
         if dropout is not None:
             inputs = dropout(inputs, layer)
-        out, (c, h) = lstm_layer(stacked_cell(weights, config, layer), config, inputs, mask,
-                                 initial_state.c[:, layer], initial_state.h[:, layer],
-                                 compute=compute, resets=resets)
+        out, (c, h) = lstm_layer(
+            stacked_cell(weights, config, layer),
+            config,
+            inputs,
+            mask,
+            initial_state.c[:, layer],
+            initial_state.h[:, layer],
+            compute=compute,
+            resets=resets,
+        )
         if layer > 0 and config.use_skip_connections:
             out = out + inputs  # residual on the output only, never on the carried state
         outputs.append(out)

@@ -7,7 +7,8 @@ so `jax.jit(f)(params, ...)` specialises on it and `jax.tree.map` never touches 
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import flax.struct
 import jax

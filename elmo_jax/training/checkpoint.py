@@ -23,7 +23,8 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -66,14 +67,16 @@ class Checkpoints:
         self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
         if writer and jax.process_index() == 0:
             for tmp in sorted(glob.glob(os.path.join(glob.escape(self.directory), "*" + TMP_SUFFIX + "*"))):
-                logging.warning("removing %s: an incomplete checkpoint write (the run writing it was killed "
-                                "or its write failed); it was never restorable", tmp)
+                logging.warning(
+                    "removing %s: an incomplete checkpoint write (the run writing it was killed "
+                    "or its write failed); it was never restorable",
+                    tmp,
+                )
                 shutil.rmtree(tmp, ignore_errors=True)
         if writer:
             multihost.barrier("elmo_jax.training.checkpoint: incomplete writes removed")
         self._async = async_save
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
-                                               create=True)
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         self._writing: int | None = None  # the step of a save not yet known to be complete
 
@@ -88,9 +91,12 @@ class Checkpoints:
         self.wait()
         self._writing = step
         try:
-            self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                            data=ocp.args.JsonSave(data_state),
-                                                            meta=ocp.args.JsonSave(meta)))
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state), meta=ocp.args.JsonSave(meta)
+                ),
+            )
         except Exception as e:
             self._failed(e)
         if not self._async:  # a synchronous save is complete here
@@ -116,11 +122,16 @@ class Checkpoints:
         if jax.process_index() == 0:
             for tmp in glob.glob(os.path.join(glob.escape(self.directory), f"{step}{TMP_SUFFIX}*")):
                 shutil.rmtree(tmp, ignore_errors=True)
-        kept = (f"the newest complete checkpoint, {os.path.join(self.directory, str(latest))}, is intact"
-                if latest is not None else "there is no earlier complete checkpoint")
-        raise CheckpointWriteError(f"could not write checkpoint {os.path.join(self.directory, str(step))} "
-                                   f"({_brief(error)}); {kept}. Free space (or fix the file system) and re-run "
-                                   "the same command to resume from it") from error
+        kept = (
+            f"the newest complete checkpoint, {os.path.join(self.directory, str(latest))}, is intact"
+            if latest is not None
+            else "there is no earlier complete checkpoint"
+        )
+        raise CheckpointWriteError(
+            f"could not write checkpoint {os.path.join(self.directory, str(step))} "
+            f"({_brief(error)}); {kept}. Free space (or fix the file system) and re-run "
+            "the same command to resume from it"
+        ) from error
 
     def restore_meta(self, step: int) -> dict:
         return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
@@ -133,14 +144,28 @@ class Checkpoints:
         device (the writer's sharding may name devices that do not exist here).
         """
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        target = jax.tree.map(lambda a: ocp.utils.to_shape_dtype_struct(a) if getattr(a, "sharding", None) is not None
-                              else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), abstract_state)
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
+        target = jax.tree.map(
+            lambda a: (
+                ocp.utils.to_shape_dtype_struct(a)
+                if getattr(a, "sharding", None) is not None
+                else jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device)
+            ),
+            abstract_state,
+        )
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()
+            ),
+        )
         return restored["state"], restored["data"], restored["meta"]
 
-    def restore_newest(self, target: Callable[[dict], Any], check_meta: Callable[[dict], None] = lambda m: None,
-                       move_aside: bool = False) -> tuple[int, Any, dict, dict] | None:
+    def restore_newest(
+        self,
+        target: Callable[[dict], Any],
+        check_meta: Callable[[dict], None] = lambda m: None,
+        move_aside: bool = False,
+    ) -> tuple[int, Any, dict, dict] | None:
         """(step, state, data stream state, meta) of the newest checkpoint that restores; None if there
         is no checkpoint at all.
 
@@ -169,16 +194,19 @@ class Checkpoints:
             # Every process must take the same branch (they all read the same files, but say so).
             if multihost.agree_max(int(error is not None)):
                 bad.append((step, _brief(error) if error else "failed on another process"))
-                logging.error("checkpoint %s cannot be restored (%s)", os.path.join(self.directory, str(step)),
-                              bad[-1][1])
+                logging.error(
+                    "checkpoint %s cannot be restored (%s)", os.path.join(self.directory, str(step)), bad[-1][1]
+                )
                 continue
             if bad:
                 self._report_fallback(bad, step, move_aside)
             return (step, *restored)
         if bad:
             listed = "; ".join(f"{os.path.join(self.directory, str(s))}: {why}" for s, why in bad)
-            raise CheckpointCorruptError(f"no checkpoint in {self.directory} can be restored ({listed}). They are "
-                                         "left as they are; move the directory aside to start from scratch")
+            raise CheckpointCorruptError(
+                f"no checkpoint in {self.directory} can be restored ({listed}). They are "
+                "left as they are; move the directory aside to start from scratch"
+            )
         return None
 
     def _report_fallback(self, bad: list[tuple[int, str]], step: int, move_aside: bool) -> None:
@@ -195,8 +223,13 @@ class Checkpoints:
                     logging.warning("moved the unrestorable checkpoint %s aside to %s (not deleted)", path, aside)
             multihost.barrier("elmo_jax.training.checkpoint: corrupt checkpoints moved aside")
             self.manager.reload()
-        logging.warning("USING THE OLDER CHECKPOINT %s: the newer %s cannot be restored (see above); the steps "
-                        "after %d are done again", os.path.join(self.directory, str(step)), names, step)
+        logging.warning(
+            "USING THE OLDER CHECKPOINT %s: the newer %s cannot be restored (see above); the steps "
+            "after %d are done again",
+            os.path.join(self.directory, str(step)),
+            names,
+            step,
+        )
 
     def close(self) -> None:
         """Waits for the last write (raising CheckpointWriteError when it failed), then closes."""

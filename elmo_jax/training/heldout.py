@@ -20,8 +20,16 @@ from elmo_jax.training.jitted_steps import Steps
 from elmo_jax.training.train_step import StepConfig, eval_step
 
 
-def heldout_perplexity(params: dict, cfg: StepConfig, sentences: Sequence[str], vocab: Vocab, batch_size: int,
-                       max_batches: int = 0, *, steps: Steps | None = None) -> dict[str, float]:
+def heldout_perplexity(
+    params: dict,
+    cfg: StepConfig,
+    sentences: Sequence[str],
+    vocab: Vocab,
+    batch_size: int,
+    max_batches: int = 0,
+    *,
+    steps: Steps | None = None,
+) -> dict[str, float]:
     """Full-softmax perplexities over a heldout corpus.
 
     Args:
@@ -38,12 +46,22 @@ def heldout_perplexity(params: dict, cfg: StepConfig, sentences: Sequence[str], 
     cross-entropies), cross_entropy, and tokens (targets scored per direction).
     """
     if steps is not None and steps.batch_size != batch_size:
-        raise ValueError(f"heldout_perplexity: batch_size {batch_size} differs from the {steps.batch_size} rows the "
-                         "steps were built for")
+        raise ValueError(
+            f"heldout_perplexity: batch_size {batch_size} differs from the {steps.batch_size} rows the "
+            "steps were built for"
+        )
     block, blocks = sharding.process_rows(steps.batch, batch_size) if steps is not None else (0, 1)
-    stream = BiLMBatchStream(sentences, vocab, batch_size=batch_size, unroll_steps=cfg.unroll_steps, seed=None,
-                             repeat=False, process_index=block, process_count=blocks,
-                             max_characters_per_token=cfg.model.max_characters_per_token)
+    stream = BiLMBatchStream(
+        sentences,
+        vocab,
+        batch_size=batch_size,
+        unroll_steps=cfg.unroll_steps,
+        seed=None,
+        repeat=False,
+        process_index=block,
+        process_count=blocks,
+        max_characters_per_token=cfg.model.max_characters_per_token,
+    )
     lstm = zero_state(cfg.model, batch_size) if steps is None else steps.zero_lstm()
     several = jax.process_count() > 1
     sums, counts = np.zeros(2), np.zeros(2)
@@ -65,5 +83,10 @@ def heldout_perplexity(params: dict, cfg: StepConfig, sentences: Sequence[str], 
         sums += np.asarray(s, np.float64)
         counts += c
     ce = sums / np.maximum(counts, 1.0)
-    return {"forward_perplexity": float(np.exp(ce[0])), "backward_perplexity": float(np.exp(ce[1])),
-            "perplexity": float(np.exp(ce.mean())), "cross_entropy": float(ce.mean()), "tokens": float(counts[0])}
+    return {
+        "forward_perplexity": float(np.exp(ce[0])),
+        "backward_perplexity": float(np.exp(ce[1])),
+        "perplexity": float(np.exp(ce.mean())),
+        "cross_entropy": float(ce.mean()),
+        "tokens": float(counts[0]),
+    }

@@ -47,14 +47,21 @@ class Steps:
 
 
 @functools.lru_cache(maxsize=16)  # the same jitted functions (and their compile cache) for the same run
-def jit_steps(mesh: Mesh, cfg: StepConfig, optimizer: optax.GradientTransformation, batch_size: int,
-              rules=RULES, skip_nonfinite: bool = False) -> Steps:
+def jit_steps(
+    mesh: Mesh,
+    cfg: StepConfig,
+    optimizer: optax.GradientTransformation,
+    batch_size: int,
+    rules=RULES,
+    skip_nonfinite: bool = False,
+) -> Steps:
     """`init_train_state`, `train_step_fn` and `eval_step_fn` jitted with the shardings of `rules` on `mesh`.
 
     The state's shapes come from `jax.eval_shape` (no allocation); `init` then creates every array
     directly in its shards, so no device ever holds the whole softmax. With `skip_nonfinite` the train
     step is wrapped by `skip_nonfinite_step`.
     """
+
     def init(key, bilm, softmax):
         return init_train_state(key, cfg, optimizer, batch_size, bilm, softmax)
 
@@ -71,13 +78,31 @@ def jit_steps(mesh: Mesh, cfg: StepConfig, optimizer: optax.GradientTransformati
         return eval_step_fn(params, lstm, batch, cfg=cfg, content_positions=content_positions)
 
     # content_positions (the char CNN's position bucket) is static and positional: pjit takes no kwargs.
-    train = jax.jit(train, static_argnums=(2,), in_shardings=(shardings, batch), out_shardings=(shardings, replicated),
-                    donate_argnums=(0,))
-    evaluate = jax.jit(evaluate, static_argnums=(3,), in_shardings=(shardings.params, shardings.lstm, batch),
-                       out_shardings=(replicated, replicated, shardings.lstm))
+    train = jax.jit(
+        train,
+        static_argnums=(2,),
+        in_shardings=(shardings, batch),
+        out_shardings=(shardings, replicated),
+        donate_argnums=(0,),
+    )
+    evaluate = jax.jit(
+        evaluate,
+        static_argnums=(3,),
+        in_shardings=(shardings.params, shardings.lstm, batch),
+        out_shardings=(replicated, replicated, shardings.lstm),
+    )
     zero_lstm = jax.jit(lambda: zero_state(cfg.model, batch_size), out_shardings=shardings.lstm)
-    return Steps(mesh=mesh, batch_size=batch_size, state=shardings, batch=batch, abstract_state=with_shardings(abstract, shardings),
-                 init=jax.jit(init, out_shardings=shardings), train=train, eval=evaluate, zero_lstm=zero_lstm)
+    return Steps(
+        mesh=mesh,
+        batch_size=batch_size,
+        state=shardings,
+        batch=batch,
+        abstract_state=with_shardings(abstract, shardings),
+        init=jax.jit(init, out_shardings=shardings),
+        train=train,
+        eval=evaluate,
+        zero_lstm=zero_lstm,
+    )
 
 
 def skip_nonfinite_step(step_fn, state, batch):
@@ -93,7 +118,9 @@ def skip_nonfinite_step(step_fn, state, batch):
     new, metrics = step_fn(state, batch)
     ok = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
     keep = lambda updated, previous: jnp.where(ok, updated, previous)
-    new = new.replace(params=jax.tree.map(keep, new.params, state.params),
-                      opt_state=jax.tree.map(keep, new.opt_state, state.opt_state),
-                      lstm=jax.tree.map(lambda carried: jnp.where(ok, carried, jnp.zeros_like(carried)), new.lstm))
+    new = new.replace(
+        params=jax.tree.map(keep, new.params, state.params),
+        opt_state=jax.tree.map(keep, new.opt_state, state.opt_state),
+        lstm=jax.tree.map(lambda carried: jnp.where(ok, carried, jnp.zeros_like(carried)), new.lstm),
+    )
     return new, {**metrics, "skipped": jnp.where(ok, 0.0, 1.0).astype(jnp.float32)}

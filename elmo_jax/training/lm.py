@@ -35,10 +35,17 @@ def reset_state(state: LSTMState, carry: jax.Array) -> LSTMState:
     return LSTMState(c=jnp.where(keep, state.c, 0.0), h=jnp.where(keep, state.h, 0.0))
 
 
-def lm_outputs(params: BiLMParams, char_ids: jax.Array, mask: jax.Array, state: LSTMState, *,
-               key: jax.Array | None = None, dropout_rate: float = 0.0,
-               compute: ComputeOptions = ComputeOptions(),
-               resets: jax.Array | None = None) -> tuple[jax.Array, LSTMState]:
+def lm_outputs(
+    params: BiLMParams,
+    char_ids: jax.Array,
+    mask: jax.Array,
+    state: LSTMState,
+    *,
+    key: jax.Array | None = None,
+    dropout_rate: float = 0.0,
+    compute: ComputeOptions = ComputeOptions(),
+    resets: jax.Array | None = None,
+) -> tuple[jax.Array, LSTMState]:
     """Top-layer LSTM outputs of both directions.
 
     Args:
@@ -67,15 +74,24 @@ def lm_outputs(params: BiLMParams, char_ids: jax.Array, mask: jax.Array, state: 
     keys = (None,) * (config.n_layers + 1) if key is None else jax.random.split(key, config.n_layers + 1)
     layer_dropout = None if dropout_rate <= 0.0 else (lambda x, layer: dropout(keys[layer], dropout_rate, x))
     resets_tm = None if resets is None else jnp.transpose(resets, (2, 0, 1))  # (T, D, B)
-    outputs, final = lstm_stack(weights, config, inputs, mask_tm, state, compute=compute, dropout=layer_dropout,
-                                resets=resets_tm)
+    outputs, final = lstm_stack(
+        weights, config, inputs, mask_tm, state, compute=compute, dropout=layer_dropout, resets=resets_tm
+    )
     top = outputs[-1] if dropout_rate <= 0.0 else dropout(keys[-1], dropout_rate, outputs[-1])
     return jnp.transpose(top, (1, 2, 0, 3)), final
 
 
-def lm_losses(softmax: dict[str, jax.Array], outputs: jax.Array, targets: jax.Array, mask: jax.Array, *,
-              vocab_size: int, num_sampled: int | None = None, key: jax.Array | None = None,
-              chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
+def lm_losses(
+    softmax: dict[str, jax.Array],
+    outputs: jax.Array,
+    targets: jax.Array,
+    mask: jax.Array,
+    *,
+    vocab_size: int,
+    num_sampled: int | None = None,
+    key: jax.Array | None = None,
+    chunk: int | None = None,
+) -> tuple[jax.Array, jax.Array]:
     """Summed cross-entropy of each direction over its unmasked tokens, and the token counts.
 
     Args:
@@ -101,8 +117,7 @@ def lm_losses(softmax: dict[str, jax.Array], outputs: jax.Array, targets: jax.Ar
             token_losses = full_softmax_loss(softmax["W"], softmax["b"], h, y, vocab_size, **kwargs)
         else:
             candidates = sample_candidates(keys[d], vocab_size, num_sampled)
-            token_losses = sampled_softmax_loss(softmax["W"], softmax["b"], h, y, candidates, vocab_size,
-                                                num_sampled)
+            token_losses = sampled_softmax_loss(softmax["W"], softmax["b"], h, y, candidates, vocab_size, num_sampled)
         sums.append(jnp.sum(jnp.where(m, token_losses, 0.0)))
         counts.append(jnp.sum(m).astype(jnp.float32))
     return jnp.stack(sums), jnp.stack(counts)

@@ -88,16 +88,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     is_main = jax.process_index() == 0
     data = _open_data(config, workdir, is_main)
     cfg = settings.step_config(config, len(data.vocab))
-    steps = jit_steps(mesh, cfg, settings.optimizer(config), config.batch_size,
-                      skip_nonfinite=config.max_nonfinite_steps > 0)
+    steps = jit_steps(
+        mesh, cfg, settings.optimizer(config), config.batch_size, skip_nonfinite=config.max_nonfinite_steps > 0
+    )
     block, blocks = sharding.process_rows(steps.batch, config.batch_size)
-    stream = BiLMBatchStream(data.train, data.vocab, batch_size=config.batch_size, unroll_steps=config.unroll_steps,
-                             seed=config.seed, process_index=block, process_count=blocks,
-                             max_characters_per_token=cfg.model.max_characters_per_token,
-                             reset_probability=config.state_reset_probability)
-    heldout = None if data.heldout is None else (
-        lambda params: heldout_perplexity(params, cfg, data.heldout, data.vocab, config.batch_size,
-                                          config.eval_max_batches, steps=steps))
+    stream = BiLMBatchStream(
+        data.train,
+        data.vocab,
+        batch_size=config.batch_size,
+        unroll_steps=config.unroll_steps,
+        seed=config.seed,
+        process_index=block,
+        process_count=blocks,
+        max_characters_per_token=cfg.model.max_characters_per_token,
+        reset_probability=config.state_reset_probability,
+    )
+    heldout = (
+        None
+        if data.heldout is None
+        else (
+            lambda params: heldout_perplexity(
+                params, cfg, data.heldout, data.vocab, config.batch_size, config.eval_max_batches, steps=steps
+            )
+        )
+    )
     checkpoints = Checkpoints(workdir, keep=config.keep_checkpoints, writer=True)
     log = None
     with preemption.StopSignals() as signals, _closing(checkpoints, lambda: log):
@@ -132,8 +146,12 @@ def _train_loop(run: Run, state: TrainState) -> TrainState:
         if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps or stop:
             report(*pending)  # never checkpoint a non-finite state
             pending = None
-            run.checkpoints.save(done, state, gather_stream_state(run.stream.get_state()),
-                                 {**run.meta, "progress": {"nonfinite_skipped": report.skipped}})
+            run.checkpoints.save(
+                done,
+                state,
+                gather_stream_state(run.stream.get_state()),
+                {**run.meta, "progress": {"nonfinite_skipped": report.skipped}},
+            )
         if stop:  # the evaluation due here, if any, runs when training resumes
             run.signals.stop_if_requested(done, run.checkpoints, agreed=True)
         if _eval_due(config, done, run.heldout):
@@ -153,16 +171,24 @@ def _finish(run: Run, state: TrainState, vocab: Vocab, workdir: str, is_main: bo
     if run.heldout is not None:
         final = run.heldout(state.params)
         run.report.log.write(step, final, kind="eval")
-        logging.info("heldout after step %d: perplexity %.2f (forward %.2f, backward %.2f) on %d tokens",
-                     step, final["perplexity"], final["forward_perplexity"], final["backward_perplexity"],
-                     final["tokens"])
+        logging.info(
+            "heldout after step %d: perplexity %.2f (forward %.2f, backward %.2f) on %d tokens",
+            step,
+            final["perplexity"],
+            final["forward_perplexity"],
+            final["backward_perplexity"],
+            final["tokens"],
+        )
     run.signals.stop_if_requested(step, run.checkpoints)
     weights = multihost.fetch(state.params["bilm"])  # every process takes part
     if is_main:
         export = os.path.join(workdir, "export")
         export_model(BiLMParams(weights=weights, config=run.cfg.model), vocab, export, source=f"{workdir} step {step}")
-        logging.info("exported the biLM to %s (a model directory: options.json + weights.hdf5, vocab.txt, "
-                     "the StableHLO extractor)", export)
+        logging.info(
+            "exported the biLM to %s (a model directory: options.json + weights.hdf5, vocab.txt, "
+            "the StableHLO extractor)",
+            export,
+        )
     return final
 
 
@@ -172,8 +198,10 @@ def export_model(bilm: BiLMParams, vocab: Vocab, directory: str, source: str = "
     try:
         model_dir.write_model_dir(bilm, directory, vocab=vocab, source=source, overwrite=True)
     except OSError as e:  # e.g. a full disk: the new directory is built aside and renamed only when complete
-        raise OSError(f"could not write the export to {directory} ({e}); the previous export, if any, is "
-                      "untouched and nothing partial is left") from e
+        raise OSError(
+            f"could not write the export to {directory} ({e}); the previous export, if any, is "
+            "untouched and nothing partial is left"
+        ) from e
 
 
 def _log_resumption(run: Run, state: TrainState, workdir: str, is_main: bool) -> None:
@@ -190,8 +218,12 @@ def _log_resumption(run: Run, state: TrainState, workdir: str, is_main: bool) ->
 
 def _eval_due(config, step: int, heldout) -> bool:
     """Whether a heldout evaluation is logged after `step` (the one after the last step is the final one)."""
-    return (heldout is not None and config.eval_every_steps > 0 and step % config.eval_every_steps == 0
-            and 0 < step < config.num_train_steps)
+    return (
+        heldout is not None
+        and config.eval_every_steps > 0
+        and step % config.eval_every_steps == 0
+        and 0 < step < config.num_train_steps
+    )
 
 
 @contextlib.contextmanager
@@ -225,11 +257,25 @@ def _open_data(config, workdir: str, is_main: bool) -> TrainingData:
 def _log_run(config, cfg: StepConfig, mesh) -> None:
     n = count_parameters(cfg.model)
     per_token = char_cnn_flops_per_token(cfg.model) + lstm_flops_per_token(cfg.model)
-    logging.info("biLM: %s parameters + softmax %d x %d (%d rows with padding); %.1f MFLOP per token forward",
-                 f"{n:,}", cfg.vocab_size, cfg.model.projection_dim, padded_vocab_size(cfg.vocab_size),
-                 per_token / 1e6)
-    logging.info("mesh: data %d x model %d on %d devices, %d processes", mesh.shape["data"], mesh.shape["model"],
-                 jax.device_count(), jax.process_count())
-    logging.info("batch: %d rows x %d steps global, %d rows per process, %d per data shard",
-                 config.batch_size, config.unroll_steps, config.batch_size // jax.process_count(),
-                 config.batch_size // mesh.shape["data"])
+    logging.info(
+        "biLM: %s parameters + softmax %d x %d (%d rows with padding); %.1f MFLOP per token forward",
+        f"{n:,}",
+        cfg.vocab_size,
+        cfg.model.projection_dim,
+        padded_vocab_size(cfg.vocab_size),
+        per_token / 1e6,
+    )
+    logging.info(
+        "mesh: data %d x model %d on %d devices, %d processes",
+        mesh.shape["data"],
+        mesh.shape["model"],
+        jax.device_count(),
+        jax.process_count(),
+    )
+    logging.info(
+        "batch: %d rows x %d steps global, %d rows per process, %d per data shard",
+        config.batch_size,
+        config.unroll_steps,
+        config.batch_size // jax.process_count(),
+        config.batch_size // mesh.shape["data"],
+    )

@@ -17,24 +17,41 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 
-def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, local_device_ids: list[int] | None = None) -> None:
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    local_device_ids: list[int] | None = None,
+) -> None:
     """`jax.distributed.initialize` before anything touches a device.
 
     Without arguments JAX detects the cluster (Cloud TPU pod slices, SLURM, Open MPI) or reads
     JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID. CPU processes talk through gloo.
     """
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # only affects the CPU backend
-    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                               process_id=process_id, local_device_ids=local_device_ids)
-    logging.info("process %d of %d: %d local devices, %d in all", jax.process_index(), jax.process_count(),
-                 jax.local_device_count(), jax.device_count())
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+        local_device_ids=local_device_ids,
+    )
+    logging.info(
+        "process %d of %d: %d local devices, %d in all",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+    )
 
 
-def global_batch(local: dict[str, np.ndarray], sharding: jax.sharding.Sharding, batch_size: int) -> dict[str, jax.Array]:
+def global_batch(
+    local: dict[str, np.ndarray], sharding: jax.sharding.Sharding, batch_size: int
+) -> dict[str, jax.Array]:
     """The global batch arrays (D, B, ...) from this process's rows (D, b, ...) of each."""
-    return {k: jax.make_array_from_process_local_data(sharding, v, (v.shape[0], batch_size) + v.shape[2:])
-            for k, v in local.items()}
+    return {
+        k: jax.make_array_from_process_local_data(sharding, v, (v.shape[0], batch_size) + v.shape[2:])
+        for k, v in local.items()
+    }
 
 
 def agree_max(value: int) -> int:

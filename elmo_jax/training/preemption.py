@@ -27,8 +27,10 @@ class Stopped(Exception):
     """Training stopped on a signal after saving a checkpoint; the message says how to resume."""
 
     def __init__(self, signal_name: str, step: int, directory: str):
-        super().__init__(f"stopped by {signal_name} at step {step}; checkpoint saved in {directory}; re-run the "
-                         "same command to resume")
+        super().__init__(
+            f"stopped by {signal_name} at step {step}; checkpoint saved in {directory}; re-run the "
+            "same command to resume"
+        )
         self.signal_name, self.step, self.directory = signal_name, step, directory
 
 
@@ -65,8 +67,11 @@ class StopSignals:
             raise KeyboardInterrupt(f"second {name}: stopping without saving")
         if self.received is None:
             self.received = name
-            logging.warning("%s received: stopping after this step, once a checkpoint is saved (send SIGINT "
-                            "again to stop at once without saving)", name)
+            logging.warning(
+                "%s received: stopping after this step, once a checkpoint is saved (send SIGINT "
+                "again to stop at once without saving)",
+                name,
+            )
 
 
 def agree(positions: int, stop: bool) -> tuple[int, bool]:

@@ -19,11 +19,17 @@ def model_config(config: ml_collections.ConfigDict) -> BiLMConfig:
 
 def step_config(config: ml_collections.ConfigDict, vocab_size: int) -> StepConfig:
     """The static settings of the train and eval steps for a vocabulary of `vocab_size` words."""
-    return StepConfig(model=model_config(config), vocab_size=vocab_size, unroll_steps=config.unroll_steps,
-                      dropout=config.dropout, n_negative_samples=config.n_negative_samples,
-                      full_softmax=config.full_softmax, softmax_chunk=config.softmax_chunk,
-                      loss_scale_by_unroll=config.loss_scale_by_unroll,
-                      compute=ComputeOptions(dtype=config.compute_dtype, unroll=config.scan_unroll))
+    return StepConfig(
+        model=model_config(config),
+        vocab_size=vocab_size,
+        unroll_steps=config.unroll_steps,
+        dropout=config.dropout,
+        n_negative_samples=config.n_negative_samples,
+        full_softmax=config.full_softmax,
+        softmax_chunk=config.softmax_chunk,
+        loss_scale_by_unroll=config.loss_scale_by_unroll,
+        compute=ComputeOptions(dtype=config.compute_dtype, unroll=config.scan_unroll),
+    )
 
 
 def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
@@ -33,8 +39,14 @@ def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation
 
 def check_schedule(config: ml_collections.ConfigDict) -> None:
     """Raises ValueError naming the key unless the step counts and intervals can work."""
-    for key in ("num_train_steps", "batch_size", "unroll_steps", "checkpoint_every_steps", "log_every_steps",
-                "keep_checkpoints"):
+    for key in (
+        "num_train_steps",
+        "batch_size",
+        "unroll_steps",
+        "checkpoint_every_steps",
+        "log_every_steps",
+        "keep_checkpoints",
+    ):
         if config[key] < 1:
             raise ValueError(f"--config.{key} must be at least 1, found {config[key]}")
     for key in ("eval_every_steps", "eval_max_batches", "max_nonfinite_steps"):

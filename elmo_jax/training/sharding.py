@@ -14,7 +14,8 @@ P projection, H LSTM cell, V' padded vocabulary.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -61,10 +62,15 @@ _BILM_AXES = {
     "char_embed": ("char_vocab", "char_embed"),
     "W_cnn": ("conv_height", "conv_width", "char_embed", "filters"),
     "b_cnn": ("filters",),
-    "W_carry": ("filters", "highway"), "W_transform": ("filters", "highway"),
-    "b_carry": ("highway",), "b_transform": ("highway",),
-    "W_proj": ("filters", "embed"), "b_proj": ("embed",),
-    "W_0": ("lstm_in", "gates"), "B": ("gates",), "W_P_0": ("cell", "embed"),
+    "W_carry": ("filters", "highway"),
+    "W_transform": ("filters", "highway"),
+    "b_carry": ("highway",),
+    "b_transform": ("highway",),
+    "W_proj": ("filters", "embed"),
+    "b_proj": ("embed",),
+    "W_0": ("lstm_in", "gates"),
+    "B": ("gates",),
+    "W_P_0": ("cell", "embed"),
 }
 SOFTMAX_AXES = {"W": ("vocab", "embed"), "b": ("vocab",)}
 BATCH_AXES = ("direction", "batch")  # (D, B, ...) batch arrays; trailing axes (T, C) replicated
@@ -85,18 +91,23 @@ def make_mesh(data: int, model: int, devices: Sequence[jax.Device] | None = None
     n = len(devices)
     flags = f"--config.mesh.data={data} --config.mesh.model={model}"
     sizes = [data, model]
-    if any(not isinstance(s, (int, np.integer)) or isinstance(s, bool) or (s < 1 and s != -1) for s in sizes) \
-            or sizes.count(-1) > 1:
+    if (
+        any(not isinstance(s, (int, np.integer)) or isinstance(s, bool) or (s < 1 and s != -1) for s in sizes)
+        or sizes.count(-1) > 1
+    ):
         raise ValueError(f"{flags}: mesh sizes must be positive integers, and at most one of them -1")
     if -1 in sizes:
         known = sizes[1 - sizes.index(-1)]
         if n % known:
-            raise ValueError(f"{flags}: {n} devices do not split into groups of {known}; set sizes whose "
-                             f"product is {n}")
+            raise ValueError(
+                f"{flags}: {n} devices do not split into groups of {known}; set sizes whose product is {n}"
+            )
         sizes[sizes.index(-1)] = n // known
     if sizes[0] * sizes[1] != n:
-        raise ValueError(f"{flags}: the mesh has {sizes[0]} x {sizes[1]} = {sizes[0] * sizes[1]} devices but "
-                         f"there are {n}; set sizes whose product is {n} (one of them may be -1)")
+        raise ValueError(
+            f"{flags}: the mesh has {sizes[0]} x {sizes[1]} = {sizes[0] * sizes[1]} devices but "
+            f"there are {n}; set sizes whose product is {n} (one of them may be -1)"
+        )
     return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
 
 
@@ -116,6 +127,7 @@ def logical_to_spec(axes: Sequence[str | None], rules=RULES) -> PartitionSpec:
 
 def param_logical_axes(params: dict) -> dict:
     """The logical axes of every leaf of `TrainState.params` ({"bilm": weight-file dict, "softmax"})."""
+
     def bilm_axes(path, leaf):
         name = path[-1].key
         key = name if name in _BILM_AXES else name.rsplit("_", 1)[0]  # W_cnn_3 -> W_cnn
@@ -123,16 +135,20 @@ def param_logical_axes(params: dict) -> dict:
             raise ValueError(f"no logical axes for biLM weight {'/'.join(p.key for p in path)}")
         return _BILM_AXES[key]
 
-    return {"bilm": jax.tree_util.tree_map_with_path(bilm_axes, params["bilm"]),
-            "softmax": {k: SOFTMAX_AXES[k] for k in params["softmax"]}}
+    return {
+        "bilm": jax.tree_util.tree_map_with_path(bilm_axes, params["bilm"]),
+        "softmax": {k: SOFTMAX_AXES[k] for k in params["softmax"]},
+    }
 
 
 def _named(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int], what: str, rules) -> NamedSharding:
     spec = logical_to_spec(axes, rules)
     for dim, (size, mesh_axis) in enumerate(zip(shape, spec)):
         if mesh_axis is not None and size % mesh.shape[mesh_axis]:
-            raise ValueError(f"{what}: axis {dim} ({axes[dim]}, size {size}) does not divide into the "
-                             f"{mesh.shape[mesh_axis]} shards of mesh axis {mesh_axis!r}")
+            raise ValueError(
+                f"{what}: axis {dim} ({axes[dim]}, size {size}) does not divide into the "
+                f"{mesh.shape[mesh_axis]} shards of mesh axis {mesh_axis!r}"
+            )
     return NamedSharding(mesh, spec)
 
 
@@ -141,11 +157,15 @@ def param_shardings(mesh: Mesh, params: dict, rules=RULES) -> dict:
     axes = param_logical_axes(params)
     return jax.tree_util.tree_map_with_path(
         lambda path, a, leaf: _named(mesh, a, leaf.shape, jax.tree_util.keystr(path), rules),
-        axes, params, is_leaf=lambda x: isinstance(x, tuple))
+        axes,
+        params,
+        is_leaf=lambda x: isinstance(x, tuple),
+    )
 
 
-def state_shardings(mesh: Mesh, abstract_state, optimizer: optax.GradientTransformation, rules=RULES,
-                    replicate_lstm: bool = False):
+def state_shardings(
+    mesh: Mesh, abstract_state, optimizer: optax.GradientTransformation, rules=RULES, replicate_lstm: bool = False
+):
     """NamedShardings of a whole `TrainState` (from `jax.eval_shape` of `init_train_state`).
 
     Parameters follow the rules; the optimiser's per-parameter state (Adagrad's accumulators) mirrors
@@ -154,12 +174,21 @@ def state_shardings(mesh: Mesh, abstract_state, optimizer: optax.GradientTransfo
     """
     replicated = NamedSharding(mesh, PartitionSpec())
     params = param_shardings(mesh, abstract_state.params, rules)
-    opt_state = optax.tree_map_params(optimizer, lambda _, sharding: sharding, abstract_state.opt_state, params,
-                                      transform_non_params=lambda _: replicated)
+    opt_state = optax.tree_map_params(
+        optimizer,
+        lambda _, sharding: sharding,
+        abstract_state.opt_state,
+        params,
+        transform_non_params=lambda _: replicated,
+    )
     lstm = type(abstract_state.lstm)(
-        **{k: replicated if replicate_lstm else
-           _named(mesh, LSTM_STATE_AXES[k], getattr(abstract_state.lstm, k).shape, f"LSTM state {k}", rules)
-           for k in LSTM_STATE_AXES})
+        **{
+            k: replicated
+            if replicate_lstm
+            else _named(mesh, LSTM_STATE_AXES[k], getattr(abstract_state.lstm, k).shape, f"LSTM state {k}", rules)
+            for k in LSTM_STATE_AXES
+        }
+    )
     return abstract_state.replace(step=replicated, params=params, opt_state=opt_state, key=replicated, lstm=lstm)
 
 
@@ -179,18 +208,24 @@ def check_training_mesh(mesh: Mesh, batch_size: int, process_count: int, rules=R
     """
     sizes = f"--config.mesh.data={mesh.shape['data']} --config.mesh.model={mesh.shape['model']}"
     if batch_size % process_count:
-        raise ValueError(f"--config.batch_size={batch_size} is not divisible by the {process_count} processes: "
-                         "every process must feed the same number of rows")
+        raise ValueError(
+            f"--config.batch_size={batch_size} is not divisible by the {process_count} processes: "
+            "every process must feed the same number of rows"
+        )
     table = dict(rules)
     batch_axis, vocab_axis = table.get("batch"), table.get("vocab")
     if batch_axis is not None and batch_size % mesh.shape[batch_axis]:
-        raise ValueError(f"--config.batch_size={batch_size} is not divisible by the {mesh.shape[batch_axis]} "
-                         f"shards of mesh axis {batch_axis!r} ({sizes}); use a batch size that is a multiple of "
-                         f"{mesh.shape[batch_axis]}")
+        raise ValueError(
+            f"--config.batch_size={batch_size} is not divisible by the {mesh.shape[batch_axis]} "
+            f"shards of mesh axis {batch_axis!r} ({sizes}); use a batch size that is a multiple of "
+            f"{mesh.shape[batch_axis]}"
+        )
     if vocab_axis is not None and VOCAB_PAD_MULTIPLE % mesh.shape[vocab_axis]:
-        raise ValueError(f"{sizes}: the softmax vocabulary is padded to a multiple of {VOCAB_PAD_MULTIPLE} and "
-                         f"sharded on mesh axis {vocab_axis!r}, whose size {mesh.shape[vocab_axis]} must divide "
-                         f"{VOCAB_PAD_MULTIPLE}")
+        raise ValueError(
+            f"{sizes}: the softmax vocabulary is padded to a multiple of {VOCAB_PAD_MULTIPLE} and "
+            f"sharded on mesh axis {vocab_axis!r}, whose size {mesh.shape[vocab_axis]} must divide "
+            f"{VOCAB_PAD_MULTIPLE}"
+        )
 
 
 def process_rows(sharding: NamedSharding, batch_size: int) -> tuple[int, int]:
@@ -206,6 +241,8 @@ def process_rows(sharding: NamedSharding, batch_size: int) -> tuple[int, int]:
     start, stop = rows[0][0], rows[-1][1]
     covered = sum(b - a for a, b in rows)
     if covered != stop - start or batch_size % (stop - start) or start % (stop - start):
-        raise ValueError(f"this process's devices hold batch rows {rows}, not one contiguous block; build the "
-                         "mesh with make_mesh (jax.make_mesh orders devices process by process)")
+        raise ValueError(
+            f"this process's devices hold batch rows {rows}, not one contiguous block; build the "
+            "mesh with make_mesh (jax.make_mesh orders devices process by process)"
+        )
     return start // (stop - start), batch_size // (stop - start)

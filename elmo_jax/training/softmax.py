@@ -83,8 +83,15 @@ def sample_candidates(key: jax.Array, vocab_size: int, num_sampled: int) -> jax.
     return jax.lax.top_k(scores, num_sampled)[1].astype(jnp.int32)
 
 
-def sampled_softmax_loss(W: jax.Array, b: jax.Array, h: jax.Array, targets: jax.Array, candidates: jax.Array,
-                         vocab_size: int, num_sampled: int) -> jax.Array:
+def sampled_softmax_loss(
+    W: jax.Array,
+    b: jax.Array,
+    h: jax.Array,
+    targets: jax.Array,
+    candidates: jax.Array,
+    vocab_size: int,
+    num_sampled: int,
+) -> jax.Array:
     """Per-token sampled softmax cross-entropy.
 
     Args:
@@ -108,8 +115,9 @@ def sampled_softmax_loss(W: jax.Array, b: jax.Array, h: jax.Array, targets: jax.
     return jax.nn.logsumexp(all_logits, axis=1) - true_logits
 
 
-def full_softmax_loss(W: jax.Array, b: jax.Array, h: jax.Array, targets: jax.Array, vocab_size: int,
-                      chunk: int = FULL_SOFTMAX_CHUNK) -> jax.Array:
+def full_softmax_loss(
+    W: jax.Array, b: jax.Array, h: jax.Array, targets: jax.Array, vocab_size: int, chunk: int = FULL_SOFTMAX_CHUNK
+) -> jax.Array:
     """Per-token cross-entropy over the whole vocabulary, in vocabulary chunks (memory N x chunk).
 
     Args:
@@ -137,8 +145,7 @@ def full_softmax_loss(W: jax.Array, b: jax.Array, h: jax.Array, targets: jax.Arr
         logits = matmul(h, w.T) + bias[None, :]
         logits = jnp.where(chunk_ids[None, :] < vocab_size, logits, -jnp.inf)
         new_max = jnp.maximum(running_max, jnp.max(logits, axis=1))
-        running_sum = running_sum * jnp.exp(running_max - new_max) + jnp.sum(
-            jnp.exp(logits - new_max[:, None]), axis=1)
+        running_sum = running_sum * jnp.exp(running_max - new_max) + jnp.sum(jnp.exp(logits - new_max[:, None]), axis=1)
         return (new_max, running_sum), None
 
     N = h.shape[0]

@@ -34,16 +34,23 @@ RESUME_KEYS = ("model_options", "vocab_size", "batch_size", "unroll_steps")  # w
 
 def run_meta(config: ml_collections.ConfigDict, cfg: StepConfig) -> dict[str, Any]:
     """What a checkpoint was made for (saved with it): the model, vocabulary size, batch, and the config."""
-    return {"model_options": cfg.model.to_options(), "vocab_size": cfg.vocab_size,
-            "batch_size": config.batch_size, "unroll_steps": config.unroll_steps,
-            "config": json.loads(config.to_json_best_effort())}
+    return {
+        "model_options": cfg.model.to_options(),
+        "vocab_size": cfg.vocab_size,
+        "batch_size": config.batch_size,
+        "unroll_steps": config.unroll_steps,
+        "config": json.loads(config.to_json_best_effort()),
+    }
 
 
 def _differences(there: Any, here: Any, path: str) -> list[str]:
     """'path.to.key is X there but Y in this config' for each leaf where two JSON-like values differ."""
     if isinstance(there, dict) and isinstance(here, dict):
-        return [d for k in sorted(set(there) | set(here), key=str)
-                for d in _differences(there.get(k), here.get(k), f"{path}.{k}")]
+        return [
+            d
+            for k in sorted(set(there) | set(here), key=str)
+            for d in _differences(there.get(k), here.get(k), f"{path}.{k}")
+        ]
     return [] if there == here else [f"{path} is {there!r} there but {here!r} in this config"]
 
 
@@ -51,8 +58,10 @@ def check_resume(meta: dict, expected: dict, directory: str) -> None:
     """Raises ValueError naming every difference when a checkpoint's meta is of another run."""
     differences = [d for key in RESUME_KEYS for d in _differences(meta.get(key), expected[key], key)]
     if differences:
-        raise ValueError(f"{directory} holds checkpoints of a different run: {'; '.join(differences)}. Use "
-                         "another --workdir (the existing checkpoints are left untouched).")
+        raise ValueError(
+            f"{directory} holds checkpoints of a different run: {'; '.join(differences)}. Use "
+            "another --workdir (the existing checkpoints are left untouched)."
+        )
 
 
 def _same_architecture(options: dict, model: BiLMConfig) -> bool:
@@ -70,8 +79,9 @@ def abstract_state(meta: dict) -> tuple[TrainState, Any]:
     return jax.eval_shape(lambda: init_train_state(jax.random.key(0), cfg, optimizer, meta["batch_size"])), optimizer
 
 
-def resume_or_start(config: ml_collections.ConfigDict, cfg: StepConfig, vocab: Vocab, steps: Steps,
-                    checkpoints: Checkpoints, meta: dict) -> tuple[TrainState, dict | None, int]:
+def resume_or_start(
+    config: ml_collections.ConfigDict, cfg: StepConfig, vocab: Vocab, steps: Steps, checkpoints: Checkpoints, meta: dict
+) -> tuple[TrainState, dict | None, int]:
     """(state, data stream state or None, non-finite steps skipped so far).
 
     The newest checkpoint that restores (an unrestorable newer one is reported and moved aside), with
@@ -79,8 +89,9 @@ def resume_or_start(config: ml_collections.ConfigDict, cfg: StepConfig, vocab: V
     weights when set.
     """
     directory = os.path.dirname(checkpoints.directory)
-    found = checkpoints.restore_newest(lambda _: steps.abstract_state, lambda m: check_resume(m, meta, directory),
-                                       move_aside=True)
+    found = checkpoints.restore_newest(
+        lambda _: steps.abstract_state, lambda m: check_resume(m, meta, directory), move_aside=True
+    )
     if found is None:
         bilm, softmax = _initial_weights(config, cfg, vocab, steps.mesh)
         return steps.init(jax.random.key(config.seed), bilm, softmax), None, 0
@@ -97,14 +108,18 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
     if not source:
         return None, None
     if not os.path.isdir(source):
-        raise FileNotFoundError(f"--config.init_from={source}: not a directory (expected a training workdir or "
-                                "a model directory with options.json and weights.hdf5)")
+        raise FileNotFoundError(
+            f"--config.init_from={source}: not a directory (expected a training workdir or "
+            "a model directory with options.json and weights.hdf5)"
+        )
     options, weights = os.path.join(source, "options.json"), os.path.join(source, "weights.hdf5")
     if os.path.exists(weights):  # a published or exported model: the softmax starts fresh
         bilm = weights_hdf5.load_hdf5(options, weights)
         if not _same_architecture(bilm.config.to_options(), cfg.model):
-            raise ValueError(f"--config.init_from={source}: its options describe a different model than "
-                             "config.model; set config.model to match the options file")
+            raise ValueError(
+                f"--config.init_from={source}: its options describe a different model than "
+                "config.model; set config.model to match the options file"
+            )
         logging.info("initialising the biLM from %s (fresh softmax)", weights)
         return bilm, None
 
@@ -115,8 +130,9 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
     def target(meta):
         abstract, optimizer = abstract_state(meta)
         # That run's carried LSTM state is not used; replicated, its batch need not divide this mesh.
-        return sharding.with_shardings(abstract, sharding.state_shardings(mesh, abstract, optimizer,
-                                                                          replicate_lstm=True))
+        return sharding.with_shardings(
+            abstract, sharding.state_shardings(mesh, abstract, optimizer, replicate_lstm=True)
+        )
 
     checkpoints = Checkpoints(source, async_save=False)
     try:

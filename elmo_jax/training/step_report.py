@@ -43,9 +43,11 @@ class Progress:
         eta = (self.total - step) / max(steps_per_s, 1e-9)
         self.last_time, self.last_step, self.tokens = now, step, 0.0
         metrics.update(tokens_per_s=tokens_per_s, steps_per_s=steps_per_s)
-        return (f"step {step}/{self.total}  loss {metrics['loss']:.4f}  "
-                f"{self.ppl_label} {math.exp(min(metrics['loss'], 700)):.1f}"
-                f"  {tokens_per_s:,.0f} tokens/s  {steps_per_s:.2f} steps/s  ETA {eta / 60:.1f} min")
+        return (
+            f"step {step}/{self.total}  loss {metrics['loss']:.4f}  "
+            f"{self.ppl_label} {math.exp(min(metrics['loss'], 700)):.1f}"
+            f"  {tokens_per_s:,.0f} tokens/s  {steps_per_s:.2f} steps/s  ETA {eta / 60:.1f} min"
+        )
 
 
 class StepReport:
@@ -71,14 +73,23 @@ class StepReport:
         finite = math.isfinite(values["loss"]) and math.isfinite(values["grad_norm"])
         limit = self.config.max_nonfinite_steps
         if not finite:
-            what = f"non-finite loss or gradient at step {step} (loss {values['loss']}, grad norm {values['grad_norm']})"
+            what = (
+                f"non-finite loss or gradient at step {step} (loss {values['loss']}, grad norm {values['grad_norm']})"
+            )
             if not (was_skipped and self.skipped < limit):
-                beyond = f"; {self.skipped} such steps skipped already, the most --config.max_nonfinite_steps allows" \
-                    if limit else ""
+                beyond = (
+                    f"; {self.skipped} such steps skipped already, the most --config.max_nonfinite_steps allows"
+                    if limit
+                    else ""
+                )
                 raise TrainingError(f"{what}{beyond}; stopped without saving it, the last checkpoint is kept")
             self.skipped += 1
-            logging.warning("%s: skipped, parameters and optimiser state unchanged (%d of at most %d skipped)",
-                            what, self.skipped, limit)
+            logging.warning(
+                "%s: skipped, parameters and optimiser state unchanged (%d of at most %d skipped)",
+                what,
+                self.skipped,
+                limit,
+            )
         if limit:
             values["nonfinite_skipped"] = self.skipped
         if step % self.config.log_every_steps == 0 or step == self.config.num_train_steps or not finite:
@@ -100,8 +111,9 @@ def last_logged_step(workdir: str) -> int | None:
         data = f.read()
         if data and not data.endswith(b"\n"):
             keep = data.rfind(b"\n") + 1
-            logging.warning("%s: removing its last line, cut short by an interrupted write (%d bytes)", path,
-                            len(data) - keep)
+            logging.warning(
+                "%s: removing its last line, cut short by an interrupted write (%d bytes)", path, len(data) - keep
+            )
             f.truncate(keep)
             data = data[:keep]
     steps = []
@@ -125,6 +137,12 @@ def log_resume(workdir: str, start: int, is_main: bool) -> int | None:
         logging.info("resumed from step %d (%s)", start, where)
         return None
     lost = max(0, last - start)
-    logging.info("resumed from step %d (%s); %d steps since it were lost (the interrupted run had logged up to "
-                 "step %d) and are done again", start, where, lost, last)
+    logging.info(
+        "resumed from step %d (%s); %d steps since it were lost (the interrupted run had logged up to "
+        "step %d) and are done again",
+        start,
+        where,
+        lost,
+        last,
+    )
     return lost

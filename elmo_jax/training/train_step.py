@@ -18,10 +18,10 @@ import numpy as np
 import optax
 
 from elmo_jax.model.config import BiLMConfig
-from elmo_jax.training.lm import lm_losses, lm_outputs, reset_state
 from elmo_jax.model.lstm import LSTMState, zero_state
 from elmo_jax.model.params import BiLMParams, init_params
 from elmo_jax.model.precision import ComputeOptions
+from elmo_jax.training.lm import lm_losses, lm_outputs, reset_state
 from elmo_jax.training.softmax import padded_vocab_size
 
 
@@ -66,8 +66,10 @@ def make_optimizer(learning_rate: float, initial_accumulator: float, clip_norm: 
     Cached: the jitted step takes the optimiser as a static argument, so the same settings must give the
     same object, or every run would compile the step again.
     """
-    return optax.chain(optax.clip_by_global_norm(clip_norm),
-                       optax.adagrad(learning_rate, initial_accumulator_value=initial_accumulator, eps=0.0))
+    return optax.chain(
+        optax.clip_by_global_norm(clip_norm),
+        optax.adagrad(learning_rate, initial_accumulator_value=initial_accumulator, eps=0.0),
+    )
 
 
 def init_softmax(key: jax.Array, vocab_size: int, dim: int) -> dict[str, jax.Array]:
@@ -84,35 +86,65 @@ def init_softmax(key: jax.Array, vocab_size: int, dim: int) -> dict[str, jax.Arr
     return {"W": jnp.where(real, W, 0.0), "b": jnp.zeros((rows,), jnp.float32)}
 
 
-def init_train_state(key: jax.Array, cfg: StepConfig, optimizer: optax.GradientTransformation,
-                     batch_size: int, bilm: BiLMParams | None = None,
-                     softmax: dict[str, jax.Array] | None = None) -> TrainState:
+def init_train_state(
+    key: jax.Array,
+    cfg: StepConfig,
+    optimizer: optax.GradientTransformation,
+    batch_size: int,
+    bilm: BiLMParams | None = None,
+    softmax: dict[str, jax.Array] | None = None,
+) -> TrainState:
     """A fresh state; `bilm` / `softmax` start from given weights (fine-tuning) instead of random ones."""
     k_bilm, k_softmax, k_run = jax.random.split(key, 3)
     weights = (bilm if bilm is not None else init_params(cfg.model, k_bilm)).weights
     if softmax is None:
         softmax = init_softmax(k_softmax, cfg.vocab_size, cfg.model.projection_dim)
     params = {"bilm": weights, "softmax": softmax}
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
-                      key=jax.random.key_data(k_run), lstm=zero_state(cfg.model, batch_size))
+    return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        opt_state=optimizer.init(params),
+        key=jax.random.key_data(k_run),
+        lstm=zero_state(cfg.model, batch_size),
+    )
 
 
 def _lm_pass(params, cfg: StepConfig, batch, lstm: LSTMState, key, *, train: bool, content_positions):
     """Outputs and per-direction (loss sums, counts) of one window."""
     bilm = BiLMParams(weights=params["bilm"], config=cfg.model)
     k_dropout, k_sample = jax.random.split(key)
-    outputs, final = lm_outputs(bilm, batch["char_ids"], batch["mask"], reset_state(lstm, batch["carry"]),
-                                key=k_dropout, dropout_rate=cfg.dropout if train else 0.0,
-                                compute=cfg.compute.with_positions(content_positions), resets=batch.get("reset"))
+    outputs, final = lm_outputs(
+        bilm,
+        batch["char_ids"],
+        batch["mask"],
+        reset_state(lstm, batch["carry"]),
+        key=k_dropout,
+        dropout_rate=cfg.dropout if train else 0.0,
+        compute=cfg.compute.with_positions(content_positions),
+        resets=batch.get("reset"),
+    )
     sampled = train and not cfg.full_softmax
-    sums, counts = lm_losses(params["softmax"], outputs, batch["targets"], batch["mask"], vocab_size=cfg.vocab_size,
-                             num_sampled=cfg.n_negative_samples if sampled else None, key=k_sample,
-                             chunk=cfg.softmax_chunk)
+    sums, counts = lm_losses(
+        params["softmax"],
+        outputs,
+        batch["targets"],
+        batch["mask"],
+        vocab_size=cfg.vocab_size,
+        num_sampled=cfg.n_negative_samples if sampled else None,
+        key=k_sample,
+        chunk=cfg.softmax_chunk,
+    )
     return sums, counts, final
 
 
-def train_step_fn(state: TrainState, batch: dict[str, jax.Array], *, cfg: StepConfig,
-                  optimizer: optax.GradientTransformation, content_positions: int | None = None):
+def train_step_fn(
+    state: TrainState,
+    batch: dict[str, jax.Array],
+    *,
+    cfg: StepConfig,
+    optimizer: optax.GradientTransformation,
+    content_positions: int | None = None,
+):
     """One optimisation step on one window of both directions (pure; `train_step` is it jitted on one
     device, `jitted_steps.jit_steps` jitted for a mesh).
 
@@ -128,8 +160,9 @@ def train_step_fn(state: TrainState, batch: dict[str, jax.Array], *, cfg: StepCo
     key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
 
     def loss_fn(params):
-        sums, counts, final = _lm_pass(params, cfg, batch, state.lstm, key, train=True,
-                                       content_positions=content_positions)
+        sums, counts, final = _lm_pass(
+            params, cfg, batch, state.lstm, key, train=True, content_positions=content_positions
+        )
         per_direction = sums / jnp.maximum(counts, 1.0)
         loss = jnp.mean(per_direction)
         # bilm-tf differentiates loss * unroll_steps, which matters with clipping and Adagrad.
@@ -139,18 +172,26 @@ def train_step_fn(state: TrainState, batch: dict[str, jax.Array], *, cfg: StepCo
     grads, (loss, per_direction, counts, final) = jax.grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                              lstm=jax.lax.stop_gradient(final))
-    metrics = {"loss": loss, "forward_loss": per_direction[0], "backward_loss": per_direction[1],
-               "grad_norm": optax.tree.norm(grads), "tokens": jnp.sum(counts)}
+    new_state = state.replace(
+        step=state.step + 1, params=params, opt_state=opt_state, lstm=jax.lax.stop_gradient(final)
+    )
+    metrics = {
+        "loss": loss,
+        "forward_loss": per_direction[0],
+        "backward_loss": per_direction[1],
+        "grad_norm": optax.tree.norm(grads),
+        "tokens": jnp.sum(counts),
+    }
     return new_state, metrics
 
 
-def eval_step_fn(params: dict, lstm: LSTMState, batch: dict[str, jax.Array], *, cfg: StepConfig,
-                 content_positions: int | None = None):
+def eval_step_fn(
+    params: dict, lstm: LSTMState, batch: dict[str, jax.Array], *, cfg: StepConfig, content_positions: int | None = None
+):
     """Full-softmax cross-entropy sums and token counts (D,) of one heldout window, and the carried state."""
-    sums, counts, final = _lm_pass(params, cfg, batch, lstm, jax.random.key(0), train=False,
-                                   content_positions=content_positions)
+    sums, counts, final = _lm_pass(
+        params, cfg, batch, lstm, jax.random.key(0), train=False, content_positions=content_positions
+    )
     return sums, counts, final
 
 

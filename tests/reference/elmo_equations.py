@@ -48,10 +48,11 @@ def np_token_embedding(w, config, ids):
     for token_ids in ids:
         chars = table[token_ids]  # (C, E)
         pooled = []
-        for i, (width, num) in enumerate(config.filters):
-            kernel = w["CNN"][f"W_cnn_{i}"][0]  # (width, E, num)
-            positions = [np.einsum("ke,ken->n", chars[p : p + width], kernel)
-                         for p in range(len(token_ids) - width + 1)]
+        for i, (width, _) in enumerate(config.filters):
+            kernel = w["CNN"][f"W_cnn_{i}"][0]  # (width, E, n_filters)
+            positions = [
+                np.einsum("ke,ken->n", chars[p : p + width], kernel) for p in range(len(token_ids) - width + 1)
+            ]
             pooled.append(np.max(positions, axis=0) + w["CNN"][f"b_cnn_{i}"])
         x = np.concatenate(pooled)
         x = np.maximum(x, 0.0) if config.activation == "relu" else np.tanh(x)
@@ -87,8 +88,9 @@ def np_bilm_sentence(w, config, token_ids):
             c, h = np.zeros(config.lstm_dim), np.zeros(config.projection_dim)
             out = []
             for x in inputs:
-                c, h = np_lstm_step(cell["W_0"], cell["B"], cell.get("W_P_0"), x, c, h,
-                                    config.cell_clip, config.proj_clip)
+                c, h = np_lstm_step(
+                    cell["W_0"], cell["B"], cell.get("W_P_0"), x, c, h, config.cell_clip, config.proj_clip
+                )
                 n_clipped["cell"] += int(np.sum(np.abs(c) == config.cell_clip))
                 n_clipped["proj"] += int(np.sum(np.abs(h) == config.proj_clip))
                 out.append(h)
@@ -131,8 +133,9 @@ def np_lm_outputs(w, config, char_ids, mask, c0, h0, carry, rate=0.0, keep=None)
     c_final, h_final = np.zeros(c0.shape), np.zeros(h0.shape)
     for d in range(D):
         for b in range(B):
-            state = [(c0[d, l, b], h0[d, l, b]) if carry[d, b] else (np.zeros(c0.shape[-1]), np.zeros(P))
-                     for l in range(L)]
+            state = [
+                (c0[d, l, b], h0[d, l, b]) if carry[d, b] else (np.zeros(c0.shape[-1]), np.zeros(P)) for l in range(L)
+            ]
             for t in range(T):
                 if not mask[d, b, t]:
                     continue  # state held, output zero
@@ -140,8 +143,9 @@ def np_lm_outputs(w, config, char_ids, mask, c0, h0, carry, rate=0.0, keep=None)
                 for l in range(L):
                     x_in = scale(x, l, d, b, t)
                     cell = w[f"RNN_{d}"]["RNN"]["MultiRNNCell"][f"Cell{l}"]["LSTMCell"]
-                    c, h = np_lstm_step(cell["W_0"], cell["B"], cell.get("W_P_0"), x_in, *state[l],
-                                        config.cell_clip, config.proj_clip)
+                    c, h = np_lstm_step(
+                        cell["W_0"], cell["B"], cell.get("W_P_0"), x_in, *state[l], config.cell_clip, config.proj_clip
+                    )
                     state[l] = (c, h)
                     x = h + x_in if (l > 0 and config.use_skip_connections) else h
                 out[d, b, t] = scale(x, L, d, b, t)

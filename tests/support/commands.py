@@ -13,16 +13,22 @@ REPO = Path(__file__).resolve().parents[2]
 # Runs argv[2:] with every file it writes limited to argv[1] bytes: the limit is set in a small Python
 # that then execs the command (no preexec_fn: forking the multithreaded test process to run Python is
 # unsafe). SIGXFSZ is ignored, so a write past the limit fails with EFBIG ("File too large").
-LIMIT_FILE_SIZE = ("import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
-                   "resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2); "
-                   "os.execv(sys.executable, [sys.executable] + sys.argv[2:])")
+LIMIT_FILE_SIZE = (
+    "import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2); "
+    "os.execv(sys.executable, [sys.executable] + sys.argv[2:])"
+)
 
 
 def command_env(**extra: str) -> dict[str, str]:
     """The environment of a command under test: this checkout importable, JAX on the CPU (one device
     unless `XLA_FLAGS` says otherwise; the session's compilation cache is inherited, see conftest)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+    }
     env.update(extra)
     return env
 
@@ -33,8 +39,14 @@ def command_argv(command: str, *args) -> list[str]:
     return [sys.executable, *head, *(str(a) for a in args)]
 
 
-def run_command(command: str, *args, timeout: float = 300, env: dict | None = None, input: str | None = None,
-                file_size_limit: int | None = None) -> subprocess.CompletedProcess:
+def run_command(
+    command: str,
+    *args,
+    timeout: float = 300,
+    env: dict | None = None,
+    input: str | None = None,
+    file_size_limit: int | None = None,
+) -> subprocess.CompletedProcess:
     """Runs a command to completion (text output captured).
 
     Args:
@@ -48,8 +60,9 @@ def run_command(command: str, *args, timeout: float = 300, env: dict | None = No
     argv = command_argv(command, *args)
     if file_size_limit is not None:
         argv = [sys.executable, "-c", LIMIT_FILE_SIZE, str(file_size_limit), *argv[1:]]
-    return subprocess.run(argv, cwd=REPO, env=env or command_env(), capture_output=True, text=True, timeout=timeout,
-                          input=input)
+    return subprocess.run(
+        argv, cwd=REPO, env=env or command_env(), capture_output=True, text=True, timeout=timeout, input=input
+    )
 
 
 def error_line(result: subprocess.CompletedProcess, *expected: str) -> str:

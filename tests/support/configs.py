@@ -21,8 +21,12 @@ def tiny_config(corpus: dict, **overrides) -> ml_collections.ConfigDict:
 
 def tiny_flags(corpus: dict, workdir, **overrides) -> list[str]:
     """The `train.py` arguments of the same run: --config=configs/tiny.py, --workdir and --config.KEY flags."""
-    values = {"data.train_files": corpus["train"], "data.heldout_files": corpus["heldout"],
-              "data.cache_dir": corpus["cache_dir"], **overrides}
+    values = {
+        "data.train_files": corpus["train"],
+        "data.heldout_files": corpus["heldout"],
+        "data.cache_dir": corpus["cache_dir"],
+        **overrides,
+    }
     return ["--config=configs/tiny.py", f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in values.items()]
 
 

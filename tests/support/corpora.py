@@ -11,8 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-NOUNS = {"cat": ("meows", "purrs"), "dog": ("barks", "growls"), "cow": ("moos", "grazes"),
-         "bird": ("sings", "flies")}
+NOUNS = {"cat": ("meows", "purrs"), "dog": ("barks", "growls"), "cow": ("moos", "grazes"), "bird": ("sings", "flies")}
 ADVERBS = ("loudly", "softly", "today")
 
 
@@ -36,8 +35,10 @@ def write_agreement_corpus(root: Path, n_train: int = 300, n_heldout: int = 60, 
        "cache_dir": where training prepares them (shared by every run, so they are prepared once)}.
     """
     rng = np.random.default_rng(seed)
-    sentences = {"train": [agreement_sentence(rng) for _ in range(n_train)],
-                 "heldout": [agreement_sentence(rng) for _ in range(n_heldout)]}
+    sentences = {
+        "train": [agreement_sentence(rng) for _ in range(n_train)],
+        "heldout": [agreement_sentence(rng) for _ in range(n_heldout)],
+    }
     out = {"cache_dir": str(root / "prepared")}
     for split, lines in sentences.items():
         path = root / f"{split}.txt"

@@ -27,8 +27,12 @@ def randomize(params, seed):
         name = getattr(path[-1], "key", "")
         shape = leaf.shape
         if name == "B":  # gates i, j, f, o
-            i, j, f, o = (rng.normal(0.5, 0.5, shape[0] // 4), rng.normal(0.0, 1.5, shape[0] // 4),
-                          rng.normal(1.5, 0.5, shape[0] // 4), rng.normal(0.0, 1.0, shape[0] // 4))
+            i, j, f, o = (
+                rng.normal(0.5, 0.5, shape[0] // 4),
+                rng.normal(0.0, 1.5, shape[0] // 4),
+                rng.normal(1.5, 0.5, shape[0] // 4),
+                rng.normal(0.0, 1.0, shape[0] // 4),
+            )
             value = np.concatenate([i, j, f, o])
         elif len(shape) == 1:
             value = rng.normal(0.0, 0.5, shape)
@@ -58,8 +62,18 @@ def random_char_ids(rng, lengths, C, max_bytes=None):
 
 
 def tiny_bilm_config(**overrides):
-    base = dict(char_embed_dim=4, filters=((1, 4), (2, 6), (3, 8)), n_highway=1, activation="relu",
-                max_characters_per_token=50, lstm_dim=12, projection_dim=6, n_layers=2,
-                cell_clip=3.0, proj_clip=1.0, use_skip_connections=True)
+    base = dict(
+        char_embed_dim=4,
+        filters=((1, 4), (2, 6), (3, 8)),
+        n_highway=1,
+        activation="relu",
+        max_characters_per_token=50,
+        lstm_dim=12,
+        projection_dim=6,
+        n_layers=2,
+        cell_clip=3.0,
+        proj_clip=1.0,
+        use_skip_connections=True,
+    )
     base.update(overrides)
     return elmo_jax.BiLMConfig(**base)
