@@ -51,7 +51,9 @@ class _QuietLibraries:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from elmo_jax.training.loop import train_and_evaluate  # after flag parsing: --help stays fast
+    from elmo_jax import cli  # after flag parsing: --help stays fast
+    from elmo_jax.training.checkpoint import CheckpointWriteError
+    from elmo_jax.training.loop import train_and_evaluate
     from elmo_jax.training.preemption import Stopped
     from elmo_jax.training.step_report import TrainingError
 
@@ -62,15 +64,34 @@ def main(argv):
         print(f"error: --config: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(1)
     try:
-        _start_distributed()
-        train_and_evaluate(config, FLAGS.workdir)
+        # Until the training loop installs its own handlers (after start-up), SIGTERM ends start-up like
+        # Ctrl-C does, with one line.
+        with cli.sigterm_raises():
+            _start_distributed()
+            train_and_evaluate(config, FLAGS.workdir)
     except Stopped as e:  # preemption (SIGTERM) or Ctrl-C: the checkpoint is saved, a re-run resumes
         logging.warning("%s", e)
         print(str(e), file=sys.stderr)
+    except CheckpointWriteError as e:
+        _error_line(e)
+        # Orbax threads of the failed write may still be running or waiting; none of them may outlive
+        # (or print after) the one error line.
+        cli.exit_now(1)
     except (ValueError, OSError, TrainingError) as e:  # a person's mistake or a stopped run: one line
-        logging.error("%s", e)
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        _error_line(e)
         sys.exit(1)
+    except (KeyboardInterrupt, cli.Terminated) as e:  # before the loop took over the signals, or after it
+        print(
+            f"stopped by {cli.signal_name(e)} outside the training loop; no step was lost (re-run the same "
+            "command to resume from the newest checkpoint)",
+            file=sys.stderr,
+        )
+        cli.exit_now(cli.interrupted_exit_code(e))
+
+
+def _error_line(error: BaseException) -> None:
+    logging.error("%s", error)
+    print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
 
 
 def _start_distributed() -> None:

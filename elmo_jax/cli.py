@@ -10,6 +10,7 @@ A person's mistake or a broken file (ValueError, OSError) prints `error: ...` an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -24,6 +25,25 @@ def _raise_terminated(signum, frame):
     raise Terminated()
 
 
+@contextlib.contextmanager
+def sigterm_raises():
+    """While active, SIGTERM raises `Terminated` in the main thread (so cleanup code runs) instead of
+    killing the process."""
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def exit_now(code: int) -> None:
+    """Flushes the standard streams and ends the process at once, skipping interpreter teardown: for
+    after the one error line, when background threads (XLA, orbax) could still print or hang on exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def run_main(run: Callable[[], object], argv: list[str] | None = None, hint: str = "") -> None:
     """Calls `run()` and turns its failures and interruptions into one line and an exit code.
 
@@ -36,22 +56,27 @@ def run_main(run: Callable[[], object], argv: list[str] | None = None, hint: str
     if argv is not None and len(argv) > 1:
         print(f"error: unexpected arguments {argv[1:]}{hint}", file=sys.stderr)
         sys.exit(1)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        run()
+        with sigterm_raises():
+            run()
     except (ValueError, OSError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(1)
     except (KeyboardInterrupt, Terminated) as e:
-        name = "SIGTERM" if isinstance(e, Terminated) else "SIGINT"
         print(
-            f"stopped by {name}: nothing was written under the output name (existing outputs are untouched)",
+            f"stopped by {signal_name(e)}: nothing was written under the output name (existing outputs are untouched)",
             file=sys.stderr,
         )
-        sys.stdout.flush()
-        sys.stderr.flush()
         # The cleanup has run; skip interpreter teardown, which can crash while XLA still runs the batch
         # that was in flight (observed: a segfault after the message).
-        os._exit(143 if name == "SIGTERM" else 130)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        exit_now(interrupted_exit_code(e))
+
+
+def signal_name(interruption: BaseException) -> str:
+    """ "SIGTERM" for `Terminated`, "SIGINT" for KeyboardInterrupt."""
+    return "SIGTERM" if isinstance(interruption, Terminated) else "SIGINT"
+
+
+def interrupted_exit_code(interruption: BaseException) -> int:
+    """The shell's exit code for a process ended by that signal: 143 (SIGTERM) or 130 (SIGINT)."""
+    return 143 if isinstance(interruption, Terminated) else 130

@@ -12,7 +12,11 @@ What can go wrong on disk, and what happens:
   to `<step>` only when complete, so it is never listed or restored; the training manager removes it
   on start and says so.
 - A write that fails (disk full, quota) raises `CheckpointWriteError` naming the step and the newest
-  complete checkpoint, which is untouched.
+  complete checkpoint, which is untouched. A checkpoint directory that cannot be written to (read-only,
+  immutable) raises it from `save` itself, before anything runs in the background, and what orbax's
+  threads print about the failed write afterwards is dropped (`orbax_noise`).
+- Old checkpoints beyond `keep` are first renamed into `checkpoints/.deleting/` and then removed, so a
+  process killed while deleting one never leaves a half-deleted step under a step's name.
 - A complete checkpoint damaged later (a truncated or deleted file) fails to restore: `restore_newest`
   says which one and why, and falls back to the previous one that restores, moving the bad one aside
   to `<step>.corrupt` (never deleted) when asked; with no good one it refuses, naming them all.
@@ -30,9 +34,10 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from elmo_jax.training import multihost
+from elmo_jax.training import multihost, orbax_noise
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a step directory being written
+DELETING = ".deleting"  # old steps are renamed in here before they are removed (not a step name)
 CORRUPT_SUFFIX = ".corrupt"  # a step moved aside; no underscore: orbax would read "x_5" as step 5
 
 
@@ -65,6 +70,7 @@ class Checkpoints:
 
     def __init__(self, workdir: str, keep: int = 3, async_save: bool = True, writer: bool = False):
         self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+        self._writer = writer
         if writer and jax.process_index() == 0:
             for tmp in sorted(glob.glob(os.path.join(glob.escape(self.directory), "*" + TMP_SUFFIX + "*"))):
                 logging.warning(
@@ -73,10 +79,22 @@ class Checkpoints:
                     tmp,
                 )
                 shutil.rmtree(tmp, ignore_errors=True)
+            self._empty_deleting()
         if writer:
             multihost.barrier("elmo_jax.training.checkpoint: incomplete writes removed")
         self._async = async_save
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+        orbax_noise.install()
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep,
+            enable_async_checkpointing=async_save,
+            create=True,
+            todelete_subdir=DELETING,
+            # The step directory is created in `save` itself (a failure raises there), not in the
+            # background: orbax would start the item writers first, each a non-daemon thread waiting up to
+            # 300 s (its fixed coordination timeout) for a "directory created" signal that a failed
+            # creation never sends, and the process could not exit until they gave up.
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
+        )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         self._writing: int | None = None  # the step of a save not yet known to be complete
 
@@ -103,12 +121,21 @@ class Checkpoints:
             self._writing = None
 
     def wait(self) -> None:
-        """Waits for the last write. Raises CheckpointWriteError when it failed."""
+        """Waits for the last write (and the removal of older steps it made). Raises CheckpointWriteError
+        when it failed."""
         try:
             self.manager.wait_until_finished()
         except Exception as e:
             self._failed(e)
         self._writing = None
+        if self._writer and jax.process_index() == 0:
+            self._empty_deleting()
+
+    def _empty_deleting(self) -> None:
+        """Removes the old steps orbax renamed into `DELETING` (a step there is no longer a checkpoint)."""
+        deleting = os.path.join(self.directory, DELETING)
+        for name in sorted(os.listdir(deleting)) if os.path.isdir(deleting) else []:
+            shutil.rmtree(os.path.join(deleting, name), ignore_errors=True)
 
     def _failed(self, error: Exception):
         step, self._writing = self._writing, None

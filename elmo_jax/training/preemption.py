@@ -3,8 +3,10 @@
 The handlers only record the request. The training loop looks at it after every step: it finishes the
 step, saves a checkpoint (unless that step was just saved), waits for the write and raises `Stopped`,
 which `train.py` reports before exiting 0; re-running the same command resumes from that checkpoint.
-Handlers are installed only while the loop runs and the previous ones are put back afterwards; a
-second Ctrl-C aborts at once (KeyboardInterrupt) for a person who does not want to wait.
+Handlers are installed only while the loop runs and the previous ones are put back afterwards. A second
+SIGINT or SIGTERM is absorbed with one line: raising inside the checkpoint write or the cleanup the first
+one started could leave a half-written or half-deleted step. `kill -9` still stops at once, and the next
+run resumes from the newest complete checkpoint.
 
 With several processes every one must stop after the same step (each saves its part of the same
 checkpoint): `agree` makes the request global in the one host collective each step already makes.
@@ -13,6 +15,7 @@ checkpoint): `agree` makes the request global in the one host collective each st
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 import jax
@@ -40,6 +43,7 @@ class StopSignals:
 
     def __init__(self):
         self.received: str | None = None
+        self._repeated = False
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopSignals:
@@ -63,14 +67,19 @@ class StopSignals:
 
     def _handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
-        if self.received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt(f"second {name}: stopping without saving")
         if self.received is None:
             self.received = name
-            logging.warning(
-                "%s received: stopping after this step, once a checkpoint is saved (send SIGINT "
-                "again to stop at once without saving)",
-                name,
+            logging.warning("%s received: stopping after this step, once a checkpoint is saved", name)
+            return
+        # A second signal must not interrupt the checkpoint write or the cleanup that the first started
+        # (raising here could leave a half-written or half-deleted step): it is absorbed.
+        if not self._repeated:
+            self._repeated = True
+            print(
+                f"{name} again: already stopping, waiting for the checkpoint to be saved (kill -9 stops at "
+                "once; the run then resumes from the newest complete checkpoint)",
+                file=sys.stderr,
+                flush=True,
             )
 
 
