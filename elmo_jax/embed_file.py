@@ -62,6 +62,7 @@ def define_flags() -> None:
     flags.DEFINE_bool("bucketing", True, "Group sentences by length (false: batches in input order).")
     flags.DEFINE_bool("sentence_index", True, "Write the sentence_to_index dataset (holds every sentence).")
     flags.DEFINE_bool("progress", True, "Show a progress line on standard error.")
+    flags.DEFINE_bool("overwrite", False, "Replace an existing --output, if it is an elmo-command HDF5 file.")
 
 
 def run() -> dict:
@@ -90,11 +91,13 @@ def run() -> dict:
         bucketing=FLAGS.bucketing,
         sentence_index=FLAGS.sentence_index,
         progress=FLAGS.progress,
+        overwrite=FLAGS.overwrite,
     )
     if options.batch_tokens < 1:
         raise ValueError(f"--batch_tokens must be positive, found {options.batch_tokens}")
     # Everything that can be checked cheaply is, before the model is loaded.
-    check_output_path(FLAGS.output)
+    model_files = [p for p in (FLAGS.model, FLAGS.options, FLAGS.weights) if p]
+    check_output_path(FLAGS.output, options.overwrite, inputs=[FLAGS.input, *model_files])
     summary = sentence_input.scan(
         FLAGS.input,
         blank_lines=options.blank_lines,

@@ -6,7 +6,8 @@
 
 Tokens are split on whitespace. Prints each sentence's tokens with the L2 norm of every layer's vector,
 and with --output writes `layers` (B, L+1, T, 2P) float32 and `mask` (B, T) to an .npz file (written to a
-temporary name and renamed, so an existing file is only ever replaced by a complete one).
+temporary name and renamed; an existing file is replaced only with --overwrite, and only if it is such
+an .npz).
 For whole files (AllenNLP-style HDF5 output, length bucketing), use `python -m elmo_jax.embed_file`.
 """
 
@@ -22,6 +23,7 @@ flags.DEFINE_string("model", None, "A model directory (python -m elmo_jax.export
 flags.DEFINE_string("options", None, "Instead of --model: a bilm-tf/AllenNLP options JSON file.")
 flags.DEFINE_string("weights", None, "Instead of --model: an HDF5 weight file in the published layout.")
 flags.DEFINE_string("output", None, "Optional .npz file for the layers and mask.")
+flags.DEFINE_bool("overwrite", False, "Replace an existing --output, if it is an .npz of layers and mask.")
 flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Matmul precision.")
 
 
@@ -33,6 +35,15 @@ def read_sentences(argv: list[str]) -> list[list[str]]:
     return sentences
 
 
+def is_layers_npz(path: str) -> bool:
+    """Whether `path` is what --output writes: an .npz holding exactly `layers` and `mask`."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return sorted(archive.files) == ["layers", "mask"]
+    except (OSError, ValueError, EOFError):
+        return False
+
+
 def write_npz(path: str, **arrays) -> None:
     from elmo_jax.formats import atomic_write
 
@@ -41,8 +52,13 @@ def write_npz(path: str, **arrays) -> None:
 
 def run(argv: list[str]) -> None:
     import elmo_jax  # after flag parsing, so --help is fast
+    from elmo_jax.formats import output_paths
     from elmo_jax.formats.model_dir import load_model
 
+    if FLAGS.output:  # checked before the model is loaded
+        model_files = [p for p in (FLAGS.model, FLAGS.options, FLAGS.weights) if p]
+        artifact = output_paths.Artifact("an .npz of layers and mask", is_directory=False, recognizes=is_layers_npz)
+        output_paths.check_output(FLAGS.output, artifact, overwrite=FLAGS.overwrite, inputs=model_files)
     sentences = read_sentences(argv[1:])
     params = load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
     layers, mask = elmo_jax.embed(

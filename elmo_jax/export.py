@@ -43,8 +43,9 @@ def run() -> dict:
         raise ValueError("--output is required: the model directory to write")
     if bool(FLAGS.workdir) == bool(FLAGS.options or FLAGS.weights):
         raise ValueError("pass either --workdir=DIR or --options=FILE --weights=FILE")
+    inputs = [p for p in (FLAGS.workdir, FLAGS.options, FLAGS.weights, FLAGS.vocab) if p]
     # Fail on an unwritable target before loading anything (a large model takes a while to load).
-    model_dir.check_target(os.path.abspath(FLAGS.output), FLAGS.overwrite)
+    model_dir.check_target(FLAGS.output, FLAGS.overwrite, inputs=inputs)
     params, vocab_file, source = _from_workdir() if FLAGS.workdir else _from_hdf5()
     manifest = model_dir.write_model_dir(
         params,
@@ -53,6 +54,7 @@ def run() -> dict:
         source=source,
         compute_dtype=FLAGS.compute_dtype,
         overwrite=FLAGS.overwrite,
+        inputs=inputs,
     )
     total = sum(entry["bytes"] for entry in manifest["files"].values())
     print(f"wrote {FLAGS.output} ({total / 2**20:.1f} MiB: {', '.join(sorted(manifest['files']))}) from {source}")

@@ -6,7 +6,6 @@ descending frequency; see `elmo_jax.formats.vocab_file`).
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 
@@ -14,7 +13,8 @@ from absl import app, flags
 
 from elmo_jax.data import text_files
 from elmo_jax.data.vocab_builder import build_vocab, check_size_args, count_tokens
-from elmo_jax.formats.vocab_file import SPECIALS
+from elmo_jax.formats.output_paths import check_output
+from elmo_jax.formats.vocab_file import SPECIALS, VOCABULARY
 
 FLAGS = flags.FLAGS
 
@@ -33,6 +33,7 @@ def define_flags() -> None:
         "Lines with invalid UTF-8: keep with U+FFFD (replace) or drop (skip).",
     )
     flags.DEFINE_integer("log_every", 1_000_000, "Log progress every this many lines.")
+    flags.DEFINE_bool("overwrite", False, "Replace an existing --output, if it is a vocabulary file.")
 
 
 def run() -> None:
@@ -40,11 +41,8 @@ def run() -> None:
         if not getattr(FLAGS, name):
             raise ValueError(f"--{name} is required")
     output = FLAGS.output
-    directory = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(directory):  # before the (long) count, not after it
-        raise FileNotFoundError(f"--output={output}: directory {directory} does not exist")
-    if os.path.isdir(output):
-        raise IsADirectoryError(f"--output={output} is a directory")
+    # Before the (long) count, not after it: the output rules, with the corpus files as inputs.
+    check_output(output, VOCABULARY, overwrite=FLAGS.overwrite, inputs=text_files.expand_glob(FLAGS.files))
     check_size_args(FLAGS.min_count, FLAGS.max_size)
     counts, stats = count_tokens(
         FLAGS.files, max_line_chars=FLAGS.max_line_chars, invalid_utf8=FLAGS.invalid_utf8, log_every=FLAGS.log_every

@@ -102,7 +102,7 @@ CLI_CASES = {
         ["does not exist"],
     ),
     "vocab: empty corpus": (
-        lambda f: ["elmo_jax.vocab", f"--files={f['empty']}", f"--output={f['existing_output']}"],
+        lambda f: ["elmo_jax.vocab", f"--files={f['empty']}", f"--output={f['root'] / 'v.txt'}"],
         ["empty.txt"],
     ),
     "vocab: output is a directory": (
@@ -162,7 +162,7 @@ CLI_CASES = {
             "elmo_jax.embed_file",
             f"--model={f['model']}",
             f"--input={f['non_utf8']}",
-            f"--output={f['existing_output']}",
+            f"--output={f['root'] / 'o.hdf5'}",
         ],
         ["non_utf8.txt:2", "UTF-8"],
     ),
@@ -171,7 +171,7 @@ CLI_CASES = {
             "elmo_jax.embed_file",
             f"--model={f['model']}",
             f"--input={f['nul']}",
-            f"--output={f['existing_output']}",
+            f"--output={f['root'] / 'o.hdf5'}",
         ],
         ["nul.txt:2", "NUL byte"],
     ),
@@ -180,7 +180,7 @@ CLI_CASES = {
             "elmo_jax.embed_file",
             f"--model={f['model']}",
             f"--input={f['ten_mb_line']}",
-            f"--output={f['existing_output']}",
+            f"--output={f['root'] / 'o.hdf5'}",
         ],
         ["ten_mb_line.txt:1", "2,097,152 tokens", "--max_sentence_tokens", "--long_sentences"],
     ),
@@ -189,9 +189,42 @@ CLI_CASES = {
             "elmo_jax.embed_file",
             f"--model={f['model']}",
             f"--input={f['empty']}",
-            f"--output={f['existing_output']}",
+            f"--output={f['root'] / 'o.hdf5'}",
         ],
         ["empty.txt", "empty"],
+    ),
+    "embed_file: existing output without --overwrite": (
+        lambda f: [
+            "elmo_jax.embed_file",
+            f"--model={f['model']}",
+            f"--input={f['good']}",
+            f"--output={f['existing_output']}",
+        ],
+        ["existing_output.txt already exists", "--overwrite"],
+    ),
+    "embed_file: existing output that is not vectors": (
+        lambda f: [
+            "elmo_jax.embed_file",
+            f"--model={f['model']}",
+            f"--input={f['good']}",
+            f"--output={f['existing_output']}",
+            "--overwrite",
+        ],
+        ["existing_output.txt exists and is not an elmo-command HDF5 vectors file"],
+    ),
+    "embed_file: output inside the model directory": (
+        lambda f: [
+            "elmo_jax.embed_file",
+            f"--model={f['model']}",
+            f"--input={f['good']}",
+            f"--output={f['model'] / 'weights.hdf5'}",
+            "--overwrite",
+        ],
+        ["is inside", "a model directory"],
+    ),
+    "vocab: existing output without --overwrite": (
+        lambda f: ["elmo_jax.vocab", f"--files={f['good']}", f"--output={f['existing_output']}"],
+        ["already exists", "--overwrite"],
     ),
     "embed_file: input is a directory": (
         lambda f: [

@@ -54,6 +54,14 @@ def reference(params, tokens):
     return np.asarray(layers)[0]
 
 
+def write_previous_vectors(path) -> bytes:
+    """An earlier output in the elmo-command layout (what --overwrite may replace); returns its bytes."""
+    with h5py.File(path, "w") as f:
+        f["0"] = np.ones((3, 2, 32), np.float32)
+        f["sentence_to_index"] = np.array([json.dumps({"previous results": "0"})], dtype=h5py.string_dtype())
+    return path.read_bytes()
+
+
 def cli(*args):
     return run_command("elmo_jax.embed_file", *args)
 
@@ -195,7 +203,7 @@ def test_a_killed_run_leaves_nothing_under_the_target_name(fixture_dir, tmp_path
     rng = np.random.default_rng(3)
     path = write_lines(tmp_path / "in.txt", [" ".join(s) for s in random_sentences(rng, 20_000, max_len=40)])
     target = tmp_path / "out.hdf5"
-    target.write_bytes(b"previous results")
+    previous = write_previous_vectors(target)
     process = subprocess.Popen(
         command_argv(
             "elmo_jax.embed_file",
@@ -203,6 +211,7 @@ def test_a_killed_run_leaves_nothing_under_the_target_name(fixture_dir, tmp_path
             f"--weights={fixture_dir / 'weights.hdf5'}",
             f"--input={path}",
             f"--output={target}",
+            "--overwrite",
             "--batch_tokens=256",
         ),
         cwd=REPO,
@@ -213,7 +222,7 @@ def test_a_killed_run_leaves_nothing_under_the_target_name(fixture_dir, tmp_path
     )
     try:
         deadline = time.time() + 120
-        while not glob.glob(str(tmp_path / "out.hdf5.*.tmp")) and time.time() < deadline:
+        while not glob.glob(str(tmp_path / ".out.hdf5.*.tmp")) and time.time() < deadline:
             assert process.poll() is None, "embed_file finished before it could be killed"
             time.sleep(0.05)
         time.sleep(1.0)  # well into writing batches
@@ -223,7 +232,7 @@ def test_a_killed_run_leaves_nothing_under_the_target_name(fixture_dir, tmp_path
     finally:
         if process.poll() is None:
             process.kill()
-    assert target.read_bytes() == b"previous results"
+    assert target.read_bytes() == previous
     if signum == signal.SIGTERM:
         assert process.returncode == 143, stderr[-2000:]
         assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith("stopped by SIGTERM")
@@ -262,7 +271,11 @@ def test_bad_input_is_named_and_leaves_no_output(tiny_params, tmp_path):
         ((str(tmp_path / "nope.txt"), out, ef.Options()), FileNotFoundError, "nope.txt: file not found"),
         ((str(tmp_path), out, ef.Options()), IsADirectoryError, "is a directory, expected a text file"),
         ((str(good), str(tmp_path / "no" / "x.hdf5"), ef.Options()), FileNotFoundError, "does not exist"),
-        ((str(good), str(tmp_path), ef.Options()), IsADirectoryError, "expected an .hdf5 file name"),
+        (
+            (str(good), str(tmp_path), ef.Options()),
+            IsADirectoryError,
+            "is a directory; expected an elmo-command HDF5 vectors file",
+        ),
         ((str(good), out, ef.Options(batch_tokens=0)), ValueError, "batch_tokens must be positive"),
         ((str(good), out, ef.Options(layers="mix", mix_scalars=(1.0, 2.0))), ValueError, "expected 3 values"),
         ((str(good), out, ef.Options(layers="top", mix_scalars=(1.0, 2.0, 3.0))), ValueError, "--layers=mix"),
@@ -290,7 +303,7 @@ def test_sentences_longer_than_the_largest_length_bucket(tiny_params, tmp_path):
 def test_input_that_is_the_output_a_pipe_or_changes_is_refused(tiny_params, tmp_path, monkeypatch):
     path = write_lines(tmp_path / "in.txt", ["the bank .", "hello !"])
     before = path.read_bytes()
-    with pytest.raises(ValueError, match="is the --input file"):
+    with pytest.raises(ValueError, match="is the input"):
         ef.embed_file(tiny_params, str(path), str(path))
     assert path.read_bytes() == before
     fifo = tmp_path / "pipe"
@@ -306,13 +319,13 @@ def test_input_that_is_the_output_a_pipe_or_changes_is_refused(tiny_params, tmp_
 
 def test_a_failing_write_is_named_and_leaves_nothing(tiny_params, tmp_path, monkeypatch):
     path = write_lines(tmp_path / "in.txt", ["the bank .", "hello !"])
-    (tmp_path / "out.hdf5").write_bytes(b"previous results")
+    previous = write_previous_vectors(tmp_path / "out.hdf5")
 
     def full_disk(self, key, value):
         raise RuntimeError("Can't write data (file write failed: errno = 28, error message = 'No space left')")
 
     monkeypatch.setattr(h5py.Dataset, "__setitem__", full_disk)
     with pytest.raises(OSError, match=r"--output=.*out\.hdf5: writing the HDF5 file failed .*No space left"):
-        ef.embed_file(tiny_params, str(path), str(tmp_path / "out.hdf5"))
+        ef.embed_file(tiny_params, str(path), str(tmp_path / "out.hdf5"), ef.Options(overwrite=True))
     assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.hdf5"]
-    assert (tmp_path / "out.hdf5").read_bytes() == b"previous results"
+    assert (tmp_path / "out.hdf5").read_bytes() == previous

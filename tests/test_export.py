@@ -248,7 +248,7 @@ def test_overwrite_replaces_only_a_model_directory(tiny_params, tmp_path):
     precious = tmp_path / "mydata"
     precious.mkdir()
     (precious / "thesis.tex").write_text("years of work")
-    with pytest.raises(FileExistsError, match="is not a model directory"):
+    with pytest.raises(FileExistsError, match="is not an elmo-jax model directory"):
         model_dir.write_model_dir(tiny_params, precious, overwrite=True)
     assert (precious / "thesis.tex").read_text() == "years of work"
     assert sorted(os.listdir(tmp_path)) == ["mydata"]

@@ -21,8 +21,9 @@ import pytest
 import elmo_jax
 from elmo_jax.data.training_corpus import open_training_data
 from elmo_jax.formats.vocab_file import Vocab
-from elmo_jax.training import heldout, loop, settings
+from elmo_jax.training import heldout, loop, settings, sharding, start
 from elmo_jax.training.checkpoint import Checkpoints
+from elmo_jax.training.jitted_steps import jit_steps
 from elmo_jax.training.train_step import init_train_state
 from tests.support.compare import assert_trees_equal, read_metrics, restored, without_timing
 from tests.support.configs import TRAINED_STEPS, with_overrides
@@ -189,28 +190,40 @@ def test_metrics_jsonl_and_tensorboard(trained_run):
 # ----------------------------------------------------------------------------- fine-tuning
 
 
-def test_init_from_workdir_keeps_the_softmax_and_export_starts_a_fresh_one(trained_run, corpus, tmp_path):
+def initial_state(config, workdir):
+    """The state a run of `config` in a new `workdir` starts from (`start.resume_or_start`), on the host."""
+    os.makedirs(workdir)
+    data = open_training_data(config.data, workdir)
+    cfg = settings.step_config(config, len(data.vocab))
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
+    steps = jit_steps(mesh, cfg, settings.optimizer(config), config.batch_size)
+    checkpoints = Checkpoints(workdir, async_save=False)
+    try:
+        meta = start.run_meta(config, cfg, data.vocab)
+        state, _, _ = start.resume_or_start(config, cfg, data.vocab, steps, checkpoints, meta)
+    finally:
+        checkpoints.close()
+    return jax.device_get(state)
+
+
+def test_init_from_workdir_keeps_the_softmax_and_export_starts_a_fresh_one(trained_run, tmp_path):
     """A run started from run A's workdir (same vocabulary) begins with A's final biLM and softmax; one
-    started from A's export begins with A's biLM and the fresh softmax of a new run. Learning rate 0
-    keeps the initial parameters in the step-1 checkpoint. The step-1 loss (computed before the update)
-    shows the head start: the same seed gives the same first batch as run A's from-scratch step 1."""
+    started from A's export begins with A's biLM and the fresh softmax of a new run. The first step's
+    loss (computed before its update) shows the head start: the same seed gives the same first batch
+    as run A's from-scratch step 1."""
     workdir_a, config_a = trained_run.workdir, trained_run.config
     state_a, _ = restored(workdir_a)
-    steps = dict(num_train_steps=1, checkpoint_every_steps=1, learning_rate=0.0)
 
-    from_workdir = str(tmp_path / "from_workdir")
-    loop.train_and_evaluate(with_overrides(config_a, init_from=workdir_a, **steps), from_workdir)
-    state_w, _ = restored(from_workdir)
-    assert_trees_equal(state_w.params, state_a.params)
-    loss_a, loss_w = read_metrics(workdir_a)[0]["loss"], read_metrics(from_workdir)[0]["loss"]
+    from_workdir = with_overrides(config_a, init_from=workdir_a, num_train_steps=1, checkpoint_every_steps=1)
+    assert_trees_equal(initial_state(from_workdir, str(tmp_path / "w0")).params, state_a.params)
+    loop.train_and_evaluate(from_workdir, str(tmp_path / "from_workdir"))
+    loss_a, loss_w = read_metrics(workdir_a)[0]["loss"], read_metrics(tmp_path / "from_workdir")[0]["loss"]
     assert loss_w < loss_a - 1.0, (loss_w, loss_a)
 
-    from_export = str(tmp_path / "from_export")
-    loop.train_and_evaluate(with_overrides(config_a, init_from=os.path.join(workdir_a, "export"), **steps), from_export)
-    state_e, _ = restored(from_export)
+    from_export = with_overrides(config_a, init_from=os.path.join(workdir_a, "export"))
+    state_e = initial_state(from_export, str(tmp_path / "w1"))
     assert_trees_equal(state_e.params["bilm"], state_a.params["bilm"])
     cfg = settings.step_config(config_a, len(Vocab.load(os.path.join(workdir_a, "vocab.txt"))))
-    optimizer = settings.optimizer(config_a)
-    fresh = init_train_state(jax.random.key(config_a.seed), cfg, optimizer, config_a.batch_size)
+    fresh = init_train_state(jax.random.key(config_a.seed), cfg, settings.optimizer(config_a), config_a.batch_size)
     assert_trees_equal(state_e.params["softmax"], fresh.params["softmax"])
     assert np.max(np.abs(np.asarray(fresh.params["softmax"]["W"]) - np.asarray(state_a.params["softmax"]["W"]))) > 0.1

@@ -194,7 +194,7 @@ def test_cli_bad_input_is_one_line_and_leaves_the_output_alone(tmp_path, corpus,
     output.parent.mkdir()
     output.write_bytes(b"<S>\n</S>\n<UNK>\nprevious\n")
     before = (output.read_bytes(), os.stat(output).st_mtime_ns)
-    result = run_cli(*(a.format(tmp=tmp_path) for a in args), f"--output={output}")
+    result = run_cli(*(a.format(tmp=tmp_path) for a in args), f"--output={output}", "--overwrite")
     assert result.returncode == 1
     assert result.stderr.startswith(message), result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
@@ -213,3 +213,13 @@ def test_importing_vocab_defines_no_flags():
     from absl import flags
 
     assert "min_count" not in flags.FLAGS and vocab_lib.FLAGS is flags.FLAGS
+
+
+def test_a_byte_order_mark_is_removed_like_the_corpus_reader_does(tmp_path):
+    """Issue #17 case 15: a vocabulary file starting with a UTF-8 BOM (as Windows editors write) was
+    refused with "missing <S>"; it loads as the same vocabulary without one."""
+    path = tmp_path / "vocab.txt"
+    path.write_bytes(b"\xef\xbb\xbf<S>\n</S>\n<UNK>\nthe\n")
+    assert Vocab.load(path).words == ["<S>", "</S>", "<UNK>", "the"]
+    path.write_bytes(b"<S>\n</S>\n<UNK>\n\xef\xbb\xbfthe\n")  # inside the file it is no BOM: part of the token
+    assert Vocab.load(path).words[3] == "\ufeffthe"

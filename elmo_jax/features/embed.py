@@ -8,6 +8,7 @@ same vectors. `initial_state` / `return_state` reproduce the stateful behaviour 
 from __future__ import annotations
 
 import functools
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,7 @@ from elmo_jax.model.bilm import bilm_layers, contextual_layers, remove_boundarie
 from elmo_jax.model.char_cnn import content_bucket, token_embedding
 from elmo_jax.model.config import N_SHIFTED_CHARACTERS
 from elmo_jax.model.lstm import LSTMState, zero_state
-from elmo_jax.model.params import N_DIRECTIONS, BiLMParams
+from elmo_jax.model.params import N_DIRECTIONS, BiLMParams, iter_flat
 from elmo_jax.model.precision import ComputeOptions
 
 # No unrolling by default: on the 2-core CPU, unrolling the LSTM scan 2 / 4 / 20 times made the small
@@ -58,10 +59,7 @@ def embed(
       embedding repeated, then one per LSTM layer, [forward; backward] — with exact zeros at padding;
       mask bool (B, T).
     """
-    if not isinstance(params, BiLMParams):
-        raise ValueError(
-            f"params must be BiLMParams (from load_hdf5, init_params or load), found {type(params).__name__}"
-        )
+    check_params(params)
     C = params.config.max_characters_per_token
     chars = check_char_ids(chars, C)
     if initial_state is None:
@@ -123,10 +121,7 @@ def embed_tokens(
     Returns:
       as `embed`: layers float32 (B, L+1, T, 2P), mask bool (B, T)[, final state].
     """
-    if not isinstance(params, BiLMParams):
-        raise ValueError(
-            f"params must be BiLMParams (from load_hdf5, init_params or load), found {type(params).__name__}"
-        )
+    check_params(params)
     if not isinstance(cache, TokenCache):
         raise ValueError(
             f"cache must be a TokenCache (from build_token_cache or load_token_cache), found {type(cache).__name__}"
@@ -164,6 +159,42 @@ def _embed_tokens_jit(
     if not keep_boundaries:
         layers, mask = remove_boundaries(layers, mask)
     return (layers, mask, state) if return_state else (layers, mask)
+
+
+# Weight arrays already found finite, by id, each with a weak reference that drops its entry when the array
+# is freed (a new array that reuses the id is then checked again).
+_FINITE: dict[int, weakref.ref] = {}
+
+
+def check_params(params) -> None:
+    """Raises ValueError unless `params` is a `BiLMParams` whose weights hold no NaN or Inf.
+
+    Each weight array is checked once, on its device; later calls with the same arrays cost nothing.
+    Under an outer `jax.jit` the values are unknown and only the type is checked.
+    """
+    if not isinstance(params, BiLMParams):
+        raise ValueError(
+            f"params must be BiLMParams (from load_hdf5, init_params or load), found {type(params).__name__}"
+        )
+    for path, leaf in iter_flat(params.weights):
+        if isinstance(leaf, jax.core.Tracer):
+            continue
+        known = _FINITE.get(id(leaf))
+        if known is not None and known() is leaf:
+            continue
+        if not bool(jnp.all(jnp.isfinite(jnp.asarray(leaf)))):
+            raise ValueError(
+                f"params: non-finite weights: {path} holds NaN or Inf; refusing to embed with a diverged or "
+                "damaged model"
+            )
+        try:
+            _FINITE[id(leaf)] = weakref.ref(leaf, functools.partial(_forget_finite, id(leaf)))
+        except TypeError:  # not weak-referenceable: checked on every call
+            pass
+
+
+def _forget_finite(key: int, _ref) -> None:
+    _FINITE.pop(key, None)
 
 
 def check_char_ids(chars, max_characters_per_token: int):

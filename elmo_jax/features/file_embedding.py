@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import sys
 import time
 
@@ -21,7 +20,8 @@ import numpy as np
 from absl import logging
 
 from elmo_jax.features import sentence_input
-from elmo_jax.formats.vectors_hdf5 import VectorsFile
+from elmo_jax.formats import output_paths
+from elmo_jax.formats.vectors_hdf5 import VECTORS_FILE, VectorsFile
 from elmo_jax.model.char_cnn import content_bucket
 
 LAYER_MODES = ("all", "top", "average", "mix")
@@ -43,6 +43,7 @@ class Options:
     bucketing: bool = True
     sentence_index: bool = True
     progress: bool = False
+    overwrite: bool = False  # replace an existing output, if it is an elmo-command HDF5 file
 
 
 def embed_file(
@@ -71,9 +72,7 @@ def embed_file(
     """
     from elmo_jax.features import length_buckets
 
-    check_output_path(output_path)
-    if os.path.exists(output_path) and os.path.exists(input_path) and os.path.samefile(input_path, output_path):
-        raise ValueError(f"--output={output_path} is the --input file; writing there would destroy the input")
+    check_output_path(output_path, options.overwrite, inputs=[input_path])
     mix = _mix_weights(options, params.config.n_output_layers)
     summary = summary or sentence_input.scan(
         input_path,
@@ -126,15 +125,11 @@ def embed_file(
     return counts
 
 
-def check_output_path(path: str) -> None:
-    """Raises (naming --output) unless a new file can be created at `path`."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"--output={path}: is a directory, expected an .hdf5 file name")
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"--output={path}: directory {directory} does not exist")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise PermissionError(f"--output={path}: directory {directory} is not writable")
+def check_output_path(path: str, overwrite: bool = False, *, inputs=()) -> None:
+    """Raises (naming --output) unless the vectors file may be written at `path` (`output_paths`: not an
+    existing file unless `overwrite` and it is an elmo-command HDF5 file, not one of `inputs`, not
+    inside a model directory or workdir)."""
+    output_paths.check_output(path, VECTORS_FILE, overwrite=overwrite, inputs=inputs)
 
 
 def _batches(input_path, batcher, output, max_tokens: int, blank_lines: str, C: int):

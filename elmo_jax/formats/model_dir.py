@@ -30,13 +30,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from elmo_jax.formats import atomic_write
+from elmo_jax.formats import atomic_write, output_paths
+from elmo_jax.formats.output_paths import MODEL_FORMAT, MODEL_MANIFEST, is_model_directory
 from elmo_jax.model.config import BiLMConfig, read_options
-from elmo_jax.model.params import BiLMParams, from_flat, iter_flat, weight_shapes
+from elmo_jax.model.params import BiLMParams, check_finite, from_flat, iter_flat, weight_shapes
 
-FORMAT = "elmo-jax model directory"
+FORMAT = MODEL_FORMAT
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
+MANIFEST = MODEL_MANIFEST
 OPTIONS, WEIGHTS, PARAMS, EXTRACTOR, VOCAB, USAGE = (
     "options.json",
     "weights.hdf5",
@@ -57,6 +58,8 @@ def write_model_dir(
     source: str = "",
     compute_dtype: str = "float32",
     overwrite: bool = False,
+    inputs=(),
+    allow_inside: str | None = None,
 ) -> dict[str, Any]:
     """Writes a complete model directory at `directory`; returns its manifest.
 
@@ -67,17 +70,21 @@ def write_model_dir(
       vocab: or a `Vocab` to write (not both).
       source: where the weights came from (a workdir and step, or HDF5 files), recorded in the manifest.
       compute_dtype: matmul precision baked into the extractor ("float32" or "bfloat16").
-      overwrite: replace an existing directory (only after the new one is complete).
+      overwrite: replace an existing model directory (only after the new one is complete; never a
+        directory that is not exactly an earlier export, see `output_paths`).
+      inputs: files the caller read the model from (the output may not be or hold one of them).
+      allow_inside: a workdir the caller owns, where the directory may be written (training's export).
 
     Raises:
-      FileExistsError, FileNotFoundError, NotADirectoryError: the target cannot be written; nothing is
-        touched.
+      FileExistsError, FileNotFoundError, NotADirectoryError, PermissionError, ValueError: the target
+        cannot be written (`output_paths.check_output`), or the weights are not finite; nothing is touched.
     """
     from elmo_jax.formats import extractor, weights_hdf5  # weights_hdf5 imports h5py; extractor traces the model
 
     target = os.path.abspath(os.fspath(directory))
-    check_target(target, overwrite)
+    check_target(target, overwrite, inputs=inputs, allow_inside=allow_inside)
     host = BiLMParams(weights=jax.tree.map(np.asarray, jax.device_get(params.weights)), config=params.config)
+    check_finite(host.weights, f"cannot write the model directory {target}")
     staging = atomic_write.temporary_directory(target)
     try:
         weights_hdf5.save_hdf5(host, os.path.join(staging, OPTIONS), os.path.join(staging, WEIGHTS))
@@ -135,6 +142,7 @@ def load(directory: str | os.PathLike, *, verify: bool = True) -> BiLMParams:
     for key, shape in expected.items():
         if flat[key].shape != shape or flat[key].dtype != np.float32:
             raise ValueError(f"{params_file}: {key!r} is {flat[key].dtype} {flat[key].shape}, expected float32 {shape}")
+    check_finite(flat, params_file)
     return BiLMParams(weights=from_flat({k: jax.numpy.asarray(v) for k, v in flat.items()}), config=config)
 
 
@@ -277,26 +285,27 @@ def _check_file(directory: str, name: str, entry: dict, verify: bool) -> None:
         raise ValueError(f"{path}: contents differ from {MANIFEST} (SHA-256 mismatch: corrupted or edited)")
 
 
-def check_target(target: str, overwrite: bool) -> None:
-    """Raises if `target` cannot take a new model directory (see `write_model_dir`)."""
-    parent = os.path.dirname(target)
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(f"cannot write {target}: directory {parent} does not exist")
-    if os.path.exists(target):
-        if not os.path.isdir(target):
-            raise NotADirectoryError(f"cannot write the model directory {target}: a file is in the way")
-        if not overwrite:
-            raise FileExistsError(
-                f"{target} already exists; pass --overwrite to replace it (the old one is "
-                "removed only after the new one is complete)"
-            )
-        if os.listdir(target) and not _is_model_dir(target):
-            raise FileExistsError(
-                f"{target} exists and is not a model directory (no elmo-jax {MANIFEST}); "
-                "--overwrite replaces only an earlier export, never other files"
-            )
-    if not os.access(parent, os.W_OK):
-        raise PermissionError(f"cannot write {target}: directory {parent} is not writable")
+def is_exact_model_dir(directory: str) -> bool:
+    """Whether `directory` is a model directory whose manifest lists exactly the files in it: what
+    `--overwrite` may replace (a folder with a copied manifest, or user files added, is not)."""
+    if not os.path.isdir(directory) or not is_model_directory(directory):
+        return False
+    try:
+        with open(os.path.join(directory, MANIFEST), encoding="utf-8") as f:
+            listed = set(json.load(f).get("files", {}))
+        return listed | {MANIFEST} == set(os.listdir(directory))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
+
+
+MODEL_DIRECTORY = output_paths.Artifact("an elmo-jax model directory", is_directory=True, recognizes=is_exact_model_dir)
+
+
+def check_target(target: str, overwrite: bool, *, inputs=(), flag: str = "--output", allow_inside=None) -> str:
+    """Raises unless a model directory may be written at `target` (`output_paths.check_output`)."""
+    return output_paths.check_output(
+        target, MODEL_DIRECTORY, overwrite=overwrite, inputs=inputs, flag=flag, allow_inside=allow_inside
+    )
 
 
 def _replace_dir(staging: str, target: str) -> None:
@@ -313,14 +322,6 @@ def _replace_dir(staging: str, target: str) -> None:
         os.rename(aside, target)
         raise
     shutil.rmtree(aside, ignore_errors=True)
-
-
-def _is_model_dir(directory: str) -> bool:
-    try:
-        with open(os.path.join(directory, MANIFEST), encoding="utf-8") as f:
-            return json.load(f).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _version(package: str) -> str:

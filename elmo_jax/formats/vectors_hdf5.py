@@ -2,9 +2,10 @@
 
 One dataset per input line, named by its 0-based line index: float (L+1, n, 2P) with all layers,
 (n, 2P) for one vector per token; plus "sentence_to_index", one string holding a JSON object from each
-sentence (its tokens joined by one space) to its dataset name. The file is written under a temporary
-name next to the target and renamed by `commit`; an existing file at the target is only ever replaced
-by a complete one.
+sentence (its tokens joined by one space) to its dataset name. elmo-jax also marks the file with a
+root attribute `format` (`FORMAT`), which h5py readers of the layout never see as a dataset. The file is
+written under a temporary name next to the target and renamed by `commit`; an existing file at the
+target is only ever replaced by a complete one, and only one of these (`VECTORS_FILE`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,33 @@ import os
 import numpy as np
 
 from elmo_jax.formats import atomic_write
+from elmo_jax.formats.output_paths import Artifact
 from elmo_jax.model.config import BiLMConfig
+
+FORMAT = "elmo-jax vectors: AllenNLP elmo-command layout"
+INDEX = "sentence_to_index"
+
+
+def is_vectors_file(path: str) -> bool:
+    """Whether `path` is an HDF5 file in this layout: marked with `FORMAT`, or (written by AllenNLP's
+    `elmo` command) holding only datasets named by line index and `sentence_to_index`."""
+    import h5py
+
+    try:
+        if not h5py.is_hdf5(path):
+            return False
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") == FORMAT:
+                return True
+            names = list(f.keys())
+            return bool(names) and all(
+                (name.isdigit() or name == INDEX) and isinstance(f[name], h5py.Dataset) for name in names
+            )
+    except (OSError, ValueError):
+        return False
+
+
+VECTORS_FILE = Artifact("an elmo-command HDF5 vectors file", is_directory=False, recognizes=is_vectors_file)
 
 
 class VectorsFile:
@@ -110,8 +137,9 @@ class VectorsFile:
             raise RuntimeError(f"internal error: lines never embedded: {sorted(self._remaining)[:5]}")
         with self._writing():
             if self.sentence_index:
-                index = self.h5.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype())
+                index = self.h5.create_dataset(INDEX, (1,), dtype=h5py.string_dtype())
                 index[0] = json.dumps(self.index)
+            self.h5.attrs["format"] = FORMAT
             self.h5.close()
             with open(self.tmp, "rb") as f:
                 os.fsync(f.fileno())

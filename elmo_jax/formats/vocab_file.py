@@ -11,16 +11,19 @@ Building a vocabulary from a corpus is `elmo_jax.data.vocab_builder`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from elmo_jax.formats import atomic_write
+from elmo_jax.formats.output_paths import Artifact
 
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
 SPECIALS = (BOS, EOS, UNK)
 MAX_TERM_ID = "!!!MAXTERMID"  # bilm-tf bookkeeping line, not a token
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 class Vocab:
@@ -64,7 +67,8 @@ class Vocab:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Vocab:
-        """Reads a bilm-tf vocabulary file (surrounding whitespace on a line is ignored, as in bilm-tf)."""
+        """Reads a bilm-tf vocabulary file (surrounding whitespace on a line is ignored, as in bilm-tf; a
+        UTF-8 byte-order mark at the start of the file is removed, as the corpus reader does)."""
         path = os.fspath(path)
         if os.path.isdir(path):
             raise IsADirectoryError(f"vocabulary {path} is a directory, expected a file with one token per line")
@@ -73,6 +77,8 @@ class Vocab:
         words, lines = [], []
         with open(path, "rb") as f:
             for number, raw in enumerate(f, start=1):
+                if number == 1 and raw.startswith(UTF8_BOM):  # editors on Windows write one; not part of <S>
+                    raw = raw[len(UTF8_BOM) :]
                 try:
                     word = raw.decode("utf-8").strip()
                 except UnicodeDecodeError as e:
@@ -86,6 +92,10 @@ class Vocab:
     def save(self, path: str | os.PathLike) -> None:
         """Writes one token per line; an existing file is only ever replaced by a complete new one."""
         atomic_write.write_text(path, "".join(word + "\n" for word in self.words))
+
+    def sha256(self) -> str:
+        """A digest of the words in id order: two vocabularies give the same ids exactly when it matches."""
+        return hashlib.sha256("\n".join(self.words).encode("utf-8")).hexdigest()
 
     def __len__(self) -> int:
         return len(self.words)
@@ -107,3 +117,14 @@ class Vocab:
         """Ids of `tokens` (T,) int32, OOV -> `unk_id`. No `<S>`/`</S>` are added."""
         lookup, unk = self._word_to_id.get, self.unk_id
         return np.fromiter((lookup(token, unk) for token in tokens), dtype=np.int32)
+
+
+def _is_vocabulary(path: str) -> bool:
+    try:
+        Vocab.load(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+VOCABULARY = Artifact("a bilm-tf vocabulary file", is_directory=False, recognizes=_is_vocabulary)

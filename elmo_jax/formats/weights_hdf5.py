@@ -18,7 +18,7 @@ import numpy as np
 
 from elmo_jax.formats import atomic_write
 from elmo_jax.model.config import BiLMConfig, read_options
-from elmo_jax.model.params import BiLMParams, from_flat, iter_flat, weight_shapes
+from elmo_jax.model.params import BiLMParams, check_finite, from_flat, iter_flat, weight_shapes
 
 
 def load_hdf5(options_file: str | os.PathLike, weight_file: str | os.PathLike) -> BiLMParams:
@@ -73,6 +73,7 @@ def read_weights(weight_file: str | os.PathLike, config: BiLMConfig) -> dict[str
                 if not np.issubdtype(dataset.dtype, np.floating):
                     raise ValueError(f"{path}: dataset {key!r} has dtype {dataset.dtype}, expected float32")
                 out[key] = np.asarray(dataset[...], dtype=np.float32)
+                check_finite({key: out[key]}, path)
             unexpected = sorted(set(found) - set(expected))
     except OSError as e:  # truncated or otherwise unreadable HDF5
         truncated = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", str(e))

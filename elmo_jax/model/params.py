@@ -97,6 +97,25 @@ def iter_flat(tree: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any
             yield path, value
 
 
+def nonfinite_weight(weights: dict[str, Any]) -> str | None:
+    """A description of the first weight holding NaN or Inf ("RNN_0/.../W_0: 12 of 16384 values are NaN
+    or Inf, first at index (0, 3)"), or None when every value is finite. Concrete arrays only."""
+    for path, array in iter_flat(weights):
+        bad = ~np.isfinite(np.asarray(array))
+        if bad.any():
+            first = tuple(int(i) for i in np.argwhere(bad)[0])
+            return f"{path}: {int(bad.sum()):,} of {bad.size:,} values are NaN or Inf, first at index {first}"
+    return None
+
+
+def check_finite(weights: dict[str, Any], source: str) -> None:
+    """Raises ValueError naming `source` and the array when a weight holds NaN or Inf (a diverged run or a
+    damaged file would otherwise give NaN vectors without a word)."""
+    problem = nonfinite_weight(weights)
+    if problem is not None:
+        raise ValueError(f"{source}: non-finite weights: {problem}; refusing to use a diverged or damaged model")
+
+
 def init_params(config: BiLMConfig, key: jax.Array) -> BiLMParams:
     """Fresh parameters with bilm-tf's initialisers, for training from scratch.
 

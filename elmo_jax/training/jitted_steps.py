@@ -33,6 +33,7 @@ class Steps:
       train: (state, batch, content_positions) -> (state, metrics); the state is donated.
       eval: (params, lstm, batch, content_positions) -> (loss sums (D,), counts (D,), lstm).
       zero_lstm: () -> the zero `LSTMState` (D, L, B, ·), sharded like the carried state.
+      finite: state -> bool (): whether every parameter and optimiser value is finite (replicated).
     """
 
     mesh: Mesh
@@ -44,6 +45,7 @@ class Steps:
     train: Any
     eval: Any
     zero_lstm: Any
+    finite: Any
 
 
 @functools.lru_cache(maxsize=16)  # the same jitted functions (and their compile cache) for the same run
@@ -92,6 +94,7 @@ def jit_steps(
         out_shardings=(replicated, replicated, shardings.lstm),
     )
     zero_lstm = jax.jit(lambda: zero_state(cfg.model, batch_size), out_shardings=shardings.lstm)
+    finite = jax.jit(all_finite, in_shardings=(shardings,), out_shardings=replicated)
     return Steps(
         mesh=mesh,
         batch_size=batch_size,
@@ -102,7 +105,14 @@ def jit_steps(
         train=train,
         eval=evaluate,
         zero_lstm=zero_lstm,
+        finite=finite,
     )
+
+
+def all_finite(state) -> jax.Array:
+    """bool (): every parameter and optimiser value of a `TrainState` is finite (no NaN, no Inf)."""
+    leaves = jax.tree.leaves((state.params, state.opt_state))
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)]))
 
 
 def skip_nonfinite_step(step_fn, state, batch):

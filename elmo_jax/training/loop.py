@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import jax
 import ml_collections
+import numpy as np
 from absl import logging
 
 from elmo_jax.data.batch_stream import BiLMBatchStream
@@ -39,9 +40,9 @@ from elmo_jax.training.jitted_steps import Steps, jit_steps
 from elmo_jax.training.metrics_log import MetricsLog
 from elmo_jax.training.softmax import padded_vocab_size
 from elmo_jax.training.start import resume_or_start, run_meta
-from elmo_jax.training.step_report import StepReport, log_resume
+from elmo_jax.training.step_report import StepReport, TrainingError, log_resume
 from elmo_jax.training.train_step import StepConfig, TrainState
-from elmo_jax.training.workdir import make_workdir
+from elmo_jax.training.workdir import WorkdirLock, make_workdir
 
 
 @dataclasses.dataclass
@@ -79,43 +80,34 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       TrainingError: a non-finite loss or gradient (beyond `max_nonfinite_steps` skipped steps).
       CheckpointWriteError (an OSError): a checkpoint could not be written; the previous one is intact.
       CheckpointCorruptError (a ValueError): checkpoints exist but none restores.
+      WorkdirInUseError (an OSError): another run holds the workdir.
     """
-    # A mesh, batch or schedule that cannot work is reported before anything is written or compiled.
-    settings.check_schedule(config)
+    # A config, mesh or batch that cannot work is reported before anything is written or compiled.
+    settings.check_config(config)
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
     sharding.check_training_mesh(mesh, config.batch_size, jax.process_count())
     make_workdir(workdir, config)
+    with WorkdirLock(workdir):  # one run per workdir; a second one stops here, naming the first
+        return _train(config, workdir, mesh)
+
+
+def _train(config: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, float]:
+    """`train_and_evaluate` once the workdir is held: data, steps, resume, the loop, the end."""
     is_main = jax.process_index() == 0
     data = _open_data(config, workdir, is_main)
     cfg = settings.step_config(config, len(data.vocab))
-    steps = jit_steps(
-        mesh, cfg, settings.optimizer(config), config.batch_size, skip_nonfinite=config.max_nonfinite_steps > 0
-    )
-    block, blocks = sharding.process_rows(steps.batch, config.batch_size)
-    stream = BiLMBatchStream(
-        data.train,
-        data.vocab,
-        batch_size=config.batch_size,
-        unroll_steps=config.unroll_steps,
-        seed=config.seed,
-        process_index=block,
-        process_count=blocks,
-        max_characters_per_token=cfg.model.max_characters_per_token,
-        reset_probability=config.state_reset_probability,
-    )
-    heldout = (
-        None
-        if data.heldout is None
-        else (
-            lambda params: heldout_perplexity(
-                params, cfg, data.heldout, data.vocab, config.batch_size, config.eval_max_batches, steps=steps
-            )
+    optimizer = settings.optimizer(config)
+    steps = jit_steps(mesh, cfg, optimizer, config.batch_size, skip_nonfinite=config.max_nonfinite_steps > 0)
+    stream = _training_stream(config, cfg, data, steps)
+    heldout = None
+    if data.heldout is not None:
+        heldout = lambda params: heldout_perplexity(
+            params, cfg, data.heldout, data.vocab, config.batch_size, config.eval_max_batches, steps=steps
         )
-    )
     checkpoints = Checkpoints(workdir, keep=config.keep_checkpoints, writer=True)
     log = None
     with preemption.StopSignals() as signals, _closing(checkpoints, lambda: log):
-        run = Run(config, cfg, steps, stream, checkpoints, run_meta(config, cfg), heldout, signals)
+        run = Run(config, cfg, steps, stream, checkpoints, run_meta(config, cfg, data.vocab), heldout, signals)
         state, data_state, skipped = resume_or_start(config, cfg, data.vocab, steps, checkpoints, run.meta)
         if data_state is not None:
             stream.set_state(data_state)
@@ -126,6 +118,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             _log_resumption(run, state, workdir, is_main)
         state = _train_loop(run, state)
         return _finish(run, state, data.vocab, workdir, is_main)
+
+
+def _training_stream(config, cfg: StepConfig, data: TrainingData, steps: Steps) -> BiLMBatchStream:
+    """This process's rows of the global training batch stream."""
+    block, blocks = sharding.process_rows(steps.batch, config.batch_size)
+    return BiLMBatchStream(
+        data.train,
+        data.vocab,
+        batch_size=config.batch_size,
+        unroll_steps=config.unroll_steps,
+        seed=config.seed,
+        process_index=block,
+        process_count=blocks,
+        max_characters_per_token=cfg.model.max_characters_per_token,
+        reset_probability=config.state_reset_probability,
+    )
 
 
 def _train_loop(run: Run, state: TrainState) -> TrainState:
@@ -144,8 +152,9 @@ def _train_loop(run: Run, state: TrainState) -> TrainState:
         # One process stops after the step it was in; several after the step they agreed on.
         stop = stop or (jax.process_count() == 1 and run.signals.received is not None)
         if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps or stop:
-            report(*pending)  # never checkpoint a non-finite state
+            report(*pending)  # never checkpoint a non-finite state: neither a non-finite loss ...
             pending = None
+            _check_finite_state(run, state, done)  # ... nor parameters a finite step made non-finite
             run.checkpoints.save(
                 done,
                 state,
@@ -159,6 +168,18 @@ def _train_loop(run: Run, state: TrainState) -> TrainState:
     if pending is not None:
         report(*pending)
     return state
+
+
+def _check_finite_state(run: Run, state: TrainState, step: int) -> None:
+    """Raises TrainingError when the state after `step` holds NaN or Inf, so it is never checkpointed (a
+    step's loss and gradient can be finite while its update is not, e.g. with a NaN learning rate)."""
+    if not bool(np.asarray(run.steps.finite(state).addressable_data(0))):
+        latest = run.checkpoints.latest_step()
+        kept = f"the last checkpoint, step {latest}, is kept" if latest is not None else "no checkpoint was written"
+        raise TrainingError(
+            f"the parameters or optimiser state after step {step} hold NaN or Inf (its loss and gradient were "
+            f"finite: check the learning rate and initial accumulator); stopped without saving them, {kept}"
+        )
 
 
 def _finish(run: Run, state: TrainState, vocab: Vocab, workdir: str, is_main: bool) -> dict[str, float]:
@@ -196,7 +217,15 @@ def export_model(bilm: BiLMParams, vocab: Vocab, directory: str, source: str = "
     """Writes a model directory (`formats.model_dir`) for a trained biLM, replacing an earlier export only
     once the new one is complete. `bilm` must be addressable here (`multihost.fetch` of the weights)."""
     try:
-        model_dir.write_model_dir(bilm, directory, vocab=vocab, source=source, overwrite=True)
+        # The run owns its workdir: the export may go inside it (other commands may not write there).
+        model_dir.write_model_dir(
+            bilm,
+            directory,
+            vocab=vocab,
+            source=source,
+            overwrite=True,
+            allow_inside=os.path.dirname(os.path.abspath(directory)),
+        )
     except OSError as e:  # e.g. a full disk: the new directory is built aside and renamed only when complete
         raise OSError(
             f"could not write the export to {directory} ({e}); the previous export, if any, is "

@@ -1,14 +1,19 @@
 """What a training config (`configs/default.py`) means: the biLM architecture, the static settings of
-the jitted steps, the optimiser, and the checks its keys must pass before a run writes anything.
+the jitted steps, the optimiser, and the checks every key must pass before a run writes anything.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+
 import ml_collections
 import optax
 
+from elmo_jax.data.text_files import INVALID_UTF8_POLICIES
+from elmo_jax.formats.vocab_file import SPECIALS
 from elmo_jax.model.config import BiLMConfig
-from elmo_jax.model.precision import ComputeOptions
+from elmo_jax.model.precision import COMPUTE_DTYPES, ComputeOptions
 from elmo_jax.training.train_step import StepConfig, make_optimizer
 
 
@@ -37,8 +42,22 @@ def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation
     return make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
 
 
-def check_schedule(config: ml_collections.ConfigDict) -> None:
-    """Raises ValueError naming the key unless the step counts and intervals can work."""
+def check_config(config: ml_collections.ConfigDict) -> None:
+    """Every numeric and enum key of a training config, checked before a run creates anything.
+
+    Raises:
+      ValueError: one line naming the first key at fault (`--config.KEY`), its value and what is
+        expected. The architecture is checked by building the `BiLMConfig`.
+    """
+    problem = next(_config_problems(config), None)
+    if problem is not None:
+        raise ValueError(problem)
+
+
+def _config_problems(config) -> Iterator[str]:
+    def bad(key: str, expected: str) -> str:
+        return f"--config.{key}={_value(config, key)!r}: expected {expected}"
+
     for key in (
         "num_train_steps",
         "batch_size",
@@ -46,9 +65,62 @@ def check_schedule(config: ml_collections.ConfigDict) -> None:
         "checkpoint_every_steps",
         "log_every_steps",
         "keep_checkpoints",
+        "n_negative_samples",
+        "softmax_chunk",
+        "scan_unroll",
     ):
-        if config[key] < 1:
-            raise ValueError(f"--config.{key} must be at least 1, found {config[key]}")
-    for key in ("eval_every_steps", "eval_max_batches", "max_nonfinite_steps"):
-        if config[key] < 0:
-            raise ValueError(f"--config.{key} must be 0 (off) or positive, found {config[key]}")
+        if not _is_int(_value(config, key)) or _value(config, key) < 1:
+            yield (
+                f"--config.{key} must be at least 1, found {_value(config, key)}"
+                if _is_int(_value(config, key))
+                else bad(key, "an integer >= 1")
+            )
+    for key in (
+        "eval_every_steps",
+        "eval_max_batches",
+        "max_nonfinite_steps",
+        "seed",
+        "data.min_count",
+        "data.max_vocab_size",
+        "data.max_line_chars",
+    ):
+        if not _is_int(_value(config, key)) or _value(config, key) < 0:
+            yield (
+                f"--config.{key} must be 0 (off) or positive, found {_value(config, key)}"
+                if _is_int(_value(config, key))
+                else bad(key, "an integer >= 0")
+            )
+    for key in ("learning_rate", "adagrad_initial_accumulator", "clip_norm"):
+        if not _is_finite(_value(config, key)) or _value(config, key) <= 0:
+            yield bad(key, "a finite number > 0")
+    if not _is_finite(config.dropout) or not 0.0 <= config.dropout < 1.0:
+        yield bad("dropout", "a number in [0, 1) (the fraction of each LSTM input dropped)")
+    if not _is_finite(config.state_reset_probability) or not 0.0 <= config.state_reset_probability <= 1.0:
+        yield bad("state_reset_probability", "a probability in [0, 1]")
+    if config.compute_dtype not in COMPUTE_DTYPES:
+        yield bad("compute_dtype", f"one of {', '.join(COMPUTE_DTYPES)}")
+    if config.data.invalid_utf8 not in INVALID_UTF8_POLICIES:
+        yield bad("data.invalid_utf8", f"one of {', '.join(INVALID_UTF8_POLICIES)}")
+    if 0 < config.data.max_vocab_size < len(SPECIALS):
+        yield bad("data.max_vocab_size", f"0 (all) or at least {len(SPECIALS)} (it counts {', '.join(SPECIALS)})")
+    for key in ("mesh.data", "mesh.model"):
+        if not _is_int(_value(config, key)) or (_value(config, key) < 1 and _value(config, key) != -1):
+            yield bad(key, "a positive integer, or -1 (the devices left by the other axis)")
+    try:
+        model_config(config)
+    except (TypeError, ValueError) as e:
+        yield f"--config.model: {e}"
+
+
+def _value(config, key: str):
+    for part in key.split("."):
+        config = config[part]
+    return config
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

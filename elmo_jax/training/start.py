@@ -29,14 +29,16 @@ from elmo_jax.training.jitted_steps import Steps
 from elmo_jax.training.settings import step_config
 from elmo_jax.training.train_step import StepConfig, TrainState, init_train_state, make_optimizer
 
-RESUME_KEYS = ("model_options", "vocab_size", "batch_size", "unroll_steps")  # what a resume must agree on
+RESUME_KEYS = ("model_options", "vocab_size", "vocab_sha256", "batch_size", "unroll_steps")  # must agree to resume
 
 
-def run_meta(config: ml_collections.ConfigDict, cfg: StepConfig) -> dict[str, Any]:
-    """What a checkpoint was made for (saved with it): the model, vocabulary size, batch, and the config."""
+def run_meta(config: ml_collections.ConfigDict, cfg: StepConfig, vocab: Vocab) -> dict[str, Any]:
+    """What a checkpoint was made for (saved with it): the model, the vocabulary (its size and a digest of
+    its words in order, since a softmax row means the word at that id), the batch, and the config."""
     return {
         "model_options": cfg.model.to_options(),
         "vocab_size": cfg.vocab_size,
+        "vocab_sha256": vocab.sha256(),
         "batch_size": config.batch_size,
         "unroll_steps": config.unroll_steps,
         "config": json.loads(config.to_json_best_effort()),
@@ -55,8 +57,15 @@ def _differences(there: Any, here: Any, path: str) -> list[str]:
 
 
 def check_resume(meta: dict, expected: dict, directory: str) -> None:
-    """Raises ValueError naming every difference when a checkpoint's meta is of another run."""
-    differences = [d for key in RESUME_KEYS for d in _differences(meta.get(key), expected[key], key)]
+    """Raises ValueError naming every difference when a checkpoint's meta is of another run. Checkpoints
+    written before the vocabulary digest was saved are compared on the rest."""
+    keys = [key for key in RESUME_KEYS if key in meta or key != "vocab_sha256"]
+    differences = [d for key in keys for d in _differences(meta.get(key), expected[key], key)]
+    if any(d.startswith("vocab_sha256") for d in differences):
+        differences = [d for d in differences if not d.startswith("vocab_sha256")] + [
+            "vocab_sha256: the vocabulary has the same size but other words or another order than the one "
+            "the checkpoints were trained with (each softmax row belongs to the word at its id)"
+        ]
     if differences:
         raise ValueError(
             f"{directory} holds checkpoints of a different run: {'; '.join(differences)}. Use "
@@ -180,7 +189,19 @@ def load_trained(workdir: str, step: int | None = None):
     if not os.path.isdir(workdir):
         raise FileNotFoundError(f"--workdir={workdir}: not a directory")
     state, _, meta = restore_checkpoint(workdir, step)
+    _check_finite_params(state.params, f"{workdir} step {int(state.step)}")
     config = ml_collections.ConfigDict(meta["config"])
     vocab_file = config.data.vocab_file or os.path.join(workdir, "vocab.txt")
     vocab = Vocab.load(vocab_file)
     return state.params, step_config(config, len(vocab)), config, vocab_file, int(state.step)
+
+
+def _check_finite_params(params: dict, source: str) -> None:
+    """Raises ValueError naming the first array of `params` ({"bilm", "softmax"}) that holds NaN or Inf;
+    checked on the device, one array at a time."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        if not bool(jax.numpy.all(jax.numpy.isfinite(leaf))):
+            name = "/".join(str(getattr(p, "key", p)) for p in path)
+            raise ValueError(
+                f"{source}: non-finite weights: {name} holds NaN or Inf; refusing to use a diverged checkpoint"
+            )

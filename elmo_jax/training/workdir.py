@@ -1,5 +1,5 @@
 """A training run's working directory: created only once the settings that can be checked cheaply have
-passed, so a mistake leaves nothing behind.
+passed, so a mistake leaves nothing behind, and held by one run at a time (`WorkdirLock`).
 
     WORKDIR/
       checkpoints/<step>/   orbax checkpoints (state, data stream position, meta)
@@ -8,15 +8,31 @@ passed, so a mistake leaves nothing behind.
       vocab.txt             the vocabulary the run trains with (unless config.data.vocab_file)
       data/                 prepared corpora (unless config.data.cache_dir)
       export/               the model directory written when training ends
+      .elmo_jax.lock        who holds the workdir (pid, host, start, command) while a run is using it
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import json
 import os
+import socket
+import sys
+import time
 
+import jax
 import ml_collections
+from absl import logging
+from jax.experimental import multihost_utils
 
 from elmo_jax.data.training_corpus import check_data
+
+LOCK_FILE = ".elmo_jax.lock"
+
+
+class WorkdirInUseError(OSError):
+    """Another run holds the workdir; the message names it (pid, host, since when, its command)."""
 
 
 def make_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
@@ -28,3 +44,95 @@ def make_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
         os.makedirs(workdir, exist_ok=True)
     except OSError as e:
         raise type(e)(e.errno, f"cannot create --workdir={workdir}: {e.strerror}") from None
+
+
+class WorkdirLock:
+    """Holds a workdir for one training run: `with WorkdirLock(workdir): ...`.
+
+    The lock is an exclusive `flock` on WORKDIR/.elmo_jax.lock, which the kernel releases when the
+    holder exits or dies, so a killed run never blocks the next one. The file says who holds it (pid,
+    host, start time, command), for the one-line error a second run prints. A file that still names a
+    holder while nobody holds the lock is what a killed run left: the new run takes over and says so.
+    On a clean exit the file is emptied (not removed: another run may be opening it).
+
+    With several processes only process 0 locks; the others learn the outcome from it (one host
+    collective), so a refused multi-host run stops on every process at once.
+    """
+
+    def __init__(self, workdir: str):
+        self.path = os.path.join(os.path.abspath(workdir), LOCK_FILE)
+        self._fd: int | None = None
+
+    def __enter__(self) -> WorkdirLock:
+        error = None
+        if jax.process_index() == 0:
+            try:
+                self._acquire()
+            except WorkdirInUseError as e:
+                error = e
+        if jax.process_count() > 1:
+            refused = int(multihost_utils.broadcast_one_to_all(int(error is not None)))
+            if refused and error is None:
+                raise WorkdirInUseError(f"{self.path}: process 0 could not lock the workdir (see its error)")
+        if error is not None:
+            raise error
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, 0)
+            finally:
+                os.close(self._fd)  # releases the flock
+                self._fd = None
+
+    def _acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = _read_holder(fd)
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                raise WorkdirInUseError(
+                    f"{os.path.dirname(self.path)} is in use by another training run ({_describe(holder)}); "
+                    "wait for it to finish or stop it (Ctrl-C or SIGTERM saves a checkpoint), or use another --workdir"
+                ) from None
+            logging.warning(
+                "cannot lock %s (%s): this file system has no locks; make sure no other run uses this workdir",
+                self.path,
+                e.strerror,
+            )
+            return
+        previous = _read_holder(fd)
+        if previous:
+            logging.warning(
+                "taking over %s: its run (%s) ended without releasing it (killed?)", self.path, _describe(previous)
+            )
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": " ".join(sys.argv)[:500],
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(me) + "\n").encode("utf-8"), 0)
+        os.fsync(fd)
+        self._fd = fd
+
+
+def _read_holder(fd: int) -> dict:
+    try:
+        data = os.pread(fd, 65536, 0)
+        return json.loads(data) if data.strip() else {}
+    except (OSError, ValueError):
+        return {"unreadable": True}
+
+
+def _describe(holder: dict) -> str:
+    if not holder or holder.get("unreadable"):
+        return "holder unknown"
+    return (
+        f"pid {holder.get('pid')} on host {holder.get('host')}, since {holder.get('started')}: "
+        f"{holder.get('command', '')}"
+    ).rstrip(": ")

@@ -1,0 +1,86 @@
+"""One training run per workdir (issue #17, cases 5 and 10): a second `train.py` on a workdir in use
+refuses at once with one line naming the holder, and the first run ends exactly as if alone; a lock
+left by a killed run is taken over, saying so."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from elmo_jax.training.workdir import LOCK_FILE, WorkdirInUseError, WorkdirLock
+from tests.support.commands import REPO, command_argv, command_env, error_line, run_command
+from tests.support.compare import read_metrics
+from tests.support.configs import tiny_flags
+
+STEPS = 60
+
+
+def start_run(corpus, workdir, log, seed: int = 0) -> subprocess.Popen:
+    args = tiny_flags(corpus, workdir, num_train_steps=STEPS, checkpoint_every_steps=20, seed=seed)
+    return subprocess.Popen(
+        command_argv("train.py", *args), cwd=REPO, env=command_env(), stdout=subprocess.DEVNULL, stderr=open(log, "wb")
+    )
+
+
+def wait_for(condition, process, timeout=120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, "the first run ended before the second started"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("second_seed", [1, 0], ids=["another_seed", "the_same_command"])
+def test_a_second_run_on_a_workdir_in_use_is_refused(corpus, tmp_path, second_seed):
+    """Case 5 (two runs, seeds 0 and 1, both exited 0 and interleaved metrics.jsonl) and case 10 (the same
+    command twice: every record twice). The second run exits 1 in one line naming the first run's
+    pid and host, writing nothing; the first logs each step once."""
+    workdir = tmp_path / "w"
+    first = start_run(corpus, workdir, tmp_path / "first.log")
+    try:
+        wait_for(lambda: os.path.exists(workdir / "metrics.jsonl"), first)  # it holds the lock by then
+        started = time.monotonic()
+        second = run_command("train.py", *tiny_flags(corpus, workdir, num_train_steps=STEPS, seed=second_seed))
+        line = error_line(second, f"{workdir} is in use by another training run", f"pid {first.pid}")
+        assert os.uname().nodename.split(".")[0] in line
+        assert time.monotonic() - started < 60  # refused at start-up, not after training
+        assert first.wait(timeout=240) == 0, (tmp_path / "first.log").read_text()[-3000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+    steps = [r["step"] for r in read_metrics(workdir)]
+    assert steps == list(range(1, STEPS + 1))
+    assert (workdir / LOCK_FILE).read_text() == ""  # released when the run ended
+
+
+@pytest.mark.slow
+def test_a_killed_runs_lock_is_taken_over(corpus, tmp_path):
+    """A run killed with SIGKILL leaves the lock file naming it; the next run takes over (the kernel
+    released the lock with the process) and says whose lock it was."""
+    workdir = tmp_path / "w"
+    first = start_run(corpus, workdir, tmp_path / "first.log")
+    wait_for(lambda: os.path.exists(workdir / "metrics.jsonl"), first)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=60)
+    holder = json.loads((workdir / LOCK_FILE).read_text())
+    assert holder["pid"] == first.pid
+    result = run_command("train.py", *tiny_flags(corpus, workdir, num_train_steps=STEPS, checkpoint_every_steps=20))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"taking over {workdir / LOCK_FILE}: its run (pid {first.pid}" in result.stderr
+
+
+def test_the_lock_in_one_process(tmp_path):
+    """The lock itself: a second holder is refused naming the first, a released lock is free again."""
+    with WorkdirLock(str(tmp_path)):
+        with pytest.raises(WorkdirInUseError, match=f"pid {os.getpid()} on host"):
+            WorkdirLock(str(tmp_path)).__enter__()  # another open file description: flock refuses it
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert (tmp_path / LOCK_FILE).read_text() == ""
+    with WorkdirLock(str(tmp_path)):
+        pass
