@@ -230,6 +230,13 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN_RE.findall(text)
 
 
+def prose_sentences(text: str) -> Iterator[list[str]]:
+    """The sentences of reST-like prose (a docstring, a documentation page) that read as prose, tokenized
+    as the default corpus is: literal blocks, doctests and directives dropped, inline markup removed."""
+    for paragraph in _paragraphs(text):
+        yield from _sentences(paragraph)
+
+
 def build_default_corpus(out_dir: str | os.PathLike, *, modules: Sequence[str] = MODULES) -> tuple[str, str]:
     """Writes (or reuses) `train.txt`, `heldout.txt` and `manifest.json` in `out_dir`.
 
@@ -328,12 +335,11 @@ def _unique_sentences(stdlib: str, sources: Sequence[str]) -> Iterator[list[str]
         with open(os.path.join(stdlib, path), "rb") as f:
             source = f.read()
         for text in _prose_of(source, all_strings=path in _TEXT_MODULES):
-            for paragraph in _paragraphs(text):
-                for tokens in _sentences(paragraph):
-                    line = " ".join(tokens)
-                    if line not in seen:
-                        seen.add(line)
-                        yield tokens
+            for tokens in prose_sentences(text):
+                line = " ".join(tokens)
+                if line not in seen:
+                    seen.add(line)
+                    yield tokens
 
 
 def _split(sentences: Iterator[list[str]]) -> dict[str, list[list[str]]]:
