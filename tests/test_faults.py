@@ -33,7 +33,7 @@ from elmo_jax.training import loop
 from elmo_jax.training.checkpoint import TMP_SUFFIX
 from elmo_jax.training.start import restore_checkpoint
 from tests.support.commands import LIMIT_FILE_SIZE, REPO, command_argv, command_env
-from tests.support.compare import assert_trees_equal, read_metrics, tree_digest, without_timing
+from tests.support.compare import TRAINING_EXPORT_FILES, assert_trees_equal, read_metrics, tree_digest, without_timing
 from tests.support.configs import tiny_flags
 
 STEPS, EVERY, EVAL_EVERY = 80, 5, 20  # training steps, checkpoint and evaluation intervals
@@ -285,15 +285,7 @@ def test_disk_full_export_keeps_the_previous_export(tiny_params, tmp_path):
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         signal.signal(signal.SIGXFSZ, previous)
-    assert sorted(os.listdir(directory)) == [
-        "USAGE.md",
-        "extractor.jax",
-        "manifest.json",
-        "options.json",
-        "params.npz",
-        "vocab.txt",
-        "weights.hdf5",
-    ]
+    assert sorted(os.listdir(directory)) == TRAINING_EXPORT_FILES
     assert tree_digest(directory) == before
     assert os.listdir(tmp_path) == ["export"]  # the new directory was built aside and removed
 

@@ -25,7 +25,7 @@ from elmo_jax.training import heldout, loop, settings, sharding, start
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.jitted_steps import jit_steps
 from elmo_jax.training.train_step import init_train_state
-from tests.support.compare import assert_trees_equal, read_metrics, restored, without_timing
+from tests.support.compare import TRAINING_EXPORT_FILES, assert_trees_equal, read_metrics, restored, without_timing
 from tests.support.configs import TRAINED_STEPS, with_overrides
 
 N, M = TRAINED_STEPS  # the trained run: N + M steps with a checkpoint every N; run B: N steps, then resumed
@@ -112,15 +112,7 @@ def test_export_loads_and_embeds_like_the_trained_parameters(trained_run, corpus
     checkpoint, which are not the initial ones."""
     workdir, config = trained_run.workdir, trained_run.config
     export = os.path.join(workdir, "export")
-    assert sorted(os.listdir(export)) == [
-        "USAGE.md",
-        "extractor.jax",
-        "manifest.json",
-        "options.json",
-        "params.npz",
-        "vocab.txt",
-        "weights.hdf5",
-    ]
+    assert sorted(os.listdir(export)) == TRAINING_EXPORT_FILES
     assert Vocab.load(os.path.join(export, "vocab.txt")).words == Vocab.load(os.path.join(workdir, "vocab.txt")).words
     loaded = elmo_jax.load_hdf5(os.path.join(export, "options.json"), os.path.join(export, "weights.hdf5"))
     model = settings.model_config(config)

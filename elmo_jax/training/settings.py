@@ -58,7 +58,7 @@ def _config_problems(config) -> Iterator[str]:
     def bad(key: str, expected: str) -> str:
         return f"--config.{key}={_value(config, key)!r}: expected {expected}"
 
-    for key in (
+    positive = (
         "num_train_steps",
         "batch_size",
         "unroll_steps",
@@ -68,14 +68,8 @@ def _config_problems(config) -> Iterator[str]:
         "n_negative_samples",
         "softmax_chunk",
         "scan_unroll",
-    ):
-        if not _is_int(_value(config, key)) or _value(config, key) < 1:
-            yield (
-                f"--config.{key} must be at least 1, found {_value(config, key)}"
-                if _is_int(_value(config, key))
-                else bad(key, "an integer >= 1")
-            )
-    for key in (
+    )
+    zero_or_more = (
         "eval_every_steps",
         "eval_max_batches",
         "max_nonfinite_steps",
@@ -83,13 +77,14 @@ def _config_problems(config) -> Iterator[str]:
         "data.min_count",
         "data.max_vocab_size",
         "data.max_line_chars",
-    ):
-        if not _is_int(_value(config, key)) or _value(config, key) < 0:
-            yield (
-                f"--config.{key} must be 0 (off) or positive, found {_value(config, key)}"
-                if _is_int(_value(config, key))
-                else bad(key, "an integer >= 0")
-            )
+    )
+    for keys, least, wording in ((positive, 1, "must be at least 1"), (zero_or_more, 0, "must be 0 (off) or positive")):
+        for key in keys:
+            value = _value(config, key)
+            if not _is_int(value):
+                yield bad(key, f"an integer >= {least}")
+            elif value < least:
+                yield f"--config.{key} {wording}, found {value}"
     for key in ("learning_rate", "adagrad_initial_accumulator", "clip_norm"):
         if not _is_finite(_value(config, key)) or _value(config, key) <= 0:
             yield bad(key, "a finite number > 0")

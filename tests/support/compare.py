@@ -10,6 +10,16 @@ import jax
 import numpy as np
 
 TIMING_KEYS = ("tokens_per_s", "steps_per_s")  # metrics that differ between otherwise identical runs
+# What a training run's export (WORKDIR/export, a model directory with the run's vocabulary) holds, sorted.
+TRAINING_EXPORT_FILES = [
+    "USAGE.md",
+    "extractor.jax",
+    "manifest.json",
+    "options.json",
+    "params.npz",
+    "vocab.txt",
+    "weights.hdf5",
+]
 
 
 def assert_trees_equal(a, b) -> None:
