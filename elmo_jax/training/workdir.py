@@ -68,12 +68,12 @@ class WorkdirLock:
         if jax.process_index() == 0:
             try:
                 self._acquire()
-            except WorkdirInUseError as e:
+            except OSError as e:  # every process must hear of any failure, or the others wait forever
                 error = e
         if jax.process_count() > 1:
             refused = int(multihost_utils.broadcast_one_to_all(int(error is not None)))
             if refused and error is None:
-                raise WorkdirInUseError(f"{self.path}: process 0 could not lock the workdir (see its error)")
+                raise WorkdirInUseError(f"{self.path}: process 0 could not lock the workdir (see its error line)")
         if error is not None:
             raise error
         return self
