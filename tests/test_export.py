@@ -37,6 +37,7 @@ class Refuse:
 
 sys.meta_path.insert(0, Refuse())
 import jax
+import jax.export
 import numpy as np
 
 model, inputs, outputs = sys.argv[1:]

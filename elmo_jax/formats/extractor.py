@@ -21,6 +21,7 @@ bucket, in one program. The LSTM half is shared by all branches.
 from __future__ import annotations
 
 import jax
+import jax.export  # jax < 0.8 does not import jax.export with jax
 import jax.numpy as jnp
 import numpy as np
 

@@ -208,7 +208,7 @@ def usage_text(config: BiLMConfig) -> str:
 length. It needs jax and NumPy only:
 
 ```python
-import jax, numpy as np
+import jax, jax.export, numpy as np
 
 extract = jax.export.deserialize(open("extractor.jax", "rb").read())
 weights = dict(np.load("params.npz"))

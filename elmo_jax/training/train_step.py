@@ -81,7 +81,7 @@ def init_softmax(key: jax.Array, vocab_size: int, dim: int) -> dict[str, jax.Arr
     rows = padded_vocab_size(vocab_size)
     # The barrier keeps XLA from folding the scale into the sampler's own constants, so the jitted,
     # sharded initialisation gives the same bits as an eager one.
-    W = jax.lax.optimization_barrier(jax.random.normal(key, (rows, dim), jnp.float32)) / np.sqrt(dim)
+    W = jax.lax.optimization_barrier(jax.random.normal(key, (rows, dim), jnp.float32)) * np.float32(1 / np.sqrt(dim))
     real = (jnp.arange(rows) < vocab_size)[:, None]  # (V', 1)
     return {"W": jnp.where(real, W, 0.0), "b": jnp.zeros((rows,), jnp.float32)}
 
