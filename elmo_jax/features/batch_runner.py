@@ -140,6 +140,7 @@ class BatchRunner:
         self.devices = local_devices(devices)
         self.mesh = device_mesh(self.devices)
         replicated = NamedSharding(self.mesh, P())
+        self._rows, self._replicated = NamedSharding(self.mesh, P(AXIS)), replicated
         self._weights = jax.device_put(params.weights, replicated)
         self._mix = jax.device_put(np.asarray(output.mix, np.float32), replicated)
         self._table = None if cache is None else jax.device_put(np.asarray(cache.embeddings, np.float32), replicated)
@@ -162,7 +163,8 @@ class BatchRunner:
         if self.cache is None:
             self.shapes.add(("chars", rows, T, S))
             program = _chars_program(self.mesh, mode, dtype)
-            return program(self.config, compute, self._weights, batch.chars, self._mix)
+            chars = jax.device_put(batch.chars, self._rows)  # explicit: jit takes no host arrays with several processes
+            return program(self.config, compute, self._weights, chars, self._mix)
         found = lookup_rows(self.cache, _padded_tokens(batch), T)
         self.shapes.add(("cache", rows, T, S, found.oov_chars.shape[0]))
         program = _cache_program(self.mesh, mode, dtype)
@@ -171,10 +173,9 @@ class BatchRunner:
             compute,
             self._weights,
             self._table,
-            found.rows,
-            found.oov_index,
-            found.oov_chars,
-            found.mask,
+            *jax.device_put((found.rows, found.oov_index), self._rows),
+            jax.device_put(found.oov_chars, self._replicated),
+            jax.device_put(found.mask, self._rows),
             self._mix,
         )
 
