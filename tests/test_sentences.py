@@ -147,3 +147,12 @@ def test_bad_input_is_named(tiny_params):
     with pytest.raises(ValueError, match="window must be a positive integer"):
         elmo_jax.SentenceEmbedder(tiny_params).stream([["ok"]], window=0)
     assert len(jax.local_devices()) == 8
+
+
+def test_no_sentences_or_only_empty_ones_need_no_program(tiny_params):
+    embedder = elmo_jax.SentenceEmbedder(tiny_params, layers="sentence_mean")
+    assert embedder.embed([]) == []
+    got = embedder.embed([[], []])
+    assert [v.shape for v in got] == [(32,), (32,)] and all(np.all(v == 0.0) for v in got)
+    assert embedder.stats["batches"] == 0 and embedder.stats["compiled_shapes"] == 0
+    assert elmo_jax.embed_sentences(tiny_params, [[]])[0].shape == (3, 0, 32)

@@ -126,6 +126,8 @@ def embed_file(
     )
     index, count = processes.share()
     cache = _token_cache(params, vocabulary, summary) if use_vocabulary else None
+    # Before any staging is touched: a mistake here (--devices) must not cost a stopped run its progress.
+    runner = BatchRunner(params, output, devices=options.devices, compute_dtype=options.compute_dtype, cache=cache)
     identity = _identity(summary, options, params, cache is not None)
     processes.check_same("inputs or arguments", json.dumps(identity, sort_keys=True))
     identity["share"] = [index, count]
@@ -133,7 +135,6 @@ def embed_file(
     processes.barrier("embed_file: staging taken")  # no process removes what another is about to take over
     atomic_write.remove_stale_staging(target, log=logging.warning)
     try:
-        runner = BatchRunner(params, output, devices=options.devices, compute_dtype=options.compute_dtype, cache=cache)
         counts = _embed_share(runner, spool, summary, options, index, count)
         spool.sync()
         spool.close()

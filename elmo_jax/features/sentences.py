@@ -80,7 +80,14 @@ class SentenceEmbedder:
         self.batch_tokens = batch_tokens
         self.C = params.config.max_characters_per_token
         self._ids = CharIdTable(self.C)
-        self.stats = {"sentences": 0, "tokens": 0, "batches": 0, "padded_tokens": 0, "forced_flushes": 0}
+        self.stats = {
+            "sentences": 0,
+            "tokens": 0,
+            "batches": 0,
+            "padded_tokens": 0,
+            "compiled_shapes": 0,
+            "forced_flushes": 0,
+        }
 
     def embed(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """One array per sentence, in input order (see the module doc for the shapes)."""

@@ -88,16 +88,19 @@ class Spool:
 
     def append(self, pieces: Sequence[tuple[int, int, int]], arrays: Sequence[np.ndarray]) -> None:
         """Adds one batch: `pieces[i]` = (line, offset, tokens) whose vectors are `arrays[i]`."""
-        blocks = [np.ascontiguousarray(a).tobytes() for a in arrays]
-        data = b"".join(blocks)
-        sizes = [len(b) for b in blocks]
-        record = {"at": self._size, "bytes": len(data), "crc": zlib.crc32(data), "pieces": pieces, "sizes": sizes}
-        self._data.write(data)
+        crc, sizes = 0, []
+        for array in arrays:  # one copy at most (a strided slice of a batch), then straight to the file
+            block = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            crc = zlib.crc32(block, crc)
+            self._data.write(block)
+            sizes.append(block.nbytes)
         self._data.flush()
+        total = sum(sizes)
+        record = {"at": self._size, "bytes": total, "crc": crc, "pieces": pieces, "sizes": sizes}
         self._journal.write((json.dumps(record, separators=(",", ":")) + "\n").encode())
         self._journal.flush()
         self.pieces.add(pieces, self._size, sizes)
-        self._size += len(data)
+        self._size += total
         if time.monotonic() - self._synced > SYNC_SECONDS:
             self.sync()
 

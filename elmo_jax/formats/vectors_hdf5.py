@@ -1,7 +1,8 @@
 """The HDF5 layout of AllenNLP's `elmo` command, written so that it appears complete or not at all.
 
 One dataset per input line, named by its 0-based line index: float (L+1, n, 2P) with all layers,
-(n, 2P) for one vector per token; plus "sentence_to_index", one string holding a JSON object from each
+(n, 2P) for one vector per token, (2P,) for one per sentence (`sentence_mean`, an elmo-jax addition);
+plus "sentence_to_index", one string holding a JSON object from each
 sentence (its tokens joined by one space) to its dataset name. elmo-jax also marks the file with a
 root attribute `format` (`FORMAT`), which h5py readers of the layout never see as a dataset.
 `embed_file` writes the file (`VectorsWriter`) inside its staging directory and renames it onto the
