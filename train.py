@@ -14,7 +14,6 @@ JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID work as the flags 
 """
 
 import logging as std_logging
-import os
 import sys
 
 from absl import app, flags, logging
@@ -96,17 +95,10 @@ def _error_line(error: BaseException) -> None:
 
 def _start_distributed() -> None:
     """`jax.distributed.initialize()` when this is one of several processes (before any device use)."""
-    explicit = (FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-    if not (FLAGS.distributed or any(v is not None for v in explicit) or "JAX_COORDINATOR_ADDRESS" in os.environ):
-        return
-    if any(v is not None for v in explicit) and any(v is None for v in explicit):
-        raise ValueError(
-            "--coordinator_address, --num_processes and --process_id go together; found "
-            f"{FLAGS.coordinator_address!r}, {FLAGS.num_processes!r}, {FLAGS.process_id!r}"
-        )
     from elmo_jax.training import multihost
 
-    multihost.initialize(
+    multihost.start(
+        FLAGS.distributed,
         FLAGS.coordinator_address,
         FLAGS.num_processes,
         FLAGS.process_id,

@@ -7,6 +7,7 @@ layers, mask = elmo_jax.embed(params, elmo_jax.batch_to_ids([["Hello", "world", 
 
 from elmo_jax.features.embed import embed, embed_tokens
 from elmo_jax.features.mix import ElmoRepresentations, ScalarMix, mix_l2_penalty, scalar_mix
+from elmo_jax.features.sentences import SentenceEmbedder, embed_sentences, stream_sentences
 from elmo_jax.features.task_layers import ElmoTaskLayers, elmo_penalty
 from elmo_jax.features.token_cache import TokenCache, build_token_cache, load_token_cache, save_token_cache
 from elmo_jax.formats.model_dir import load
@@ -24,6 +25,7 @@ __all__ = [
     "ElmoTaskLayers",
     "LSTMState",
     "ScalarMix",
+    "SentenceEmbedder",
     "TokenCache",
     "add_boundaries",
     "batch_to_ids",
@@ -31,6 +33,7 @@ __all__ = [
     "count_parameters",
     "elmo_penalty",
     "embed",
+    "embed_sentences",
     "embed_tokens",
     "init_params",
     "load",
@@ -42,6 +45,7 @@ __all__ = [
     "save_hdf5",
     "save_token_cache",
     "scalar_mix",
+    "stream_sentences",
     "token_to_raw_ids",
     "tokens_to_raw_ids",
     "zero_state",

@@ -63,8 +63,10 @@ def run_main(run: Callable[[], object], argv: list[str] | None = None, hint: str
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(1)
     except (KeyboardInterrupt, Terminated) as e:
+        notes = "".join(f"; {note}" for note in getattr(e, "__notes__", ()))  # e.g. where the progress is kept
         print(
-            f"stopped by {signal_name(e)}: nothing was written under the output name (existing outputs are untouched)",
+            f"stopped by {signal_name(e)}: nothing was written under the output name (existing outputs are "
+            f"untouched){notes}",
             file=sys.stderr,
         )
         # The cleanup has run; skip interpreter teardown, which can crash while XLA still runs the batch

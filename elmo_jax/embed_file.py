@@ -2,29 +2,42 @@
 
     python -m elmo_jax.embed_file --model=MODEL_DIR --input=sentences.txt --output=vectors.hdf5
     python -m elmo_jax.embed_file --options=OPTIONS.json --weights=WEIGHTS.hdf5 --input=... --output=... \\
-        [--layers=all|top|average|mix] [--batch_tokens=4096] [--float16]
+        [--layers=all|top|average|mix|sentence_mean] [--batch_tokens=4096] [--float16] [--devices=0,1]
+    python -m elmo_jax.embed_file ... --coordinator_address=HOST0:1234 --num_processes=2 --process_id=0  # host 0
 
 Input: one whitespace-tokenized sentence per line, UTF-8. Output: one dataset per line, named by its
 0-based line index: (L+1, n, 2P) with --layers=all, (n, 2P) for top (the last LSTM layer), average (the
-mean of the L+1 layers) and mix (gamma * sum_j softmax(s)_j * layer_j with --mix_scalars/--gamma);
-plus "sentence_to_index", a JSON object from each sentence (its tokens joined by one space) to its
-dataset name, as AllenNLP writes it. --float16 stores half-size vectors (relative error ~5e-4).
+mean of the L+1 layers) and mix (gamma * sum_j softmax(s)_j * layer_j with --mix_scalars/--gamma),
+(2P,) for sentence_mean (the mean over the line's tokens of that mix; without --mix_scalars the mix is
+the average of the layers; zeros for a blank line); plus "sentence_to_index", a JSON object from each
+sentence (its tokens joined by one space) to its dataset name, as AllenNLP writes it. --float16 stores
+half-size vectors (relative error ~5e-4).
 
 How it runs: the file is checked first (every line; errors name the line). Sentences are then streamed
 and grouped by length and character-width bucket (`length_buckets`), so memory stays bounded by the
 buckets, whatever the file's size, and XLA compiles one program per bucket that occurs (the count is
-logged). The output is written to a temporary file next to --output and renamed when complete: a
-crash or kill never leaves a truncated file under the target name, and an existing file there is
-only ever replaced by a complete one. Each sentence starts from a zero LSTM state, so its vectors do
-not depend on the file's order or the batch it lands in.
+logged); every batch is split over all local devices (--devices to choose). With --model and a
+vocab.txt in it, the vocabulary's words skip the char CNN (--token_cache=off to compute every token).
+Finished vectors go to a staging directory next to --output, and the file is written from there and
+renamed into place when complete: a crash or kill never leaves a truncated file under the target name,
+and an existing file there is only ever replaced by a complete one. Stopped (SIGTERM, Ctrl-C,
+`kill -9`), the same command continues from the sentences already done; a changed input or changed
+arguments start over, saying why (--resume=false always starts over).
+
+Several processes (hosts) each run the same command with the coordinator flags (or --distributed on a
+TPU pod slice / SLURM, as train.py): each embeds every N-th line on its own devices, and process 0
+writes the one output file, the same as a single process writes. --output must be on a file system
+every process sees.
 """
 
 from __future__ import annotations
 
+import os
+
 from absl import app, flags
 
 from elmo_jax.features import sentence_input
-from elmo_jax.features.file_embedding import LAYER_MODES
+from elmo_jax.features.file_embedding import LAYER_MODES, TOKEN_CACHE_MODES
 
 FLAGS = flags.FLAGS
 
@@ -35,14 +48,20 @@ def define_flags() -> None:
     flags.DEFINE_string("weights", None, "Instead of --model: a published-format HDF5 weight file.")
     flags.DEFINE_string("input", None, "Text file: one tokenized sentence per line.")
     flags.DEFINE_string("output", None, "The HDF5 file to write.")
-    flags.DEFINE_enum("layers", "all", LAYER_MODES, "all: (L+1, n, 2P) per sentence; top, average, mix: (n, 2P).")
+    flags.DEFINE_enum(
+        "layers",
+        "all",
+        LAYER_MODES,
+        "all: (L+1, n, 2P) per sentence; top, average, mix: (n, 2P); sentence_mean: (2P,), the mean over "
+        "tokens of the mix.",
+    )
     flags.DEFINE_list(
         "mix_scalars",
         None,
-        "--layers=mix: the L+1 mix scalars s_j (softmax-normalised), "
+        "--layers=mix or sentence_mean: the L+1 mix scalars s_j (softmax-normalised), "
         "e.g. a trained ScalarMix's; default all 0 (the average).",
     )
-    flags.DEFINE_float("gamma", 1.0, "--layers=mix: the scale gamma.")
+    flags.DEFINE_float("gamma", 1.0, "--layers=mix or sentence_mean: the scale gamma.")
     flags.DEFINE_integer("batch_tokens", 4096, "Padded tokens per batch (rows x length bucket); bounds memory.")
     flags.DEFINE_bool("float16", False, "Store float16 vectors (half the size).")
     flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Matmul precision.")
@@ -63,15 +82,41 @@ def define_flags() -> None:
     flags.DEFINE_bool("sentence_index", True, "Write the sentence_to_index dataset (holds every sentence).")
     flags.DEFINE_bool("progress", True, "Show a progress line on standard error.")
     flags.DEFINE_bool("overwrite", False, "Replace an existing --output, if it is an elmo-command HDF5 file.")
+    flags.DEFINE_list(
+        "devices", None, "Local devices to split batches over (indices into jax.local_devices()); default all."
+    )
+    flags.DEFINE_enum(
+        "token_cache",
+        "auto",
+        TOKEN_CACHE_MODES,
+        "auto: with --model holding a vocab.txt, its words that occur in the input skip the char CNN; off: never.",
+    )
+    flags.DEFINE_bool("resume", True, "Continue a stopped run of the same command (false: start over).")
+    flags.DEFINE_bool(
+        "distributed",
+        False,
+        "Run as one of several processes: jax.distributed.initialize() with the flags below, the JAX_* "
+        "variables, or the cluster JAX detects (TPU pod slices, SLURM).",
+    )
+    flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (implies --distributed).")
+    flags.DEFINE_integer("num_processes", None, "How many processes take part (implies --distributed).")
+    flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes) (implies --distributed).")
 
 
 def run() -> dict:
     from elmo_jax.features.file_embedding import Options, check_output_path, embed_file
     from elmo_jax.formats import model_dir
+    from elmo_jax.training import multihost
 
     for name in ("input", "output"):
         if not getattr(FLAGS, name):
             raise ValueError(f"--{name} is required")
+    try:
+        devices = None if not FLAGS.devices else tuple(int(d) for d in FLAGS.devices)
+    except ValueError:
+        raise ValueError(
+            f"--devices: expected comma-separated device indices, found {','.join(FLAGS.devices)}"
+        ) from None
     try:
         scalars = None if FLAGS.mix_scalars is None else tuple(float(x) for x in FLAGS.mix_scalars)
     except ValueError:
@@ -92,23 +137,38 @@ def run() -> dict:
         sentence_index=FLAGS.sentence_index,
         progress=FLAGS.progress,
         overwrite=FLAGS.overwrite,
+        devices=devices,
+        token_cache=FLAGS.token_cache,
+        resume=FLAGS.resume,
     )
     if options.batch_tokens < 1:
         raise ValueError(f"--batch_tokens must be positive, found {options.batch_tokens}")
     # Everything that can be checked cheaply is, before the model is loaded.
     model_files = [p for p in (FLAGS.model, FLAGS.options, FLAGS.weights) if p]
-    check_output_path(FLAGS.output, options.overwrite, inputs=[FLAGS.input, *model_files])
+    check_output_path(FLAGS.output, options.overwrite, inputs=[FLAGS.input, *model_files], remove_stale=False)
+    vocab_file = os.path.join(FLAGS.model, model_dir.VOCAB) if FLAGS.model else None
+    use_vocabulary = options.token_cache == "auto" and vocab_file is not None and os.path.isfile(vocab_file)
     summary = sentence_input.scan(
         FLAGS.input,
         blank_lines=options.blank_lines,
         max_tokens=options.max_sentence_tokens,
         long_sentences=options.long_sentences,
+        collect_types=use_vocabulary,
     )
+    multihost.start(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     params = model_dir.load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
-    counts = embed_file(params, FLAGS.input, FLAGS.output, options, summary=summary)
+    vocabulary = None
+    if use_vocabulary:
+        from elmo_jax.formats.vocab_file import Vocab
+
+        vocabulary = Vocab.load(vocab_file).words
+    counts = embed_file(params, FLAGS.input, FLAGS.output, options, summary=summary, vocabulary=vocabulary)
+    share = f" (process {counts['process']} of {counts['processes']})" if counts["processes"] > 1 else ""
+    resumed = f", {counts['resumed_lines']:,} of them from the stopped run" if counts["resumed_lines"] else ""
     print(
-        f"wrote {FLAGS.output}: {counts['sentences']:,} sentences, {counts['tokens']:,} tokens in "
-        f"{counts['seconds']:.1f} s ({counts['batches']} batches, {counts['compiled_shapes']} compiled shapes)"
+        f"wrote {FLAGS.output}{share}: {counts['sentences']:,} sentences{resumed}, {counts['tokens']:,} tokens in "
+        f"{counts['seconds']:.1f} s ({counts['batches']} batches, {counts['compiled_shapes']} compiled shapes, "
+        f"{counts['devices']} devices{', token cache' if counts['cached_types'] else ''})"
     )
     return counts
 

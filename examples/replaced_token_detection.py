@@ -181,7 +181,9 @@ def train_and_test(
     model = build_tagger(len(word_index) + 2, bilm)
     key = jax.random.key(settings.seed)
     words, chars, _, mask = encode(train, word_index, [0], max_chars)
-    params = model.init(key, words, chars, mask)["params"]
+    variables = model.init(key, words, chars, mask)
+    params = variables["params"]
+    frozen = {k: v for k, v in variables.items() if k != "params"}  # the "bilm" collection, when ELMo is used
     optimizer = optax.adam(settings.learning_rate)
     opt_state = optimizer.init(params)
 
@@ -189,7 +191,13 @@ def train_and_test(
     def step(params, opt_state, words, chars, labels, mask, key):
         def loss_fn(p):
             logits, state = model.apply(
-                {"params": p}, words, chars, mask, deterministic=False, rngs={"dropout": key}, mutable=["losses"]
+                {"params": p, **frozen},
+                words,
+                chars,
+                mask,
+                deterministic=False,
+                rngs={"dropout": key},
+                mutable=["losses"],
             )
             ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
             return jnp.sum(jnp.where(mask, ce, 0.0)) / jnp.sum(mask) + elmo_jax.elmo_penalty(state)
@@ -198,7 +206,7 @@ def train_and_test(
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    predict = jax.jit(lambda p, w, c, m: jnp.argmax(model.apply({"params": p}, w, c, m), axis=-1))
+    predict = jax.jit(lambda p, w, c, m: jnp.argmax(model.apply({"params": p, **frozen}, w, c, m), axis=-1))
 
     order_rng = np.random.default_rng(settings.seed)  # the same batches for both taggers
     order = np.zeros(0, np.int64)

@@ -17,12 +17,13 @@ import subprocess
 import time
 
 import h5py
+import jax
 import numpy as np
 import pytest
 
 import elmo_jax
+from elmo_jax.features import batch_runner
 from elmo_jax.features import file_embedding as ef
-from elmo_jax.features.embed import _embed_jit
 from elmo_jax.features.length_buckets import LENGTHS
 from elmo_jax.formats import model_dir
 from tests.support.commands import REPO, command_argv, command_env, error_line, run_command
@@ -172,13 +173,16 @@ def expected_buckets(lines, C=50):
     return keys
 
 
-def test_ten_thousand_varied_sentences_compile_one_shape_per_bucket(tiny_params, tmp_path):
+def test_ten_thousand_varied_sentences_compile_at_most_one_program_per_bucket(tiny_params, tmp_path):
+    """Every batch has the shape of a bucket its sentences fall into, and XLA compiles each shape once; a
+    bucket whose few sentences ride in a longer bucket's last batch needs no program of its own."""
     rng = np.random.default_rng(2)
     lengths = np.clip(rng.lognormal(2.0, 0.8, 10_000).astype(int), 1, 120)
     vocabulary = WORDS[:9] + ["internationalization"]
     lines = [" ".join(rng.choice(vocabulary, n)) for n in lengths]
     path = write_lines(tmp_path / "in.txt", lines)
-    compiled_before = _embed_jit._cache_size()
+    program = batch_runner._chars_program(batch_runner.device_mesh(jax.local_devices()), "top", "float32")
+    compiled_before = program._cache_size()
     counts = ef.embed_file(
         tiny_params,
         str(path),
@@ -186,20 +190,21 @@ def test_ten_thousand_varied_sentences_compile_one_shape_per_bucket(tiny_params,
         ef.Options(layers="top", batch_tokens=2048, sentence_index=False),
     )
     buckets = expected_buckets(lines)
-    assert counts["compiled_shapes"] == len(buckets), (counts, sorted(buckets))
-    assert _embed_jit._cache_size() - compiled_before <= len(buckets)
+    assert counts["devices"] == 8 and counts["compiled_shapes"] <= len(buckets), (counts, sorted(buckets))
+    assert program._cache_size() - compiled_before == counts["compiled_shapes"]
     assert counts["sentences"] == 10_000 and counts["tokens"] == int(lengths.sum())
     print(
         f"10,000 sentences ({counts['tokens']:,} tokens, lengths 1-120): {counts['batches']} batches, "
-        f"{counts['compiled_shapes']} compiled shapes, {counts['seconds']:.1f} s"
+        f"{counts['compiled_shapes']} compiled shapes for {len(buckets)} buckets, {counts['seconds']:.1f} s"
     )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
 def test_a_killed_run_leaves_nothing_under_the_target_name(fixture_dir, tmp_path, signum):
-    """SIGKILL: the target keeps its old contents (the temporary file may stay, under another name).
-    SIGTERM: the same, the temporary file is removed too, and the exit code is 143 with one line."""
+    """SIGKILL and SIGTERM: the target keeps its old contents; the staging directory stays, under a hidden
+    name, for the next run to continue from (tests/test_embed_file_resume.py); SIGTERM exits 143 with one
+    line."""
     rng = np.random.default_rng(3)
     path = write_lines(tmp_path / "in.txt", [" ".join(s) for s in random_sentences(rng, 20_000, max_len=40)])
     target = tmp_path / "out.hdf5"
@@ -233,10 +238,11 @@ def test_a_killed_run_leaves_nothing_under_the_target_name(fixture_dir, tmp_path
         if process.poll() is None:
             process.kill()
     assert target.read_bytes() == previous
+    left = sorted(set(os.listdir(tmp_path)) - {"in.txt", "out.hdf5"})
+    assert len(left) == 1 and re.fullmatch(r"\.out\.hdf5\.[^.]+\.\d+\.[^.]+\.tmp", left[0]), left
     if signum == signal.SIGTERM:
         assert process.returncode == 143, stderr[-2000:]
         assert "Traceback" not in stderr and stderr.strip().splitlines()[-1].startswith("stopped by SIGTERM")
-        assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.hdf5"]
 
 
 @pytest.mark.slow

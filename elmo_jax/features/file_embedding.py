@@ -1,30 +1,61 @@
 """Embedding a whole text file into the HDF5 layout of AllenNLP's `elmo` command (`formats.vectors_hdf5`):
 the library half of `python -m elmo_jax.embed_file`.
 
-The file is checked first (every line; errors name the line). Sentences are then streamed and grouped
-by length and character-width bucket (`length_buckets`), so memory stays bounded by the buckets,
-whatever the file's size, and XLA compiles one program per bucket that occurs (the count is logged).
-Each sentence starts from a zero LSTM state, so its vectors do not depend on the file's order or the
-batch it lands in.
+1. The output path is checked, then the input (every line; errors name the line: `sentence_input.scan`).
+2. The run gets its staging directory next to the output (`formats.vector_spool`): a killed run's, taken
+   over when it embedded the same input with the same arguments and model (the run continues from the
+   sentences already done, and says so), or a new one (saying why an old one was not taken).
+3. This process's lines (all of them; with several processes every count-th, `processes.owns`) that
+   the spool does not hold yet are streamed into length x width buckets (`length_buckets`), each batch
+   is run on all local devices (`batch_runner`) while the host prepares the next, and each finished
+   batch is appended to the spool. With a vocabulary (a model directory's vocab.txt), its words that
+   occur in the input skip the char CNN (`token_cache`, the same vectors to 1e-6).
+4. Process 0 writes the output from every process's spool in line order (`file_output`) and renames it
+   into place; the staging directories are removed.
+
+SIGTERM and Ctrl-C keep the staging directory (its spool synced to disk), as does `kill -9`, so running
+the same command again continues; an error removes it. Each sentence starts from a zero LSTM state, so
+its vectors do not depend on the file's order, the batch it lands in, or how the run was split or
+interrupted (up to float32 rounding in other batch shapes, ~1e-7).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-import functools
+import hashlib
+import json
 import sys
 import time
 
-import jax
 import numpy as np
 from absl import logging
 
-from elmo_jax.features import sentence_input
-from elmo_jax.formats import output_paths
-from elmo_jax.formats.vectors_hdf5 import VECTORS_FILE, VectorsFile
-from elmo_jax.model.char_cnn import content_bucket
+from elmo_jax.features import processes, sentence_input
+from elmo_jax.features.batch_runner import OUTPUT_MODES, BatchRunner, output_spec
+from elmo_jax.features.file_output import write_output
+from elmo_jax.features.length_buckets import BucketBatcher, InputOrderBatcher, Piece
+from elmo_jax.features.token_ids import CharIdTable, width_bucket
+from elmo_jax.formats import atomic_write, output_paths, vector_spool
+from elmo_jax.formats.vectors_hdf5 import VECTORS_FILE
+from elmo_jax.model.params import iter_flat
 
-LAYER_MODES = ("all", "top", "average", "mix")
+LAYER_MODES = OUTPUT_MODES
+TOKEN_CACHE_MODES = ("auto", "off")
+IN_FLIGHT = 2  # batches on the devices while the host writes the one before
+# The options that decide the vectors: a spool made with other values is not continued. --batch_tokens,
+# --devices and --bucketing only decide how the work is batched (the vectors agree to float32 rounding).
+IDENTITY_OPTIONS = (
+    "layers",
+    "mix_scalars",
+    "gamma",
+    "float16",
+    "compute_dtype",
+    "blank_lines",
+    "max_sentence_tokens",
+    "long_sentences",
+    "sentence_index",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +75,9 @@ class Options:
     sentence_index: bool = True
     progress: bool = False
     overwrite: bool = False  # replace an existing output, if it is an elmo-command HDF5 file
+    devices: tuple[int, ...] | None = None  # indices into jax.local_devices(); None: all
+    token_cache: str = "auto"  # "auto": cache the vocabulary's words (when there is one); "off"
+    resume: bool = True  # continue a killed run's work on the same input and arguments
 
 
 def embed_file(
@@ -53,6 +87,7 @@ def embed_file(
     options: Options = Options(),
     *,
     summary: sentence_input.InputSummary | None = None,
+    vocabulary=None,
 ) -> dict:
     """Embeds every line of `input_path` into a new HDF5 file at `output_path` (see the module doc).
 
@@ -61,133 +96,233 @@ def embed_file(
       input_path, output_path: the text file and the HDF5 file to write.
       options: see `Options` (the command-line flags).
       summary: `sentence_input.scan` of the input with the same options, if already done.
+      vocabulary: the model's words (a model directory's vocab.txt), for the token cache.
 
     Returns:
-      counts: lines, sentences (datasets written), tokens, blank_lines, split_lines, batches,
-      compiled_shapes (distinct (rows, T, chars) batch shapes), seconds.
+      counts: lines, sentences (datasets written; this process's lines on processes > 0), tokens,
+      blank_lines, split_lines, batches, compiled_shapes (distinct (rows, T, S) programs), padded_tokens,
+      resumed_lines (taken from a killed run), cached_types, processes, devices, seconds.
 
     Raises:
       ValueError / OSError: bad options, input or output path, with the flag, file or line named;
         nothing is left under `output_path` (an existing file there is untouched).
     """
-    from elmo_jax.features import length_buckets
-
-    check_output_path(output_path, options.overwrite, inputs=[input_path])
-    mix = _mix_weights(options, params.config.n_output_layers)
+    target = check_output_path(output_path, options.overwrite, inputs=[input_path], remove_stale=False)
+    output = output_spec(
+        options.layers, params.config.n_output_layers, options.mix_scalars, options.gamma, options.float16
+    )
+    if options.token_cache not in TOKEN_CACHE_MODES:
+        raise ValueError(f"--token_cache must be one of {TOKEN_CACHE_MODES}, found {options.token_cache!r}")
+    if options.batch_tokens < 1:
+        raise ValueError(f"--batch_tokens must be positive, found {options.batch_tokens}")
+    start = time.perf_counter()
+    use_vocabulary = vocabulary is not None and options.token_cache == "auto"
     summary = summary or sentence_input.scan(
         input_path,
         blank_lines=options.blank_lines,
         max_tokens=options.max_sentence_tokens,
         long_sentences=options.long_sentences,
+        collect_types=use_vocabulary,
     )
-    C = params.config.max_characters_per_token
-    batcher = (
-        length_buckets.BucketBatcher(options.batch_tokens, C)
-        if options.bucketing
-        else length_buckets.InputOrderBatcher(options.batch_tokens, C)
-    )
-    progress = _Progress(summary.lines - summary.blank, summary.tokens, enabled=options.progress)
-    start, shapes, batches = time.perf_counter(), set(), 0
-    with VectorsFile(
-        output_path,
-        params.config,
-        layers=options.layers,
-        float16=options.float16,
-        sentence_index=options.sentence_index,
-    ) as output:
-        pending = None  # the previous batch: written while the device computes the next one
-        for batch in _batches(input_path, batcher, output, options.max_sentence_tokens, options.blank_lines, C):
-            shapes.add(batch.chars.shape + (content_bucket(batch.chars, C),))
-            result = _embed_batch(params, batch.chars, options, mix)
-            if pending is not None:
-                progress.update(*output.write_batch(*pending))
-            pending, batches = (batch, result), batches + 1
-        if pending is not None:
-            progress.update(*output.write_batch(*pending))
-        if output.lines_read != summary.lines:
-            raise ValueError(
-                f"--input={input_path}: {output.lines_read:,} lines now, {summary.lines:,} when it was "
-                "checked; the file changed while it was read"
+    index, count = processes.share()
+    cache = _token_cache(params, vocabulary, summary) if use_vocabulary else None
+    # Before any staging is touched: a mistake here (--devices) must not cost a stopped run its progress.
+    runner = BatchRunner(params, output, devices=options.devices, compute_dtype=options.compute_dtype, cache=cache)
+    identity = _identity(summary, options, params, cache is not None)
+    processes.check_same("inputs or arguments", json.dumps(identity, sort_keys=True))
+    identity["share"] = [index, count]
+    staging, spool = _open_spool(target, identity, options.resume)
+    processes.barrier("embed_file: staging taken")  # no process removes what another is about to take over
+    atomic_write.remove_stale_staging(target, log=logging.warning)
+    try:
+        counts = _embed_share(runner, spool, summary, options, index, count)
+        spool.sync()
+        spool.close()
+        processes.barrier("embed_file: embedded")
+        staging_dirs = processes.gather_text(staging)
+        if index == 0:
+            counts["sentences"] = write_output(
+                target,
+                f"--output={output_path}",
+                staging_dirs,
+                summary,
+                output,
+                params.config,
+                skip_blank=options.blank_lines == "skip",
+                sentence_index=options.sentence_index,
             )
-        output.commit()
-    progress.close()
-    counts = {
-        "lines": summary.lines,
-        "sentences": output.datasets,
-        "tokens": summary.tokens,
-        "blank_lines": summary.blank,
-        "split_lines": summary.long,
-        "batches": batches,
-        "compiled_shapes": len(shapes),
-        "seconds": time.perf_counter() - start,
-    }
+        processes.barrier("embed_file: written")
+    except Exception:
+        spool.close()
+        vector_spool.remove(staging)
+        raise
+    except BaseException as interruption:  # SIGTERM, Ctrl-C: keep what was done for the next run
+        spool.sync()
+        spool.close()
+        interruption.add_note(
+            f"the {len(spool.pieces.lines()):,} sentences embedded so far are kept in {staging}; run the same "
+            "command again to continue from them"
+        )
+        raise
+    vector_spool.remove(staging)
+    counts.update(
+        lines=summary.lines,
+        tokens=summary.tokens,
+        blank_lines=summary.blank,
+        split_lines=summary.long,
+        cached_types=0 if cache is None else len(cache),
+        process=index,
+        processes=count,
+        devices=len(runner.devices),
+        seconds=time.perf_counter() - start,
+    )
     _log_summary(summary, counts, options)
     return counts
 
 
-def check_output_path(path: str, overwrite: bool = False, *, inputs=()) -> None:
+def check_output_path(path: str, overwrite: bool = False, *, inputs=(), remove_stale: bool = True) -> str:
     """Raises (naming --output) unless the vectors file may be written at `path` (`output_paths`: not an
     existing file unless `overwrite` and it is an elmo-command HDF5 file, not one of `inputs`, not
-    inside a model directory or workdir)."""
-    output_paths.check_output(path, VECTORS_FILE, overwrite=overwrite, inputs=inputs)
+    inside a model directory or workdir); returns the absolute path."""
+    return output_paths.check_output(path, VECTORS_FILE, overwrite=overwrite, inputs=inputs, remove_stale=remove_stale)
 
 
-def _batches(input_path, batcher, output, max_tokens: int, blank_lines: str, C: int):
-    """Streams the file into the batcher; creates each line's dataset as it goes."""
-    from elmo_jax.features.length_buckets import Piece
-    from elmo_jax.model.chars import tokens_to_raw_ids
+def _identity(summary: sentence_input.InputSummary, options: Options, params, cached: bool) -> dict:
+    """What a spool must have been made from to be continued (JSON-normalised, see `vector_spool`)."""
+    chosen = {name: getattr(options, name) for name in IDENTITY_OPTIONS}
+    chosen["token_cache"] = "vocabulary" if cached else "off"
+    identity = {
+        "input": {"size": summary.size, "sha256": summary.sha256},
+        "options": chosen,
+        "model": weights_digest(params),
+    }
+    return json.loads(json.dumps(identity))
 
-    for line, tokens in sentence_input.lines(input_path):
-        output.lines_read += 1
-        if not tokens and blank_lines == "skip":
+
+def weights_digest(params) -> str:
+    """SHA-256 of the biLM's architecture and every weight."""
+    digest = hashlib.sha256(repr(params.config).encode())
+    for path, value in sorted(iter_flat(params.weights)):
+        array = np.ascontiguousarray(np.asarray(value, np.float32))
+        digest.update(f"{path}{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def _open_spool(target: str, identity: dict, resume: bool) -> tuple[str, vector_spool.Spool]:
+    """The staging directory and spool of this run: a killed run's with the same identity, or a new one."""
+    found = vector_spool.adopt(target, identity, logging.warning) if resume else None
+    if found is not None:
+        staging, pid = found
+        try:
+            spool = vector_spool.Spool.open(staging, identity)
+        except OSError as e:
+            logging.warning(
+                "not resuming from %s (left by pid %d): cannot read it (%s); starting over", staging, pid, e
+            )
+            vector_spool.remove(staging)
+        else:
+            logging.warning(
+                "resuming the run of pid %d: %d sentences already embedded are taken from %s",
+                pid,
+                len(spool.pieces.lines()),
+                staging,
+            )
+            return staging, spool
+    staging = atomic_write.temporary_directory(target)
+    try:
+        return staging, vector_spool.Spool.create(staging, identity)
+    except BaseException:
+        vector_spool.remove(staging)
+        raise
+
+
+def _token_cache(params, vocabulary, summary: sentence_input.InputSummary):
+    """A token cache of the vocabulary's words that occur in the input (all of them when the input has
+    too many types to collect), or None when none occurs."""
+    from elmo_jax.features.token_cache import build_token_cache
+
+    types = summary.types
+    words = [w for w in dict.fromkeys(vocabulary) if types is None or w in types]
+    if not words:
+        return None
+    cache = build_token_cache(params, words)
+    logging.info(
+        "token cache: %d of the vocabulary's words occur in the input; their char CNN is computed once", len(words)
+    )
+    return cache
+
+
+def _embed_share(runner: BatchRunner, spool, summary, options: Options, index: int, count: int) -> dict:
+    """Embeds this process's lines that the spool does not hold, appending each batch to the spool."""
+    C, max_tokens = runner.config.max_characters_per_token, options.max_sentence_tokens
+    if options.bucketing:
+        batcher = BucketBatcher(options.batch_tokens, C, row_multiple=runner.row_multiple)
+    else:
+        batcher = InputOrderBatcher(options.batch_tokens, C, row_multiple=runner.row_multiple)
+    done = _DonePieces(spool.pieces.sorted())
+    resumed = len(spool.pieces.lines())
+    total_lines = -(-(summary.lines - summary.blank) // count)
+    progress = _Progress(total_lines - resumed, -(-summary.tokens // count), enabled=options.progress)
+    ids, keep_tokens = CharIdTable(C), runner.cache is not None
+    pending: collections.deque = collections.deque()
+    counts = {"batches": 0, "lines_read": 0}
+
+    def run(batches) -> None:
+        for batch in batches:
+            pending.append((batch, runner.dispatch(batch)))
+            counts["batches"] += 1
+            while len(pending) > IN_FLIGHT:
+                _finish(runner, spool, progress, *pending.popleft())
+
+    for line, tokens in sentence_input.lines(summary.path):
+        counts["lines_read"] += 1
+        if not tokens or not processes.owns(line, index, count):
             continue
-        output.create(line, tokens)
-        if not tokens:
-            continue  # an empty entry needs no compute
         for offset in range(0, len(tokens), max_tokens):
-            piece = tokens[offset : offset + max_tokens]
-            yield from batcher.add(Piece(line, offset, tokens_to_raw_ids(piece, C) + 1))
-    yield from batcher.flush()
+            if done.has(line, offset):
+                continue
+            part = tokens[offset : offset + max_tokens]
+            chars, width = ids.ids(part)
+            run(batcher.add(Piece(line, offset, chars, width_bucket(width, C), part if keep_tokens else None)))
+    run(batcher.flush())
+    while pending:
+        _finish(runner, spool, progress, *pending.popleft())
+    progress.close()
+    if counts.pop("lines_read") != summary.lines:
+        raise ValueError(f"--input={summary.path}: the file changed while it was read; embed it again")
+    counts.update(
+        sentences=len(spool.pieces.lines()),
+        compiled_shapes=len(runner.shapes),
+        padded_tokens=runner.padded_tokens,
+        resumed_lines=resumed,
+    )
+    return counts
 
 
-def _embed_batch(params, chars: np.ndarray, options: Options, mix):
-    """Dispatches one batch (asynchronously); the layers are reduced and cast on the device."""
-    from elmo_jax.features.embed import embed
-
-    layers, _ = embed(params, chars, compute_dtype=options.compute_dtype)
-    return _reduce(layers, options.layers, mix, "float16" if options.float16 else "float32")
-
-
-@functools.partial(jax.jit, static_argnames=("mode", "dtype"))
-def _reduce(layers, mode: str, mix, dtype: str):
-    """(B, L+1, T, D) -> (B, L+1, T, D) for "all", else (B, T, D); cast to `dtype`."""
-    import jax.numpy as jnp
-
-    if mode == "top":
-        layers = layers[:, -1]
-    elif mode == "average":
-        layers = jnp.mean(layers, axis=1)
-    elif mode == "mix":
-        layers = jnp.einsum("l,bltd->btd", mix, layers, precision="highest")
-    return layers.astype(dtype)
+def _finish(runner: BatchRunner, spool, progress, batch, result) -> None:
+    """Fetches a batch's result (waiting for the devices) and appends its pieces to the spool."""
+    result = np.asarray(result)
+    pieces = batch.pieces
+    spool.append(
+        [(p.line, p.offset, p.n_tokens) for p in pieces],
+        [runner.vectors(result, row, p) for row, p in enumerate(pieces)],
+    )
+    progress.update(sum(p.offset == 0 for p in pieces), sum(p.n_tokens for p in pieces))  # lines by first piece
 
 
-def _mix_weights(options: Options, n_layers: int) -> np.ndarray:
-    """gamma * softmax(s): the --layers=mix weights (ones/n_layers placeholder for other modes)."""
-    if options.layers not in LAYER_MODES:
-        raise ValueError(f"--layers must be one of {LAYER_MODES}, found {options.layers!r}")
-    scalars = options.mix_scalars
-    if scalars is not None and options.layers != "mix":
-        raise ValueError("--mix_scalars goes with --layers=mix")
-    if scalars is None:
-        scalars = (0.0,) * n_layers
-    if len(scalars) != n_layers:
-        raise ValueError(f"--mix_scalars: expected {n_layers} values (one per layer), found {len(scalars)}")
-    s = np.asarray(scalars, np.float64)
-    if not np.all(np.isfinite(s)) or not np.isfinite(options.gamma):
-        raise ValueError("--mix_scalars and --gamma must be finite numbers")
-    weights = np.exp(s - s.max())
-    return (options.gamma * weights / weights.sum()).astype(np.float32)
+class _DonePieces:
+    """Which (line, offset) pieces a resumed spool holds; asked in increasing order."""
+
+    def __init__(self, table: np.ndarray):
+        self.lines, self.offsets = table[:, 0], table[:, 1]  # sorted by (line, offset)
+        self.cursor = 0
+
+    def has(self, line: int, offset: int) -> bool:
+        lines, offsets, n = self.lines, self.offsets, len(self.lines)
+        while self.cursor < n and (lines[self.cursor].item(), offsets[self.cursor].item()) < (line, offset):
+            self.cursor += 1
+        return self.cursor < n and (lines[self.cursor].item(), offsets[self.cursor].item()) == (line, offset)
 
 
 class _Progress:
@@ -233,12 +368,13 @@ def _clock(seconds: float) -> str:
 
 def _log_summary(summary: sentence_input.InputSummary, counts: dict, options: Options) -> None:
     logging.info(
-        "embedded %d sentences (%d tokens) in %.1f s: %d batches, %d compiled shapes",
+        "embedded %d sentences (%d tokens) in %.1f s: %d batches, %d compiled shapes, %d lines resumed",
         counts["sentences"],
         counts["tokens"],
         counts["seconds"],
         counts["batches"],
         counts["compiled_shapes"],
+        counts["resumed_lines"],
     )
     if summary.blank:
         how = {"empty": "written as empty (0-token) entries", "skip": "skipped (no entry)"}[options.blank_lines]

@@ -12,6 +12,7 @@ line index, as in AllenNLP's `elmo` command (line 1 is dataset "0").
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import stat
 from collections.abc import Iterator
@@ -20,11 +21,14 @@ BLANK_LINE_POLICIES = ("empty", "skip", "error")
 LONG_SENTENCE_POLICIES = ("error", "split")
 NUL = b"\x00"
 MAX_LINE_BYTES = 64 << 20  # a "line" longer than this is almost surely not text; never read it whole
+MAX_TYPES = 1 << 20  # distinct tokens `scan` collects at most (for the token cache)
 
 
 @dataclasses.dataclass
 class InputSummary:
-    """What `scan` found: line counts, and the first few blank or split lines (1-based)."""
+    """What `scan` found: line counts, the first few blank or split lines (1-based), the file's size and
+    SHA-256 (what a resumed run compares), and with `collect_types` its distinct tokens (None when there
+    are more than `MAX_TYPES`)."""
 
     path: str
     lines: int = 0
@@ -33,12 +37,20 @@ class InputSummary:
     long: int = 0
     first_blank: list[int] = dataclasses.field(default_factory=list)
     first_long: list[int] = dataclasses.field(default_factory=list)
+    size: int = 0
+    sha256: str = ""
+    types: set[str] | None = None
 
 
 def scan(
-    path: str, *, blank_lines: str = "empty", max_tokens: int = 1024, long_sentences: str = "error"
+    path: str,
+    *,
+    blank_lines: str = "empty",
+    max_tokens: int = 1024,
+    long_sentences: str = "error",
+    collect_types: bool = False,
 ) -> InputSummary:
-    """Checks every line of `path`; returns the counts.
+    """Checks every line of `path`; returns the counts (and its distinct tokens with `collect_types`).
 
     Raises:
       FileNotFoundError / IsADirectoryError: `path` is not a readable file.
@@ -52,10 +64,15 @@ def scan(
         raise ValueError(f"--long_sentences must be one of {LONG_SENTENCE_POLICIES}, found {long_sentences!r}")
     if max_tokens < 1:
         raise ValueError(f"--max_sentence_tokens must be positive, found {max_tokens}")
-    summary = InputSummary(path)
-    for number, tokens in _numbered_lines(path):
+    summary = InputSummary(path, types=set() if collect_types else None)
+    digest = hashlib.sha256()
+    for number, tokens in _numbered_lines(path, digest):
         summary.lines += 1
         summary.tokens += len(tokens)
+        if summary.types is not None:
+            summary.types.update(tokens)
+            if len(summary.types) > MAX_TYPES:
+                summary.types = None
         if not tokens:
             if blank_lines == "error":
                 raise ValueError(
@@ -75,16 +92,18 @@ def scan(
             _keep_first(summary.first_long, number)
     if summary.lines == 0:
         raise ValueError(f"{path}: the input file is empty; expected one tokenized sentence per line")
+    summary.size, summary.sha256 = os.path.getsize(path), digest.hexdigest()
     return summary
 
 
-def lines(path: str) -> Iterator[tuple[int, list[str]]]:
-    """(0-based line index, tokens) for every line, blank ones included; `scan` has checked them."""
-    for number, tokens in _numbered_lines(path):
+def lines(path: str, digest=None) -> Iterator[tuple[int, list[str]]]:
+    """(0-based line index, tokens) for every line, blank ones included; `scan` has checked them.
+    `digest` (a hashlib object), when given, is updated with every byte read."""
+    for number, tokens in _numbered_lines(path, digest):
         yield number - 1, tokens
 
 
-def _numbered_lines(path: str) -> Iterator[tuple[int, list[str]]]:
+def _numbered_lines(path: str, digest=None) -> Iterator[tuple[int, list[str]]]:
     if os.path.isdir(path):
         raise IsADirectoryError(f"--input={path}: is a directory, expected a text file")
     if not os.path.exists(path):
@@ -98,6 +117,8 @@ def _numbered_lines(path: str) -> Iterator[tuple[int, list[str]]]:
         number = 0
         while raw := f.readline(MAX_LINE_BYTES + 1):
             number += 1
+            if digest is not None:
+                digest.update(raw)
             if len(raw) > MAX_LINE_BYTES:
                 raise ValueError(
                     f"{path}:{number}: line longer than {MAX_LINE_BYTES >> 20} MiB; expected one sentence per line"

@@ -2,15 +2,21 @@
 
     elmo = ElmoTaskLayers(bilm=elmo_jax.load_hdf5(options, weights), num_output_representations=2,
                           dropout=0.5, l2_coef=0.001)
-    variables = elmo.init(key, chars)                       # only the mixes' s and gamma (unless finetune_bilm)
+    variables = elmo.init(key, chars)     # {"params": the mixes' s and gamma, "bilm": the frozen weights}
     (reps, mask), state = elmo.apply(variables, chars, deterministic=False, rngs={"dropout": k},
                                      mutable=["losses"])
     loss = task_loss(reps, ...) + elmo_penalty(state)       # reps: list of (B, T, 2P); mask (B, T)
 
-The biLM runs inside the module with its weights behind `jax.lax.stop_gradient`, so a task model's
-optimiser never sees them and their gradient is exactly zero (the paper's recipe: the biLM is frozen,
-only s and gamma are learned). `finetune_bilm=True` instead makes the weights a Flax parameter
-("bilm", initialised from the given ones), so they train with the task (AllenNLP's `requires_grad`).
+The frozen biLM's weights live in their own variable collection, "bilm" (`BILM_COLLECTION`), next to
+"params": `init` fills it from `bilm`, and `apply` reads it from the variables it is given, so under
+`jax.jit` the weights are arguments of the compiled program, never constants baked into it (as a static
+module attribute they were: ~104 MB of program text for the small model, in every compile of a task
+step; now ~0.3 MB). The optimiser is given "params" only, and the weights sit behind
+`jax.lax.stop_gradient` as well, so their gradient is exactly zero (the paper's recipe: the biLM is
+frozen, only s and gamma are learned). Pass the whole `variables` (or `{"params": p, "bilm":
+variables["bilm"]}`) to `apply`. `finetune_bilm=True` instead makes the weights a Flax parameter
+("params"/"bilm", initialised from the given ones), so they train with the task (AllenNLP's
+`requires_grad`).
 
 The mixes are taken with `<S>`/`</S>` present and the boundaries removed afterwards, as AllenNLP's
 `Elmo` does, so layer normalisation sees the same elements (one mean and variance per layer over all
@@ -32,13 +38,15 @@ from elmo_jax.model.lstm import zero_state
 from elmo_jax.model.params import BiLMParams
 from elmo_jax.model.precision import ComputeOptions
 
+BILM_COLLECTION = "bilm"  # the variable collection of the frozen biLM's weights
+
 
 class ElmoTaskLayers(nn.Module):
     """A frozen (or fine-tuned) biLM followed by independent scalar mixes of its layers.
 
     Attributes:
-      bilm: the biLM (`load_hdf5`, `init_params`, `load`); a static attribute, not a variable, unless
-        `finetune_bilm`.
+      bilm: the biLM (`load_hdf5`, `init_params`, `load`): its config, and the weights `init` puts into
+        the "bilm" collection (or into "params" with `finetune_bilm`); `apply` uses the variables' copy.
       num_output_representations: how many independent mixes (2 in the paper for SQuAD/SNLI: at the
         input and the output of the task RNN).
       do_layer_norm: normalise each layer before mixing (AllenNLP's statistics).
@@ -94,9 +102,18 @@ class ElmoTaskLayers(nn.Module):
         return outputs, token_mask(chars)
 
     def _weights(self) -> Any:
+        def initial(*_):
+            return jax.tree.map(jnp.asarray, self.bilm.weights)
+
         if self.finetune_bilm:
-            return self.param("bilm", lambda _: jax.tree.map(jnp.asarray, self.bilm.weights))
-        return jax.lax.stop_gradient(self.bilm.weights)
+            return self.param("bilm", initial)
+        if not self.is_initializing() and not self.has_variable(BILM_COLLECTION, "weights"):
+            raise ValueError(
+                f"ElmoTaskLayers: the variables passed to apply have no {BILM_COLLECTION!r} collection (the frozen "
+                f"biLM's weights); pass everything init returned, e.g. {{'params': params, '{BILM_COLLECTION}': "
+                f"variables['{BILM_COLLECTION}']}}"
+            )
+        return jax.lax.stop_gradient(self.variable(BILM_COLLECTION, "weights", initial).value)
 
 
 def elmo_penalty(state: Any) -> jax.Array:

@@ -310,6 +310,45 @@ class CachedBatch:
 
 def lookup(cache: TokenCache, sentences: Sequence[Sequence[str]]) -> CachedBatch:
     """Looks every token of a batch of tokenized sentences up in `cache`, boundaries added (host-side)."""
+    rows = lookup_rows(cache, sentences)
+    known = np.where((rows.mask & (rows.oov_index < 0))[..., None], cache.embeddings[rows.rows], np.float32(0.0))
+    return CachedBatch(
+        known.astype(np.float32, copy=False),
+        rows.oov_index,
+        rows.oov_chars,
+        rows.n_oov,
+        rows.mask,
+        rows.content_positions,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class CachedRows:
+    """`CachedBatch` with the cache's row numbers in place of the vectors, for a caller that keeps the
+    cache's (V, P) table on the device and gathers there.
+
+    Attributes:
+      rows: int32 (B, T2), the cache row of each known token (0 elsewhere; `oov_index` and `mask` say
+        which entries are cached tokens).
+      oov_index, oov_chars, n_oov, mask, content_positions: as in `CachedBatch`.
+    """
+
+    rows: np.ndarray
+    oov_index: np.ndarray
+    oov_chars: np.ndarray
+    n_oov: int
+    mask: np.ndarray
+    content_positions: int
+
+
+def lookup_rows(cache: TokenCache, sentences: Sequence[Sequence[str]], length: int | None = None) -> CachedRows:
+    """`lookup` without gathering the vectors: row numbers into `cache.embeddings`.
+
+    Args:
+      cache: the token cache.
+      sentences: B tokenized sentences (empty ones are padding rows: `<S>` `</S>` only).
+      length: pad to T2 = length + 2 (at least the longest sentence); None: the longest sentence.
+    """
     if isinstance(sentences, str) or not isinstance(sentences, Sequence) or len(sentences) == 0:
         raise ValueError(
             f"sentences must be a non-empty list of tokenized sentences (lists of str), found {sentences!r:.60}"
@@ -317,10 +356,10 @@ def lookup(cache: TokenCache, sentences: Sequence[Sequence[str]]) -> CachedBatch
     for b, sentence in enumerate(sentences):
         if isinstance(sentence, str) or not isinstance(sentence, Sequence):
             raise ValueError(f"sentence {b} must be a list of str tokens, found {type(sentence).__name__}")
-    B, T2 = len(sentences), max(len(s) for s in sentences) + 2
-    if T2 == 2:
+    B, T2 = len(sentences), max(max(len(s) for s in sentences), length or 0) + 2
+    if T2 == 2 and length is None:
         raise ValueError(f"sentences: all {B} sentences are empty; need at least one token")
-    rows = np.zeros((B, T2), np.int64)
+    rows = np.zeros((B, T2), np.int32)
     oov_index = np.full((B, T2), -1, np.int32)
     mask = np.zeros((B, T2), bool)
     # The boundaries are always computed with the batch: two rows among at least MIN_OOV_ROWS cost
@@ -342,11 +381,10 @@ def lookup(cache: TokenCache, sentences: Sequence[Sequence[str]]) -> CachedBatch
             if 4 * len(token) > longest:  # UTF-8 takes at most 4 bytes per character
                 longest = max(longest, len(token.encode("utf-8", errors="ignore")))
         mask[b, : len(sentence) + 2] = True
-    known = np.where((mask & (oov_index < 0))[..., None], cache.embeddings[rows], np.float32(0.0))
     n_rows = max(1 << max(len(oov) - 1, 0).bit_length(), MIN_OOV_ROWS)  # a power of two
     oov_chars = np.zeros((n_rows, cache.max_characters_per_token), np.int32)
     oov_chars[: len(oov)] = batch_to_ids([list(oov)], cache.max_characters_per_token)[0]
     C = cache.max_characters_per_token
     width = max(min(longest, C - 2) + 2, 3)  # BOW, bytes, EOW, as `char_cnn.content_width`
     content_positions = min(-(-width // 8) * 8, C)  # as `char_cnn.content_bucket`
-    return CachedBatch(known.astype(np.float32, copy=False), oov_index, oov_chars, len(oov), mask, content_positions)
+    return CachedRows(rows, oov_index, oov_chars, len(oov), mask, content_positions)

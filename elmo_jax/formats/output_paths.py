@@ -52,6 +52,7 @@ def check_output(
     inputs: Iterable[str | os.PathLike] = (),
     flag: str = "--output",
     allow_inside: str | os.PathLike | None = None,
+    remove_stale: bool = True,
 ) -> str:
     """Raises (naming `flag`, the path and what was expected) unless `artifact` may be written at `path`.
 
@@ -62,6 +63,9 @@ def check_output(
       inputs: the files the command reads; none may be the output or lie inside it.
       flag: the flag that named the path, for messages.
       allow_inside: a model directory or workdir the caller owns and may write into (training's export).
+      remove_stale: remove what killed writers left staged for `path`; a resumable writer passes False,
+        adopts what it can continue from (`vector_spool.adopt`), then calls
+        `atomic_write.remove_stale_staging` itself.
 
     Returns:
       The absolute path.
@@ -84,7 +88,8 @@ def check_output(
     _check_not_inside_protected(target, shown, allow_inside)
     if exists:
         _check_replaceable(target, shown, artifact, overwrite)
-    atomic_write.remove_stale_staging(target, log=logging.warning)
+    if remove_stale:
+        atomic_write.remove_stale_staging(target, log=logging.warning)
     return target
 
 

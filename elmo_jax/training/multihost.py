@@ -9,6 +9,7 @@ no-op or a plain conversion.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -42,6 +43,28 @@ def initialize(
         jax.local_device_count(),
         jax.device_count(),
     )
+
+
+def start(
+    distributed: bool,
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    local_device_ids: list[int] | None = None,
+) -> bool:
+    """`initialize` when a command runs as one of several processes: --distributed, any of the three
+    coordinator flags (which go together), or JAX_COORDINATOR_ADDRESS in the environment. Returns whether
+    it did (before any device use)."""
+    explicit = (coordinator_address, num_processes, process_id)
+    if not (distributed or any(v is not None for v in explicit) or "JAX_COORDINATOR_ADDRESS" in os.environ):
+        return False
+    if any(v is not None for v in explicit) and any(v is None for v in explicit):
+        raise ValueError(
+            "--coordinator_address, --num_processes and --process_id go together; found "
+            f"{coordinator_address!r}, {num_processes!r}, {process_id!r}"
+        )
+    initialize(coordinator_address, num_processes, process_id, local_device_ids)
+    return True
 
 
 def global_batch(

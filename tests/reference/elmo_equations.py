@@ -152,3 +152,17 @@ def np_lm_outputs(w, config, char_ids, mask, c0, h0, carry, rate=0.0, keep=None)
             for l in range(L):
                 c_final[d, l, b], h_final[d, l, b] = state[l]
     return out, c_final, h_final
+
+
+def np_scalar_mix(layers, s, gamma):
+    """gamma * sum_j softmax(s)_j * layers[j], float64; layers (L, ...)."""
+    w = np.exp(np.asarray(s, np.float64) - np.max(s))
+    w = w / w.sum()
+    return gamma * np.tensordot(w, np.asarray(layers, np.float64), axes=1)
+
+
+def np_sentence_mean(layers, s, gamma):
+    """The pooled sentence vector: the mean over the n real tokens of the scalar mix; layers (L, n, D) -> (D,).
+    A sentence of no tokens pools to zeros."""
+    mixed = np_scalar_mix(layers, s, gamma)  # (n, D)
+    return mixed.mean(axis=0) if mixed.shape[0] else np.zeros(mixed.shape[1:])

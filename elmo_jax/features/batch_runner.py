@@ -1,0 +1,279 @@
+"""Batches of sentences on every local device: the biLM replicated, the batch rows split over a mesh.
+
+A `BatchRunner` puts the biLM's weights on the chosen local devices once (replicated) and runs each
+batch of `length_buckets` as one program: `jax.jit` with in/out shardings over a one-axis mesh
+("batch", `jax.make_mesh`), and inside it `jax.shard_map`, so each device embeds its own rows with no
+communication at all (every sentence is independent; the char CNN's sequential token loop never sees
+another device's rows). Programs are cached per mesh and output, and XLA compiles one per batch shape
+(rows, T, S) that occurs, i.e. one per bucket; `shapes` records them.
+
+The output is reduced on the device, so only what is kept comes back to the host (`OUTPUT_MODES`):
+
+    all            (B, L+1, T, 2P)   every layer
+    top            (B, T, 2P)        the last LSTM layer
+    average        (B, T, 2P)        the mean of the L+1 layers
+    mix            (B, T, 2P)        gamma * sum_j softmax(s)_j * layer_j (`Output.mix`)
+    sentence_mean  (B, 2P) float32   the sum over each row's real tokens of that mix; `pooled` divides
+                                     by the token count (summed over the pieces of a split sentence)
+
+With a `TokenCache`, the char CNN is replaced by a gather from the cache's (V, P) table, kept on the
+devices, for the tokens it holds (`token_cache.lookup_rows`); the others go through the char CNN in
+the same program, as in `embed_tokens`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from elmo_jax.features.embed import check_params
+from elmo_jax.features.length_buckets import Batch, Piece
+from elmo_jax.features.token_cache import TokenCache, check_token_cache, lookup_rows
+from elmo_jax.model.bilm import bilm_layers, contextual_layers, remove_boundaries
+from elmo_jax.model.char_cnn import token_embedding
+from elmo_jax.model.lstm import zero_state
+from elmo_jax.model.params import BiLMParams
+from elmo_jax.model.precision import ComputeOptions
+
+OUTPUT_MODES = ("all", "top", "average", "mix", "sentence_mean")
+AXIS = "batch"
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """What each sentence's vectors become.
+
+    Attributes:
+      mode: one of `OUTPUT_MODES`.
+      mix: (L+1,) layer weights gamma * softmax(s) of "mix" and "sentence_mean".
+      float16: return float16 instead of float32.
+    """
+
+    mode: str
+    mix: tuple[float, ...]
+    float16: bool = False
+
+    @property
+    def dtype(self):
+        return np.float16 if self.float16 else np.float32
+
+
+def output_spec(
+    layers: str, n_layers: int, mix_scalars: Sequence[float] | None = None, gamma: float = 1.0, float16: bool = False
+) -> Output:
+    """Checks the --layers / --mix_scalars / --gamma choices (errors name the flags) and returns the `Output`.
+
+    Without `mix_scalars` the mix is the plain average of the `n_layers` layers (s = 0), so
+    `sentence_mean` is then the mean over tokens of `average`'s vectors.
+    """
+    if layers not in OUTPUT_MODES:
+        raise ValueError(f"--layers must be one of {OUTPUT_MODES}, found {layers!r}")
+    if mix_scalars is not None and layers not in ("mix", "sentence_mean"):
+        raise ValueError("--mix_scalars goes with --layers=mix or --layers=sentence_mean")
+    scalars = (0.0,) * n_layers if mix_scalars is None else tuple(mix_scalars)
+    if len(scalars) != n_layers:
+        raise ValueError(f"--mix_scalars: expected {n_layers} values (one per layer), found {len(scalars)}")
+    s = np.asarray(scalars, np.float64)
+    if not np.all(np.isfinite(s)) or not np.isfinite(gamma):
+        raise ValueError("--mix_scalars and --gamma must be finite numbers")
+    weights = np.exp(s - s.max())
+    mix = (gamma * weights / weights.sum()).astype(np.float32)
+    return Output(layers, tuple(float(w) for w in mix), bool(float16))
+
+
+def local_devices(devices=None) -> list[jax.Device]:
+    """The devices to embed on: all of this process's (None), or the given ones (`jax.Device`s, or
+    indices into `jax.local_devices()`), each at most once."""
+    local = jax.local_devices()
+    if devices is None:
+        return local
+    chosen = []
+    for d in devices:
+        if isinstance(d, (int, np.integer)) and not isinstance(d, bool):
+            if not 0 <= d < len(local):
+                raise ValueError(
+                    f"--devices: {d} is not a local device index (this process has {len(local)}: 0-{len(local) - 1})"
+                )
+            d = local[d]
+        if not isinstance(d, jax.Device) or d not in local:
+            raise ValueError(f"--devices: {d!r} is not one of this process's devices {local}")
+        if d in chosen:
+            raise ValueError(f"--devices: {d} is listed twice")
+        chosen.append(d)
+    if not chosen:
+        raise ValueError("--devices: no device given")
+    return chosen
+
+
+def device_mesh(devices: Sequence[jax.Device]) -> jax.sharding.Mesh:
+    """The one-axis ("batch") mesh over `devices`."""
+    return jax.make_mesh((len(devices),), (AXIS,), axis_types=(jax.sharding.AxisType.Auto,), devices=list(devices))
+
+
+class BatchRunner:
+    """Runs batches of one biLM on a mesh of local devices; see the module doc.
+
+    Args:
+      params: the biLM (checked finite once).
+      output: from `output_spec`.
+      devices: see `local_devices`.
+      compute_dtype: "float32" or "bfloat16" matrix products.
+      cache: a `TokenCache` of this biLM, or None (the char CNN for every token).
+    """
+
+    def __init__(self, params: BiLMParams, output: Output, *, devices=None, compute_dtype="float32", cache=None):
+        check_params(params)
+        if cache is not None:
+            if not isinstance(cache, TokenCache):
+                raise ValueError(f"token_cache must be a TokenCache, found {type(cache).__name__}")
+            check_token_cache(cache, params, weights=False)
+        if compute_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"--compute_dtype must be float32 or bfloat16, found {compute_dtype!r}")
+        self.config, self.output, self.compute_dtype, self.cache = params.config, output, compute_dtype, cache
+        self.devices = local_devices(devices)
+        self.mesh = device_mesh(self.devices)
+        replicated = NamedSharding(self.mesh, P())
+        self._rows, self._replicated = NamedSharding(self.mesh, P(AXIS)), replicated
+        self._weights = jax.device_put(params.weights, replicated)
+        self._mix = jax.device_put(np.asarray(output.mix, np.float32), replicated)
+        self._table = None if cache is None else jax.device_put(np.asarray(cache.embeddings, np.float32), replicated)
+        self.shapes: set[tuple] = set()  # the program shapes run so far
+        self.padded_tokens = 0
+
+    @property
+    def row_multiple(self) -> int:
+        """Batch rows must be a multiple of this (the number of devices)."""
+        return len(self.devices)
+
+    def dispatch(self, batch: Batch) -> jax.Array:
+        """Starts `batch` on the devices; returns its (asynchronous) result."""
+        rows, T, S = batch.shape
+        if rows % self.row_multiple:
+            raise ValueError(f"internal error: {rows} batch rows do not split over {self.row_multiple} devices")
+        compute = ComputeOptions(dtype=self.compute_dtype, content_positions=S)
+        self.padded_tokens += rows * T
+        mode, dtype = self.output.mode, "float16" if self.output.float16 else "float32"
+        if self.cache is None:
+            self.shapes.add(("chars", rows, T, S))
+            program = _chars_program(self.mesh, mode, dtype)
+            chars = jax.device_put(batch.chars, self._rows)  # explicit: jit takes no host arrays with several processes
+            return program(self.config, compute, self._weights, chars, self._mix)
+        found = lookup_rows(self.cache, _padded_tokens(batch), T)
+        self.shapes.add(("cache", rows, T, S, found.oov_chars.shape[0]))
+        program = _cache_program(self.mesh, mode, dtype)
+        return program(
+            self.config,
+            compute,
+            self._weights,
+            self._table,
+            *jax.device_put((found.rows, found.oov_index), self._rows),
+            jax.device_put(found.oov_chars, self._replicated),
+            jax.device_put(found.mask, self._rows),
+            self._mix,
+        )
+
+    def vectors(self, result: np.ndarray, row: int, piece: Piece) -> np.ndarray:
+        """One piece's part of a fetched batch result: (L+1, n, 2P), (n, 2P) or the (2P,) token sum."""
+        mode = self.output.mode
+        if mode == "all":
+            return result[row, :, : piece.n_tokens]
+        if mode == "sentence_mean":
+            return result[row]
+        return result[row, : piece.n_tokens]
+
+    def pooled(self, sums: np.ndarray, n_tokens: int) -> np.ndarray:
+        """`sentence_mean`: the token sum divided by the token count (zeros for an empty sentence)."""
+        return (sums / max(n_tokens, 1)).astype(self.output.dtype)
+
+    def empty(self) -> np.ndarray:
+        """The vectors of a sentence of no tokens."""
+        D, L = self.config.output_dim, self.config.n_output_layers
+        shape = {"all": (L, 0, D), "sentence_mean": (D,)}.get(self.output.mode, (0, D))
+        return np.zeros(shape, self.output.dtype)
+
+
+def _padded_tokens(batch: Batch) -> list[list[str]]:
+    """The batch's tokens per row, empty rows for padding (the token-cache path)."""
+    rows = [piece.tokens for piece in batch.pieces]
+    if any(tokens is None for tokens in rows):
+        raise ValueError("internal error: the token-cache path needs the pieces' tokens")
+    return rows + [[] for _ in range(batch.chars.shape[0] - len(rows))]
+
+
+# `check_vma=False` in the shard_maps below: each device's rows are independent and nothing is communicated,
+# so the varying-manual-axes check has nothing to guard (it would only ask for the LSTM's zero initial
+# state to be marked as varying over the batch axis).
+
+
+def _reduce(layers, mix, mode: str, dtype: str):
+    """(B, L+1, T, D) layers with zeros at padding -> the `mode` output (see the module doc)."""
+    if mode == "top":
+        layers = layers[:, -1]
+    elif mode == "average":
+        layers = jnp.mean(layers, axis=1)
+    elif mode in ("mix", "sentence_mean"):
+        layers = jnp.einsum("l,bltd->btd", mix, layers, precision=jax.lax.Precision.HIGHEST)
+    if mode == "sentence_mean":
+        return jnp.sum(layers, axis=1)  # padding is exactly zero; the host divides by the token count
+    return layers.astype(dtype)
+
+
+def _embed_chars(weights, chars, mix, *, config, compute, mode, dtype):
+    """One device's rows: chars (b, T, C) -> its output."""
+    layers, mask, _ = bilm_layers(
+        BiLMParams(weights, config), chars, zero_state(config, chars.shape[0]), compute=compute
+    )
+    return _reduce(remove_boundaries(layers, mask)[0], mix, mode, dtype)
+
+
+def _embed_cached(weights, table, rows, oov_index, oov_chars, mask, mix, *, config, compute, mode, dtype):
+    """One device's rows from cache rows (b, T2) and the uncached tokens' ids (U, C) -> its output."""
+    oov = token_embedding(weights, config, oov_chars, compute)  # (U, P)
+    computed = jnp.take(oov, jnp.maximum(oov_index, 0), axis=0)  # (b, T2, P)
+    known = jnp.where(((oov_index < 0) & mask)[..., None], jnp.take(table, rows, axis=0), 0.0)
+    tokens = jnp.where((oov_index >= 0)[..., None], computed, known)
+    params = BiLMParams(weights, config)
+    layers, mask, _ = contextual_layers(params, tokens, mask, zero_state(config, rows.shape[0]), compute=compute)
+    return _reduce(remove_boundaries(layers, mask)[0], mix, mode, dtype)
+
+
+@functools.cache
+def _chars_program(mesh, mode: str, dtype: str):
+    """The jitted char-path program for `mesh` (weights and mix replicated, rows split)."""
+    rows, replicated = NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())
+
+    def program(config, compute, weights, chars, mix):
+        body = functools.partial(_embed_chars, config=config, compute=compute, mode=mode, dtype=dtype)
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(AXIS), P()), out_specs=P(AXIS), check_vma=False)(
+            weights, chars, mix
+        )
+
+    return jax.jit(
+        program,
+        in_shardings=(replicated, rows, replicated),
+        out_shardings=rows,
+        static_argnums=(0, 1),
+    )
+
+
+@functools.cache
+def _cache_program(mesh, mode: str, dtype: str):
+    """The jitted token-cache program for `mesh` (weights, table, uncached ids and mix replicated)."""
+    rows, replicated = NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())
+    specs = (P(), P(), P(AXIS), P(AXIS), P(), P(AXIS), P())
+
+    def program(config, compute, weights, table, rows_, oov_index, oov_chars, mask, mix):
+        body = functools.partial(_embed_cached, config=config, compute=compute, mode=mode, dtype=dtype)
+        return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(AXIS), check_vma=False)(
+            weights, table, rows_, oov_index, oov_chars, mask, mix
+        )
+
+    shardings = tuple(rows if spec == P(AXIS) else replicated for spec in specs)
+    return jax.jit(program, in_shardings=shardings, out_shardings=rows, static_argnums=(0, 1))

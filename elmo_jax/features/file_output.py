@@ -1,0 +1,116 @@
+"""The end of `embed_file`: every process's spool into one HDF5 file in the `elmo`-command layout.
+
+Process 0 reads the input once more, in line order, and for each line takes its pieces from the spool of
+the process that embedded it (`processes.owns`), joins them (the token axis of a split sentence; the sums
+of `sentence_mean`, divided by the line's token count) and writes the line's dataset
+(`vectors_hdf5.VectorsWriter`). The file is written inside process 0's staging directory and renamed
+onto the output when complete, so the output is the same file whatever the number of processes, the
+batch size, the devices or the interruptions on the way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from elmo_jax.features import processes, sentence_input
+from elmo_jax.features.batch_runner import Output
+from elmo_jax.formats import atomic_write, vector_spool
+from elmo_jax.formats.vectors_hdf5 import VectorsWriter
+from elmo_jax.model.config import BiLMConfig
+
+
+def write_output(
+    target: str,
+    shown: str,
+    staging_dirs: list[str],
+    summary: sentence_input.InputSummary,
+    output: Output,
+    config: BiLMConfig,
+    *,
+    skip_blank: bool,
+    sentence_index: bool,
+) -> int:
+    """Writes the output from the spools in `staging_dirs` (one per process); returns the datasets written.
+
+    Args:
+      target: the output path; shown: how to name it in errors (--output=...).
+      staging_dirs: by process index; the file is built in the first and renamed onto `target`.
+      summary: `sentence_input.scan` of the input (its lines, size and SHA-256 are checked again).
+      output, config: what the vectors are (`batch_runner.Output`) and the biLM's sizes.
+      skip_blank: blank lines get no dataset (--blank_lines=skip) instead of an empty one.
+      sentence_index: write sentence_to_index.
+    """
+    readers = [_reader(directory) for directory in staging_dirs]
+    count = len(readers)
+    layout = _Layout(output, config)
+    staged = os.path.join(staging_dirs[0], vector_spool.OUTPUT)
+    digest = hashlib.sha256()
+    lines = 0
+    with VectorsWriter(staged, shown, float16=output.float16, sentence_index=sentence_index) as writer:
+        for line, tokens in sentence_input.lines(summary.path, digest):
+            lines += 1
+            if not tokens:
+                if not skip_blank:
+                    writer.add(line, tokens, layout.empty())
+                continue
+            pieces = readers[line % count].pieces(line)
+            writer.add(line, tokens, layout.join(line, pieces, len(tokens)))
+        if lines != summary.lines or digest.hexdigest() != summary.sha256:
+            raise ValueError(f"--input={summary.path}: the file changed while it was read; embed it again")
+        writer.commit()
+    os.chmod(staged, atomic_write.new_file_mode())
+    os.replace(staged, target)
+    return writer.datasets
+
+
+def _reader(directory: str) -> vector_spool.SpoolReader:
+    """The pieces a process's spool holds (it has synced them before the barrier that precedes this)."""
+    table = []
+    with open(os.path.join(directory, vector_spool.JOURNAL), "rb") as journal:
+        for raw in journal:
+            record = json.loads(raw)
+            at = record["at"]
+            for (line, offset, n), size in zip(record["pieces"], record["sizes"]):
+                table.append((line, offset, n, at, size))
+                at += size
+    table = np.asarray(table, np.int64).reshape(-1, 5)
+    table = table[np.lexsort((table[:, 1], table[:, 0]))]
+    return vector_spool.SpoolReader(os.path.join(directory, vector_spool.VECTORS), table)
+
+
+class _Layout:
+    """How a piece's bytes in the spool become the line's vectors."""
+
+    def __init__(self, output: Output, config: BiLMConfig):
+        self.mode, self.dtype = output.mode, output.dtype
+        self.L, self.D = config.n_output_layers, config.output_dim
+
+    def empty(self) -> np.ndarray:
+        shape = {"all": (self.L, 0, self.D), "sentence_mean": (self.D,)}.get(self.mode, (0, self.D))
+        return np.zeros(shape, self.dtype)
+
+    def join(self, line: int, pieces, n_tokens: int) -> np.ndarray:
+        if sum(n for _, n, _ in pieces) != n_tokens:
+            raise RuntimeError(
+                f"internal error: line {line + 1} has {n_tokens} tokens but the spool holds "
+                f"{sum(n for _, n, _ in pieces)} of them"
+            )
+        if self.mode == "sentence_mean":  # float32 sums of the pieces
+            total = sum(np.frombuffer(raw, np.float32).astype(np.float64) for _, _, raw in pieces)
+            return (total / n_tokens).astype(self.dtype)
+        arrays = [
+            np.frombuffer(raw, self.dtype).reshape((self.L, n, self.D) if self.mode == "all" else (n, self.D))
+            for _, n, raw in pieces
+        ]
+        if len(arrays) == 1:
+            return arrays[0]
+        return np.concatenate(arrays, axis=1 if self.mode == "all" else 0)
+
+
+def staging_dirs_of_all(own: str) -> list[str]:
+    """Every process's staging directory, by process index (each process passes its own)."""
+    return processes.gather_text(own)

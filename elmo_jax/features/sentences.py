@@ -1,0 +1,216 @@
+"""Tokenized sentences in memory to vectors: AllenNLP's `ElmoEmbedder.embed_sentences`, batched for XLA.
+
+    vectors = elmo_jax.embed_sentences(params, [["The", "bank", "."], ["Hello", "!"]], layers="top")
+    # [float32 (3, 2P), float32 (2, 2P)], in input order
+
+    embedder = elmo_jax.SentenceEmbedder(params, layers="sentence_mean")
+    for vector in embedder.stream(sentences_from_a_generator):   # input order, bounded memory
+        ...
+    embedder.stats   # sentences, tokens, batches, padded_tokens, compiled_shapes, forced_flushes
+
+A loop of `embed` calls compiles a program for every new (length, character-width) shape it meets (about
+a second each for the original model). Here sentences are grouped into the buckets of `embed_file`
+(`length_buckets`: T from `LENGTHS`, S the char-CNN width bucket, rows(T) = batch_tokens // T), so the
+programs are bounded by the buckets that occur, whatever the number of sentences, and every batch is
+split over all local devices (`batch_runner`). Each sentence starts from a zero LSTM state, so its
+vectors do not depend on its neighbours.
+
+`--layers` modes (`batch_runner.OUTPUT_MODES`): "all" (L+1, n, 2P); "top", "average", "mix" (n, 2P);
+"sentence_mean" (2P,): the mean over the sentence's tokens of the mix gamma * sum_j softmax(s)_j h_j
+(with no `mix_scalars`, s = 0 and gamma = 1: the average of the layers), padding excluded; an empty
+sentence gets zeros. `stream` returns vectors in input order while holding at most `window` sentences
+(waiting in a bucket or done but not yet returned): when the oldest sentence would fall out of the
+window, the bucket holding it is run partly filled.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+from absl import logging
+
+from elmo_jax.features.batch_runner import BatchRunner, output_spec
+from elmo_jax.features.length_buckets import BucketBatcher, Piece
+from elmo_jax.features.token_ids import CharIdTable, width_bucket
+from elmo_jax.model.params import BiLMParams
+
+DEFAULT_WINDOW = 1024  # sentences `stream` holds at most
+IN_FLIGHT = 2  # batches dispatched and not yet fetched: the devices always have the next one queued
+
+
+class SentenceEmbedder:
+    """Embeds tokenized sentences with one biLM on the local devices; keeps its programs and counts.
+
+    Args:
+      params: the biLM (`load`, `load_hdf5`, `init_params`).
+      layers: "all", "top", "average", "mix" or "sentence_mean" (see the module doc).
+      mix_scalars: the L+1 scalars s of "mix" / "sentence_mean" (default all 0: the plain average).
+      gamma: the mix's scale.
+      float16: return float16 vectors.
+      batch_tokens: padded tokens per batch (rows x length bucket): bounds the device memory.
+      devices: local devices to split the rows over (`jax.Device`s or indices into
+        `jax.local_devices()`); None: all of them.
+      compute_dtype: "float32" or "bfloat16" matrix products.
+      token_cache: a `TokenCache` of this biLM: cached tokens skip the char CNN (same vectors to 1e-6).
+    """
+
+    def __init__(
+        self,
+        params: BiLMParams,
+        *,
+        layers: str = "all",
+        mix_scalars: Sequence[float] | None = None,
+        gamma: float = 1.0,
+        float16: bool = False,
+        batch_tokens: int = 4096,
+        devices=None,
+        compute_dtype: str = "float32",
+        token_cache=None,
+    ):
+        if not isinstance(params, BiLMParams):
+            raise ValueError(
+                f"params must be BiLMParams (from load, load_hdf5 or init_params), found {type(params).__name__}"
+            )
+        if not isinstance(batch_tokens, int) or batch_tokens < 1:
+            raise ValueError(f"batch_tokens must be a positive integer, found {batch_tokens!r}")
+        output = output_spec(layers, params.config.n_output_layers, mix_scalars, gamma, float16)
+        self.runner = BatchRunner(params, output, devices=devices, compute_dtype=compute_dtype, cache=token_cache)
+        self.batch_tokens = batch_tokens
+        self.C = params.config.max_characters_per_token
+        self._ids = CharIdTable(self.C)
+        self.stats = {
+            "sentences": 0,
+            "tokens": 0,
+            "batches": 0,
+            "padded_tokens": 0,
+            "compiled_shapes": 0,
+            "forced_flushes": 0,
+        }
+
+    def embed(self, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """One array per sentence, in input order (see the module doc for the shapes)."""
+        if isinstance(sentences, str) or not isinstance(sentences, Sequence):
+            raise ValueError(
+                f"sentences must be a list of tokenized sentences (lists of str), found {type(sentences).__name__}"
+            )
+        vectors = list(self.stream(sentences, window=max(len(sentences), 1)))
+        logging.info(
+            "embedded %d sentences (%d tokens): %d batches, %d compiled shapes",
+            len(vectors),
+            self.stats["tokens"],
+            self.stats["batches"],
+            self.stats["compiled_shapes"],
+        )
+        return vectors
+
+    def stream(self, sentences: Iterable[Sequence[str]], *, window: int = DEFAULT_WINDOW) -> Iterator[np.ndarray]:
+        """Like `embed` for any iterable (a generator over a corpus): yields in input order, holding at
+        most `window` sentences in memory."""
+        if isinstance(sentences, str) or not isinstance(sentences, Iterable):
+            raise ValueError(
+                f"sentences must be an iterable of tokenized sentences (lists of str), found {type(sentences).__name__}"
+            )
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be a positive integer, found {window!r}")
+        return self._stream(sentences, window)
+
+    def _stream(self, sentences: Iterable[Sequence[str]], window: int) -> Iterator[np.ndarray]:
+        batcher = BucketBatcher(self.batch_tokens, self.C, row_multiple=self.runner.row_multiple)
+        flight = _Flight(self.runner, self.stats)
+        next_out = 0
+        for i, sentence in enumerate(sentences):
+            tokens = _checked(sentence, i)
+            self.stats["sentences"] += 1
+            self.stats["tokens"] += len(tokens)
+            if not tokens:
+                flight.done[i] = self.runner.empty()
+            else:
+                ids, width = self._ids.ids(tokens)
+                piece = Piece(i, 0, ids, width_bucket(width, self.C), tokens if self.runner.cache else None)
+                flight.run(batcher.add(piece))
+            while len(flight.pending) > IN_FLIGHT:
+                flight.collect()
+            while i + 1 - next_out > window:  # the oldest sentence must come out
+                if flight.pending:
+                    flight.collect()
+                elif next_out not in flight.done:
+                    self.stats["forced_flushes"] += 1
+                    flight.run(batcher.flush_oldest())
+                while next_out in flight.done:
+                    yield flight.done.pop(next_out)
+                    next_out += 1
+            while next_out in flight.done:
+                yield flight.done.pop(next_out)
+                next_out += 1
+        flight.run(batcher.flush())
+        while flight.pending:
+            flight.collect()
+            while next_out in flight.done:
+                yield flight.done.pop(next_out)
+                next_out += 1
+        while next_out in flight.done:
+            yield flight.done.pop(next_out)
+            next_out += 1
+
+
+class _Flight:
+    """Batches dispatched to the devices, and the finished sentences not yet handed out."""
+
+    def __init__(self, runner: BatchRunner, stats: dict):
+        self.runner, self.stats = runner, stats
+        self.pending: collections.deque = collections.deque()
+        self.done: dict[int, np.ndarray] = {}
+
+    def run(self, batches) -> None:
+        for batch in batches:
+            self.pending.append((batch, self.runner.dispatch(batch)))
+            self.stats["batches"] += 1
+            self.stats["padded_tokens"] = self.runner.padded_tokens
+            self.stats["compiled_shapes"] = len(self.runner.shapes)
+
+    def collect(self) -> None:
+        batch, result = self.pending.popleft()
+        result = np.asarray(result)  # waits for the devices
+        pooled = self.runner.output.mode == "sentence_mean"
+        for row, piece in enumerate(batch.pieces):
+            vectors = self.runner.vectors(result, row, piece)
+            self.done[piece.line] = self.runner.pooled(vectors, piece.n_tokens) if pooled else vectors.copy()
+
+
+def _checked(sentence, index: int) -> Sequence[str]:
+    if isinstance(sentence, str) or not isinstance(sentence, Sequence):
+        raise ValueError(
+            f"sentence {index} must be a list of str tokens, found {type(sentence).__name__}"
+            + (" (split the string into tokens first)" if isinstance(sentence, str) else "")
+        )
+    for t, token in enumerate(sentence):
+        if not isinstance(token, str):
+            raise ValueError(f"sentence {index}, token {t}: expected str, found {type(token).__name__} {token!r}")
+    return sentence
+
+
+def embed_sentences(params: BiLMParams, sentences: Sequence[Sequence[str]], **options) -> list[np.ndarray]:
+    """Vectors of tokenized sentences, one array per sentence in input order, batched by length x width
+    bucket over every local device (see the module doc).
+
+    Args:
+      params: the biLM.
+      sentences: lists of str tokens (an empty list is an empty sentence).
+      **options: `SentenceEmbedder`'s (layers, mix_scalars, gamma, float16, batch_tokens, devices,
+        compute_dtype, token_cache).
+
+    Returns:
+      A list of float32 (or float16) arrays: (L+1, n, 2P) for layers="all", (n, 2P) for "top",
+      "average" and "mix", (2P,) for "sentence_mean".
+    """
+    return SentenceEmbedder(params, **options).embed(sentences)
+
+
+def stream_sentences(
+    params: BiLMParams, sentences: Iterable[Sequence[str]], *, window: int = DEFAULT_WINDOW, **options
+) -> Iterator[np.ndarray]:
+    """`embed_sentences` for an iterable too large for memory: yields in input order, holding at most
+    `window` sentences (see the module doc)."""
+    return SentenceEmbedder(params, **options).stream(sentences, window=window)
