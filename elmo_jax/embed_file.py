@@ -1,6 +1,7 @@
 """Embed a text file into an HDF5 file of ELMo vectors, in the layout of AllenNLP's `elmo` command.
 
     python -m elmo_jax.embed_file --model=MODEL_DIR --input=sentences.txt --output=vectors.hdf5
+    python -m elmo_jax.embed_file --model=small --input=sentences.txt --output=vectors.hdf5   # published, by name
     python -m elmo_jax.embed_file --options=OPTIONS.json --weights=WEIGHTS.hdf5 --input=... --output=... \\
         [--layers=all|top|average|mix] [--batch_tokens=4096] [--float16]
 
@@ -30,7 +31,12 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    flags.DEFINE_string("model", None, "A model directory from python -m elmo_jax.export.")
+    flags.DEFINE_string(
+        "model",
+        None,
+        "A model directory from python -m elmo_jax.export, or a published model by name (small, medium, original, "
+        "original-5.5b, pubmed: downloaded once into $ELMO_JAX_CACHE).",
+    )
     flags.DEFINE_string("options", None, "Instead of --model: a published-format options JSON (with --weights).")
     flags.DEFINE_string("weights", None, "Instead of --model: a published-format HDF5 weight file.")
     flags.DEFINE_string("input", None, "Text file: one tokenized sentence per line.")
@@ -67,7 +73,7 @@ def define_flags() -> None:
 
 def run() -> dict:
     from elmo_jax.features.file_embedding import Options, check_output_path, embed_file
-    from elmo_jax.formats import model_dir
+    from elmo_jax.formats import model_source
 
     for name in ("input", "output"):
         if not getattr(FLAGS, name):
@@ -104,7 +110,7 @@ def run() -> dict:
         max_tokens=options.max_sentence_tokens,
         long_sentences=options.long_sentences,
     )
-    params = model_dir.load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
+    params = model_source.load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
     counts = embed_file(params, FLAGS.input, FLAGS.output, options, summary=summary)
     print(
         f"wrote {FLAGS.output}: {counts['sentences']:,} sentences, {counts['tokens']:,} tokens in "
