@@ -78,7 +78,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval_every_steps = 1000  # heldout perplexity during training (0 = only at the end)
     config.eval_max_batches = 0  # cap on heldout windows per evaluation (0 = the whole heldout set)
     config.log_every_steps = 50
-    config.init_from = ""  # a workdir or exported model directory to start from (fine-tuning)
+    config.init_from = ""  # fine-tuning: start from a workdir, a model directory, or a published model ("small")
 
     # Device mesh (sizes multiply to the device count; one may be -1).
     config.mesh = ml_collections.ConfigDict()

@@ -48,7 +48,7 @@ def _class_signature(cls: type) -> str:
     if dataclasses.is_dataclass(cls):
         parts = []
         for field in dataclasses.fields(cls):
-            if field.name in FLAX_MODULE_FIELDS or not field.init:
+            if (field.name in FLAX_MODULE_FIELDS and _is_flax_module(cls)) or not field.init:
                 continue
             text = f"{field.name}: {_annotation(field.type)}"
             if field.default is not dataclasses.MISSING:
@@ -58,6 +58,12 @@ def _class_signature(cls: type) -> str:
             parts.append(text)
         return f"{cls.__name__}({', '.join(parts)})"
     return f"{cls.__name__}{_signature(cls)}"
+
+
+def _is_flax_module(cls: type) -> bool:
+    import flax.linen as nn
+
+    return issubclass(cls, nn.Module)
 
 
 def _annotation(annotation) -> str:
@@ -114,18 +120,34 @@ def python_api() -> list[str]:
     lines += [f"- [`{name}`](#{name.lower()})" for name in elmo_jax.__all__] + [""]
     for name in elmo_jax.__all__:
         obj = getattr(elmo_jax, name)
-        module = obj.__module__
         lines += [f"### {name}", ""]
-        if inspect.isclass(obj):
-            lines += [f"`class elmo_jax.{_class_signature(obj)}` (defined in `{module}`)", ""]
+        if inspect.ismodule(obj):  # a public submodule (elmo_jax.pretrained): its docstring, then its names
+            lines += [f"`import elmo_jax.{name}` (the module `{obj.__name__}`)", ""]
             lines += _doc_block(inspect.getdoc(obj))
-            for method_name, signature, method in _own_methods(obj):
-                lines += [f"`{name}.{method_name}{signature}`", ""]
-                lines += _doc_block(inspect.getdoc(method))
+            for member in obj.__all__:
+                lines += [f"#### {name}.{member}", ""] + _entry(f"{name}.{member}", getattr(obj, member))
         else:
-            lines += [f"`elmo_jax.{name}{_signature(obj)}` (defined in `{module}`)", ""]
-            lines += _doc_block(inspect.getdoc(obj))
+            lines += _entry(name, obj)
     return lines
+
+
+def _entry(shown: str, obj) -> list[str]:
+    """The signature and docstring of a public class, function or constant, as `elmo_jax.<shown>`."""
+    module = getattr(obj, "__module__", None)
+    prefix = shown.rpartition(".")[0] + "." if "." in shown else ""
+    if inspect.isclass(obj) and issubclass(obj, BaseException):  # exceptions: the base says how to catch it
+        signature = f"{obj.__name__}({obj.__bases__[0].__name__})"
+        return [f"`class elmo_jax.{prefix}{signature}` (defined in `{module}`)", ""] + _doc_block(inspect.getdoc(obj))
+    if inspect.isclass(obj):
+        lines = [f"`class elmo_jax.{prefix}{_class_signature(obj)}` (defined in `{module}`)", ""]
+        lines += _doc_block(inspect.getdoc(obj))
+        for method_name, signature, method in _own_methods(obj):
+            lines += [f"`{shown}.{method_name}{signature}`", ""]
+            lines += _doc_block(inspect.getdoc(method))
+        return lines
+    if callable(obj):
+        return [f"`elmo_jax.{shown}{_signature(obj)}` (defined in `{module}`)", ""] + _doc_block(inspect.getdoc(obj))
+    return [f"`elmo_jax.{shown}`: a {type(obj).__name__} of {len(obj)} entries: {', '.join(map(str, obj))}", ""]
 
 
 def _flag_rows(tree: ast.Module) -> list[str]:

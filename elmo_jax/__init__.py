@@ -1,10 +1,11 @@
 """elmo-jax: ELMo (Peters et al., 2018) in JAX, weight-compatible with bilm-tf and AllenNLP.
 
-params = elmo_jax.load_hdf5("options.json", "weights.hdf5")
+params = elmo_jax.load_hdf5("options.json", "weights.hdf5")   # or elmo_jax.pretrained.load("small")
 layers, mask = elmo_jax.embed(params, elmo_jax.batch_to_ids([["Hello", "world", "."]]))
 # layers: float32 (B, 3, T, 1024); mask: bool (B, T)
 """
 
+from elmo_jax import pretrained
 from elmo_jax.features.embed import embed, embed_tokens
 from elmo_jax.features.mix import ElmoRepresentations, ScalarMix, mix_l2_penalty, scalar_mix
 from elmo_jax.features.sentences import SentenceEmbedder, embed_sentences, stream_sentences
@@ -40,6 +41,7 @@ __all__ = [
     "load_hdf5",
     "load_token_cache",
     "mix_l2_penalty",
+    "pretrained",
     "read_options",
     "remove_boundaries",
     "save_hdf5",

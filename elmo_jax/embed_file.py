@@ -1,6 +1,7 @@
 """Embed a text file into an HDF5 file of ELMo vectors, in the layout of AllenNLP's `elmo` command.
 
     python -m elmo_jax.embed_file --model=MODEL_DIR --input=sentences.txt --output=vectors.hdf5
+    python -m elmo_jax.embed_file --model=small --input=sentences.txt --output=vectors.hdf5   # published, by name
     python -m elmo_jax.embed_file --options=OPTIONS.json --weights=WEIGHTS.hdf5 --input=... --output=... \\
         [--layers=all|top|average|mix|sentence_mean] [--batch_tokens=4096] [--float16] [--devices=0,1]
     python -m elmo_jax.embed_file ... --coordinator_address=HOST0:1234 --num_processes=2 --process_id=0  # host 0
@@ -43,7 +44,12 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    flags.DEFINE_string("model", None, "A model directory from python -m elmo_jax.export.")
+    flags.DEFINE_string(
+        "model",
+        None,
+        "A model directory from python -m elmo_jax.export, or a published model by name (small, medium, original, "
+        "original-5.5b, pubmed: downloaded once into $ELMO_JAX_CACHE).",
+    )
     flags.DEFINE_string("options", None, "Instead of --model: a published-format options JSON (with --weights).")
     flags.DEFINE_string("weights", None, "Instead of --model: a published-format HDF5 weight file.")
     flags.DEFINE_string("input", None, "Text file: one tokenized sentence per line.")
@@ -105,7 +111,7 @@ def define_flags() -> None:
 
 def run() -> dict:
     from elmo_jax.features.file_embedding import Options, check_output_path, embed_file
-    from elmo_jax.formats import model_dir
+    from elmo_jax.formats import model_dir, model_source
     from elmo_jax.training import multihost
 
     for name in ("input", "output"):
@@ -156,7 +162,7 @@ def run() -> dict:
         collect_types=use_vocabulary,
     )
     multihost.start(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-    params = model_dir.load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
+    params = model_source.load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
     vocabulary = None
     if use_vocabulary:
         from elmo_jax.formats.vocab_file import Vocab

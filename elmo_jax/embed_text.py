@@ -1,6 +1,7 @@
 """Embed a few sentences from the command line with a published-format ELMo model.
 
     python -m elmo_jax.embed_text --model=runs/demo/export "The bank of the river ." ...
+    python -m elmo_jax.embed_text --model=small "The bank of the river ." ...    # a published model by name
     python -m elmo_jax.embed_text --options=OPTIONS.json --weights=WEIGHTS.hdf5 "The bank of the river ." ...
     echo "one sentence per line" | python -m elmo_jax.embed_text --model=MODEL_DIR
 
@@ -19,7 +20,12 @@ import numpy as np
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model", None, "A model directory (python -m elmo_jax.export, or a training run's export/).")
+flags.DEFINE_string(
+    "model",
+    None,
+    "A model directory (python -m elmo_jax.export, or a training run's export/), or a published model by name "
+    "(small, medium, original, original-5.5b, pubmed: downloaded once into $ELMO_JAX_CACHE).",
+)
 flags.DEFINE_string("options", None, "Instead of --model: a bilm-tf/AllenNLP options JSON file.")
 flags.DEFINE_string("weights", None, "Instead of --model: an HDF5 weight file in the published layout.")
 flags.DEFINE_string("output", None, "Optional .npz file for the layers and mask.")
@@ -53,7 +59,7 @@ def write_npz(path: str, **arrays) -> None:
 def run(argv: list[str]) -> None:
     import elmo_jax  # after flag parsing, so --help is fast
     from elmo_jax.formats import output_paths
-    from elmo_jax.formats.model_dir import load_model
+    from elmo_jax.formats.model_source import load_model
 
     if FLAGS.output:  # checked before the model is loaded
         model_files = [p for p in (FLAGS.model, FLAGS.options, FLAGS.weights) if p]

@@ -39,7 +39,7 @@ def run() -> dict:
     from elmo_jax.features import probing  # after flag parsing, so --help is fast
     from elmo_jax.features.probe_data import read_probe_file
     from elmo_jax.formats import output_paths
-    from elmo_jax.formats.model_dir import load_model
+    from elmo_jax.formats.model_source import load_model
 
     for name in ("train", "test"):
         if not getattr(FLAGS, name):

@@ -25,7 +25,7 @@ import elmo_jax
 from elmo_jax.features import batch_runner
 from elmo_jax.features import file_embedding as ef
 from elmo_jax.features.length_buckets import LENGTHS
-from elmo_jax.formats import model_dir
+from elmo_jax.formats import model_source
 from tests.support.commands import REPO, command_argv, command_env, error_line, run_command
 
 ATOL = 1e-5  # float32, different batch shapes (see the module doc)
@@ -289,10 +289,10 @@ def test_bad_input_is_named_and_leaves_no_output(tiny_params, tmp_path):
     for args, error, expected in cases:
         with pytest.raises(error, match=re.escape(expected)):
             ef.embed_file(tiny_params, *args)
-    with pytest.raises(FileNotFoundError, match="model directory not found"):
-        model_dir.load_model(str(tmp_path / "absent"), None, None)
+    with pytest.raises(FileNotFoundError, match="no such model directory, and not a published model name"):
+        model_source.load_model(str(tmp_path / "absent"), None, None)
     with pytest.raises(ValueError, match="either --model"):
-        model_dir.load_model(str(tmp_path), "options.json", None)
+        model_source.load_model(str(tmp_path), "options.json", None)
     assert sorted(os.listdir(tmp_path)) == ["empty.txt", "good.txt"]
 
 

@@ -13,7 +13,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "elmo_jax"
 # features and data sit side by side: neither imports the other.
 LAYERS = {"model": 0, "formats": 1, "features": 2, "data": 2, "training": 3}
 COMMAND = 4  # elmo_jax/<name>.py: the commands (python -m elmo_jax.X) and their shared ending (cli)
-FACADE = "elmo_jax/__init__.py"  # the public API: re-exports model, formats and features
+# The public API: elmo_jax/__init__.py re-exports model, formats and features, and the facade modules;
+# elmo_jax/pretrained.py re-exports formats (the published models by name). Nothing in the package
+# imports a facade module (the commands import the package itself, or the layers).
+FACADES = {"elmo_jax/__init__.py", "elmo_jax/pretrained.py"}
+FACADE_MODULES = {"elmo_jax.pretrained"}
 
 
 def layer_of(module: str) -> tuple[int, str]:
@@ -43,11 +47,11 @@ def upward_imports(root: Path = PACKAGE) -> list[str]:
         own_layer, own_top = layer_of(relative[: -len(".py")].replace("/__init__", "").replace("/", "."))
         for line, module in imported_modules(path, root):
             layer, top = layer_of(module)
-            if relative == FACADE:
-                allowed = layer <= LAYERS["features"] and module != "elmo_jax"
+            if relative in FACADES:
+                allowed = (layer <= LAYERS["features"] or module in FACADE_MODULES) and module != "elmo_jax"
             else:
                 allowed = layer < own_layer or top == own_top
-            if layer == COMMAND and own_layer == COMMAND:
+            if layer == COMMAND and own_layer == COMMAND and relative not in FACADES:
                 allowed = module == "elmo_jax.cli" or relative == "elmo_jax/cli.py" or module == "elmo_jax"
             if not allowed:
                 problems.append(f"{relative}:{line} imports {module}")
@@ -62,14 +66,20 @@ def test_an_upward_import_is_caught(tmp_path):
     """The check itself can fail: a model module importing the trainer, and a library module importing
     a command, are both reported."""
     package = tmp_path / "elmo_jax"
-    for name in ("", "model", "training", "features"):
+    for name in ("", "model", "formats", "training", "features"):
         (package / name).mkdir(parents=True, exist_ok=True)
         (package / name / "__init__.py").write_text("")
     (package / "model" / "bilm.py").write_text("from elmo_jax.training import loop\n")
     (package / "features" / "embed.py").write_text("from elmo_jax import export\nfrom elmo_jax.model import bilm\n")
+    (package / "formats" / "cache.py").write_text("from elmo_jax import pretrained\n")
+    (package / "embed_text.py").write_text("import elmo_jax.pretrained\nfrom elmo_jax import cli\n")
+    (package / "pretrained.py").write_text("from elmo_jax.formats import cache\nfrom elmo_jax.training import loop\n")
     assert upward_imports(package) == [
+        "elmo_jax/embed_text.py:1 imports elmo_jax.pretrained",
         "elmo_jax/features/embed.py:1 imports elmo_jax.export",
+        "elmo_jax/formats/cache.py:1 imports elmo_jax.pretrained",
         "elmo_jax/model/bilm.py:1 imports elmo_jax.training.loop",
+        "elmo_jax/pretrained.py:2 imports elmo_jax.training.loop",
     ]
 
 

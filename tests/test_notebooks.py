@@ -4,15 +4,23 @@ Each notebook is executed with nbclient in smoke mode: a cell `SMOKE_TEST = True
 path) is inserted after its "parameters" cell, as papermill does, so every size is tiny. The kernel is
 this interpreter (`sys.executable`, through a kernel spec written to tmp_path), so CI's `.venv` runs
 it, with the 8 forced CPU devices of conftest (the training mesh is sharded 8 ways) and a tmp working
-directory. Any cell that raises fails the test, naming the cell.
+directory. It has no network: published models are fetched from an address where nothing listens
+($ELMO_JAX_MODELS_URL), so the features notebook takes its offline path, into a tmp cache. Any cell that
+raises fails the test, naming the cell.
+
+The Colab-only parts of the setup cell cannot run here (no Colab, no network); what can be checked is
+that an empty PACKAGE_SOURCE on Colab stops with a message saying what to set, and that the README's
+Colab links and the notebooks' default PACKAGE_SOURCE agree with pyproject.toml (docs/make_colab_links.py).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import sys
+import types
 from pathlib import Path
 
 import nbformat
@@ -78,7 +86,13 @@ def this_interpreter_kernel(directory: Path) -> KernelManager:
         "language": "python",
         # IPYTHONDIR: no user profile or startup files take part. matplotlib uses ipykernel's inline
         # backend (PNG outputs).
-        "env": {"JAX_PLATFORMS": "cpu", "IPYTHONDIR": str(directory / "ipython")},
+        # ELMO_JAX_MODELS_URL: nothing listens on port 9 (discard), so a download fails at once, offline.
+        "env": {
+            "JAX_PLATFORMS": "cpu",
+            "IPYTHONDIR": str(directory / "ipython"),
+            "ELMO_JAX_MODELS_URL": "http://127.0.0.1:9/",
+            "ELMO_JAX_CACHE": str(directory / "elmo_jax_cache"),
+        },
     }
     (spec_dir / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
     specs = KernelSpecManager(kernel_dirs=[str(directory / "kernels")], ensure_native_kernel=False)
@@ -98,8 +112,8 @@ def execute(nb: nbformat.NotebookNode, tmp_path: Path) -> Path:
     return workdir
 
 
-def stdout_of(nb: nbformat.NotebookNode) -> str:
-    return "".join(o["text"] for c in nb.cells for o in c.get("outputs", []) if o.get("name") == "stdout")
+def stdout_of(nb: nbformat.NotebookNode, stream: str = "stdout") -> str:
+    return "".join(o["text"] for c in nb.cells for o in c.get("outputs", []) if o.get("name") == stream)
 
 
 def test_a_failing_cell_fails_the_run(tmp_path):
@@ -131,5 +145,76 @@ def test_runs_end_to_end_in_smoke_mode(path, tmp_path):
     assert images, f"{path.name}: no plot was drawn"
     assert os.listdir(workdir / "elmo_runs"), f"{path.name}: wrote nothing under its WORK_ROOT"
     assert not (ROOT / "notebooks" / "elmo_runs").exists(), f"{path.name}: wrote into the checkout"
+    assert re.search(r"jax \S+ jaxlib \S+ flax \S+ optax \S+ orbax-checkpoint \S+", printed), printed
+    assert "8 cpu device(s)" in printed, printed
+    # Progress while training: the trainer's line every log_every_steps reaches the cell (absl, INFO).
+    assert re.search(r"step 5/20  loss \d", stdout_of(nb, "stderr")), f"{path.name}: no progress line while training"
     if path.name == "train_bilm.ipynb":  # conftest's 8 CPU devices reach the kernel: the mesh is sharded
         assert "mesh {'data': 8, 'model': 1}" in printed, printed
+    if path.name == "elmo_features.ipynb":  # offline: it says so and trains the demo biLM
+        assert "could not get the published 'small' model (http://127.0.0.1:9/" in printed, printed
+        assert "offline: training the demo biLM on the default corpus instead" in printed, printed
+
+
+def code_cells(path: Path) -> list[str]:
+    return [cell.source for cell in nbformat.read(path, as_version=4).cells if cell.cell_type == "code"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_on_colab_an_empty_package_source_says_what_to_set(path, monkeypatch):
+    """The parameters and setup cells, run as on Colab (a `google.colab` module is present) with the default
+    empty PACKAGE_SOURCE: one ValueError saying what to put there, before anything is installed or cloned."""
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    monkeypatch.setattr("subprocess.run", lambda *a, **k: pytest.fail(f"ran {a} before checking PACKAGE_SOURCE"))
+    parameters, setup = code_cells(path)[:2]
+    namespace = {}
+    exec(parameters, namespace)
+    assert namespace["PACKAGE_SOURCE"] == "" and namespace["WORK_ON_DRIVE"] is False
+    with pytest.raises(
+        ValueError, match="PACKAGE_SOURCE is empty: set it in the parameters cell .* git URL .* Google Drive"
+    ):
+        exec(setup, namespace)
+
+
+def test_no_notebook_assumes_eight_cores_or_a_model_axis():
+    """Colab's TPU runtimes are single-chip now: no notebook sets a model axis above 1 or says "8 cores"."""
+    for path in NOTEBOOKS:
+        text = path.read_text(encoding="utf-8")
+        assert "MESH_MODEL = 2" not in text and "8 on a Colab TPU" not in text and "YOUR_ORG" not in text, path.name
+
+
+def _colab_links():
+    spec = importlib.util.spec_from_file_location("docs_make_colab_links", ROOT / "docs" / "make_colab_links.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_colab_links_and_package_source_follow_pyproject():
+    """The README's Colab block and each notebook's default PACKAGE_SOURCE are what pyproject.toml's
+    [tool.elmo-jax] gives (one setting), and setting it gives working links and a matching source."""
+    links = _colab_links()
+    assert links.main(["--check"]) == 0, "run python docs/make_colab_links.py"
+    files = links.rendered("someone/elmo-jax", "main")
+    readme = files[ROOT / "README.md"]
+    for name in links.NOTEBOOKS:
+        assert f"https://colab.research.google.com/github/someone/elmo-jax/blob/main/notebooks/{name}" in readme
+        first = nbformat.reads(files[ROOT / "notebooks" / name], as_version=4).cells[1].source
+        assert 'PACKAGE_SOURCE = "https://github.com/someone/elmo-jax"  # @param {type:"string"}' in first
+
+
+@pytest.mark.parametrize("backend, devices", [("tpu", 1), ("tpu", 4), ("tpu", 8), ("gpu", 2), ("cpu", 1)])
+def test_notebook_sizes_fit_any_device_count(backend, devices):
+    """configs/notebooks.py: data-parallel meshes that split the batch on 1, 4 or 8 chips, GPUs or the CPU;
+    a model axis that does not divide the devices falls back to 1, saying why."""
+    from configs import notebooks
+
+    for config in (notebooks.train_bilm(backend, devices), notebooks.demo_bilm(backend, devices)):
+        assert (config.mesh.data, config.mesh.model) == (-1, 1)
+        assert config.batch_size % devices == 0
+    if backend == "tpu":
+        assert notebooks.train_bilm(backend, devices).batch_size == 128 * devices
+    assert notebooks.mesh_model(1, devices) == (1, "")
+    axis, note = notebooks.mesh_model(2, devices)
+    assert (axis, bool(note)) == ((2, False) if devices % 2 == 0 else (1, True))
+    assert notebooks.mesh_model(3, 8)[0] == 1 and "does not divide 8 device(s)" in notebooks.mesh_model(3, 8)[1]

@@ -146,19 +146,6 @@ def load(directory: str | os.PathLike, *, verify: bool = True) -> BiLMParams:
     return BiLMParams(weights=from_flat({k: jax.numpy.asarray(v) for k, v in flat.items()}), config=config)
 
 
-def load_model(model: str | None, options_file: str | None, weight_file: str | None) -> BiLMParams:
-    """The biLM named by a CLI's --model (a model directory) or --options/--weights (an HDF5 pair)."""
-    if bool(model) == bool(options_file or weight_file):
-        raise ValueError("pass either --model=MODEL_DIR or --options=FILE --weights=FILE")
-    if model:
-        return load(model)
-    if not (options_file and weight_file):
-        raise ValueError("--options and --weights go together")
-    from elmo_jax.formats.weights_hdf5 import load_hdf5
-
-    return load_hdf5(options_file, weight_file)
-
-
 def read_manifest(directory: str, *, verify: bool = True) -> dict[str, Any]:
     """The checked manifest of a model directory (see `load` for what is checked and raised)."""
     if not os.path.isdir(directory):

@@ -4,7 +4,7 @@ A run resumes from the newest checkpoint of its workdir that restores (parameter
 carried LSTM state and the stream's position), after checking that the checkpoint was made for the
 same model, vocabulary and batch. Without one it starts fresh, or from `init_from` (fine-tuning): a
 training workdir (its biLM, and its softmax when the vocabulary is the same) or a model directory /
-published HDF5 pair (its biLM, a fresh softmax).
+published HDF5 pair, also a published model by name (its biLM, a fresh softmax).
 
 `restore_checkpoint` and `load_trained` read a workdir's checkpoint on one device, for the commands.
 """
@@ -19,7 +19,8 @@ import jax
 import ml_collections
 from absl import logging
 
-from elmo_jax.formats import weights_hdf5
+from elmo_jax.formats import pretrained, weights_hdf5
+from elmo_jax.formats.published_models import MODELS, is_published_name
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.params import BiLMParams
@@ -116,10 +117,12 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
     source = config.init_from
     if not source:
         return None, None
+    if not os.path.lexists(source) and is_published_name(source):
+        source = pretrained.fetch(source)  # a published model by name: its cached model directory
     if not os.path.isdir(source):
         raise FileNotFoundError(
-            f"--config.init_from={source}: not a directory (expected a training workdir or "
-            "a model directory with options.json and weights.hdf5)"
+            f"--config.init_from={source}: not a directory (expected a training workdir, "
+            f"a model directory with options.json and weights.hdf5, or a published model: {', '.join(MODELS)})"
         )
     options, weights = os.path.join(source, "options.json"), os.path.join(source, "weights.hdf5")
     if os.path.exists(weights):  # a published or exported model: the softmax starts fresh

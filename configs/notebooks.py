@@ -1,0 +1,86 @@
+"""The sizes the notebooks (notebooks/*.ipynb) train with, per backend and device count, in one place.
+
+The notebooks call these functions; bench/notebook_tpu_sizes.py compiles the very same configs for
+single-chip TPUs (v5e-1, v6e-1: Colab's TPU runtimes) and the notebooks' size tables quote its figures.
+
+    config = notebooks.train_bilm("tpu", jax.device_count(), lm1b=False)
+
+Every mesh is data-parallel only (`mesh.data = -1`, `mesh.model = 1`), so any device count works: one chip,
+a v5e-4 or v6e-8 slice, several GPUs, or the CPU. A model axis only pays when the softmax does not fit
+one device (`configs/bilm_large.py` on the 1B Word vocabulary); `mesh_model` checks a requested one.
+"""
+
+from configs import bilm_small, default, demo
+
+ROWS_PER_TPU_CHIP = 128  # bilm-tf trained with 128 rows per GPU; a v5e chip holds this easily (see bench)
+ROWS_PER_GPU = 128
+VOCAB_PAD_MULTIPLE = 1024  # elmo_jax.training.sharding: the softmax rows are padded to a multiple of this
+
+
+def smoke(config):
+    """CI's smoke sizes: a biLM of a few thousand parameters and a few dozen steps, so every cell runs in
+    seconds; the numbers mean nothing."""
+    config.model.char_embed_dim = 4
+    config.model.filters = ((1, 4), (2, 8), (3, 8))
+    config.model.n_highway = 1
+    config.model.lstm_dim = 16
+    config.model.projection_dim = 8
+    config.batch_size = 8
+    config.unroll_steps = 10
+    config.n_negative_samples = 64
+    config.num_train_steps = 20
+    config.checkpoint_every_steps = 20
+    config.eval_every_steps = 10
+    config.eval_max_batches = 5
+    config.log_every_steps = 5
+    return config
+
+
+def train_bilm(backend: str, n_devices: int, *, lm1b: bool = False, smoke_test: bool = False):
+    """The training notebook's run: the published small shape on an accelerator, the demo model on CPU.
+
+    Args:
+      backend: "tpu", "gpu" or "cpu" (`jax.default_backend()`).
+      n_devices: `jax.device_count()`.
+      lm1b: training on TFDS lm1b (more steps) rather than the default corpus or your files.
+      smoke_test: CI's tiny sizes instead.
+    """
+    if smoke_test:
+        return smoke(default.get_config())
+    if backend in ("tpu", "gpu"):
+        config = bilm_small.get_config()
+        config.batch_size = (ROWS_PER_TPU_CHIP if backend == "tpu" else ROWS_PER_GPU) * n_devices
+        config.num_train_steps = 20_000 if lm1b else 4_000
+        config.checkpoint_every_steps = 500
+        config.eval_every_steps = 500
+        config.eval_max_batches = 200
+        config.log_every_steps = 50
+        if not lm1b:
+            config.n_negative_samples = 4096  # the default corpus has ~15k words
+    else:
+        config = demo.get_config()
+        config.eval_every_steps = 200
+    return config
+
+
+def demo_bilm(backend: str, n_devices: int, *, smoke_test: bool = False):
+    """The biLM the features notebook trains when it has no model, and the domain notebook's general
+    model: configs/demo.py (LSTM 256, projection 64, 32 rows) on every backend, a few minutes on a CPU.
+
+    Args: as `train_bilm` (the sizes do not depend on the backend: the point is a model in minutes).
+    """
+    del backend, n_devices
+    return smoke(default.get_config()) if smoke_test else demo.get_config()
+
+
+def mesh_model(requested: int, n_devices: int) -> tuple[int, str]:
+    """(devices on the model axis, a note) for a requested model axis: the request if the devices split
+    into groups of it and the padded softmax rows split over it, else 1 (data-parallel) with a note why."""
+    if requested <= 1:
+        return 1, ""
+    if n_devices % requested or VOCAB_PAD_MULTIPLE % requested:
+        return 1, (
+            f"MESH_MODEL = {requested} does not divide {n_devices} device(s) (and {VOCAB_PAD_MULTIPLE} softmax rows); "
+            "using 1: every device holds the whole softmax and takes its share of the batch"
+        )
+    return requested, ""

@@ -1,0 +1,56 @@
+"""What a command's --model names: a model directory, a published model by name, or (with --options and
+--weights instead) an options JSON + HDF5 pair. One function, `load_model`, for every command that
+takes --model.
+
+A path that exists is always a path: `--model=small` is the published small model unless a file or
+directory called `small` is where the command runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+from elmo_jax.formats import model_dir, pretrained
+from elmo_jax.formats.published_models import MODELS, is_published_name
+from elmo_jax.model.params import BiLMParams
+
+
+def model_directory(model: str, *, flag: str = "--model") -> str:
+    """The model directory `model` names: itself if it exists, else the cached published model of that
+    name (downloaded first if needed, `pretrained.fetch`).
+
+    Raises:
+      FileNotFoundError: neither a path nor a published name.
+      OSError, ValueError: the published model cannot be downloaded or checked (`pretrained.fetch`).
+    """
+    if os.path.lexists(model) or not is_published_name(model):
+        if not os.path.lexists(model):
+            raise FileNotFoundError(
+                f"{flag}={model}: no such model directory, and not a published model name ({', '.join(MODELS)})"
+            )
+        return model
+    return pretrained.fetch(model)
+
+
+def load_model(model: str | None, options_file: str | None, weight_file: str | None) -> BiLMParams:
+    """The biLM named by a command's --model (a model directory or a published name) or by its
+    --options/--weights (an HDF5 pair).
+
+    Raises:
+      ValueError: both or neither given, or only one of --options/--weights; a model that is not valid.
+      FileNotFoundError, OSError: as `model_directory` and `model_dir.load`.
+    """
+    if bool(model) == bool(options_file or weight_file):
+        raise ValueError(
+            f"pass either --model=MODEL_DIR (or a published model: {', '.join(MODELS)}), or --options=FILE "
+            "--weights=FILE"
+        )
+    if model:
+        if os.path.lexists(model) or not is_published_name(model):
+            return model_dir.load(model_directory(model))
+        return pretrained.load(model)  # says how to remove a damaged cached copy
+    if not (options_file and weight_file):
+        raise ValueError("--options and --weights go together")
+    from elmo_jax.formats.weights_hdf5 import load_hdf5
+
+    return load_hdf5(options_file, weight_file)

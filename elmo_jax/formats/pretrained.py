@@ -1,0 +1,265 @@
+"""The published ELMo models by name: downloaded once into a cache and kept there as model directories.
+
+    params = load("small")        # the first call downloads, checks and converts; later ones read the cache
+    path = fetch("small")         # the model directory (for --model=PATH, or a copy elsewhere)
+
+The cache (`cache_dir()`: $ELMO_JAX_CACHE, else $XDG_CACHE_HOME/elmo_jax, else ~/.cache/elmo_jax):
+
+    CACHE/
+      models/NAME/           a model directory (`formats.model_dir`): options, weights, params.npz,
+                             extractor.jax, USAGE.md, manifest.json with every file's SHA-256
+      downloads/NAME/        the published files while they download (FILE.part) and convert
+      known_files.json       size and SHA-256 of each published file the first time it was downloaded
+
+What is checked: each file's size and SHA-256 against the published checksum where there is one
+(`published_models`), else against `known_files.json` (trust on first use: the first download is
+recorded, every later one must match); then the pair structurally (`load_hdf5`: every dataset against
+the options, and the options against the model's published shape). Downloads resume where a broken
+connection left them (`formats.download`). A model directory appears under `models/` complete or not at
+all, and the downloads are removed once it is written. Two processes fetching the same model take turns
+(a lock file in its download folder). Nothing is requested for a model already in the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import shutil
+import sys
+import time
+
+from elmo_jax.formats import atomic_write, download, model_dir
+from elmo_jax.formats.output_paths import is_model_directory
+from elmo_jax.formats.published_models import BASE_URL, BASE_URL_VARIABLE, PublishedFile, PublishedModel, find
+from elmo_jax.model.config import BiLMConfig
+from elmo_jax.model.params import BiLMParams
+
+CACHE_VARIABLE = "ELMO_JAX_CACHE"
+KNOWN_FILES = "known_files.json"
+
+
+class PretrainedError(download.DownloadError):
+    """A published model could not be made available; one line naming the address, the cache path and
+    how to place the files by hand."""
+
+
+def cache_dir() -> str:
+    """Where published models are kept: $ELMO_JAX_CACHE, else $XDG_CACHE_HOME/elmo_jax, else
+    ~/.cache/elmo_jax (created when the first model is fetched)."""
+    if os.environ.get(CACHE_VARIABLE):
+        return os.path.abspath(os.path.expanduser(os.environ[CACHE_VARIABLE]))
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.abspath(os.path.join(base, "elmo_jax"))
+
+
+def model_path(name: str, cache: str | None = None) -> str:
+    """The model directory `fetch(name)` makes (it may not exist yet; nothing is downloaded)."""
+    return os.path.join(cache or cache_dir(), "models", find(name).name)
+
+
+def fetch(name: str, *, cache: str | None = None, progress: bool = True) -> str:
+    """The model directory of the published model `name`, downloaded and converted first if the cache
+    does not hold it yet.
+
+    Args:
+      name: "small", "medium", "original", "original-5.5b" or "pubmed" (`published_models.MODELS`).
+      cache: the cache directory (default `cache_dir()`).
+      progress: report the download on standard error.
+
+    Raises:
+      ValueError: unknown name, or the downloaded files are not the model they should be.
+      PretrainedError (an OSError): the download failed, or a file does not match its checksum; the
+        message names the address, the cache path and how to place the files by hand.
+    """
+    model = find(name)
+    root = os.path.abspath(cache or cache_dir())
+    target = os.path.join(root, "models", model.name)
+    if is_model_directory(target):
+        return target  # already converted: no request (model_dir.load checks every file)
+    downloads = os.path.join(root, "downloads", model.name)
+    try:
+        os.makedirs(downloads, exist_ok=True)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+    except OSError as e:
+        raise PretrainedError(f"cannot create the model cache {root} ({e.strerror}); set ${CACHE_VARIABLE}") from None
+    with _locked(os.path.join(downloads, ".lock")):
+        if is_model_directory(target):  # another process converted it while this one waited
+            return target
+        if os.path.lexists(target):
+            raise PretrainedError(f"{target} exists but is not a model directory; remove it and try again")
+        files = [_available(model, f, downloads, root, progress) for f in model.files]
+        params = _check_structure(model, *files)
+        _record(root, model, files)
+        source = f"published model {model.name!r}: " + ", ".join(f"{f.url()} (SHA-256 {d})" for f, _, _, d in files)
+        model_dir.write_model_dir(params, target, source=source)
+        shutil.rmtree(downloads, ignore_errors=True)  # the model directory holds everything now
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(downloads))  # when no other model is downloading
+    return target
+
+
+def load(name: str, *, cache: str | None = None, progress: bool = True, verify: bool = True) -> BiLMParams:
+    """The published model `name` ready for `embed`: `model_dir.load(fetch(name))`.
+
+    Args:
+      name: see `fetch`.
+      cache: the cache directory (default `cache_dir()`).
+      progress: report a download on standard error.
+      verify: check every cached file's SHA-256 against the model directory's manifest.
+
+    Raises:
+      as `fetch`; and ValueError / FileNotFoundError when the cached model directory is damaged (the
+      message says to remove it, so the next call downloads it again).
+    """
+    path = fetch(name, cache=cache, progress=progress)
+    try:
+        return model_dir.load(path, verify=verify)
+    except (ValueError, FileNotFoundError) as e:
+        raise type(e)(f"{e} (a damaged cached model: remove {path} and it is downloaded again)") from None
+
+
+def _available(model: PublishedModel, file: PublishedFile, downloads: str, root: str, progress: bool):
+    """(file, path, size, SHA-256) of one published file in the download folder: a copy placed there by
+    hand is checked, otherwise it is downloaded (resuming a `.part`)."""
+    path = os.path.join(downloads, file.name)
+    expected_bytes, expected_sha256, source = _expected(root, file)
+    if os.path.exists(path):
+        size, digest = os.path.getsize(path), download.sha256_of(path)
+        if (expected_bytes not in (None, size)) or (expected_sha256 not in (None, digest)):
+            raise PretrainedError(
+                f"{path}: {size:,} bytes with SHA-256 {digest}, expected {expected_bytes} bytes with SHA-256 "
+                f"{expected_sha256} ({source}); remove it to download {file.url()} again"
+            )
+        return file, path, size, digest
+    report = _Progress(f"{model.name}: {file.name}") if progress else None
+    try:
+        size, digest = download.download(
+            file.url(),
+            path,
+            expected_bytes=expected_bytes,
+            expected_sha256=expected_sha256,
+            checksum_source=source,
+            progress=report,
+        )
+    except download.DownloadError as e:
+        raise PretrainedError(f"{e}. {_by_hand(model, downloads)}") from None
+    except OSError as e:  # the cache's disk: full, read-only
+        raise PretrainedError(f"cannot write {path}.part: {e.strerror or e}. {_by_hand(model, downloads)}") from None
+    return file, path, size, digest
+
+
+def _by_hand(model: PublishedModel, downloads: str) -> str:
+    """How to place a model's files by hand, for error messages."""
+    urls = " and ".join(f.url(BASE_URL) for f in model.files)  # the published addresses, whatever the mirror
+    return (
+        f"Offline or behind a proxy? Download {urls} by any means into {downloads}/ (same file names) and "
+        f"call again; they are checked and converted there. ${BASE_URL_VARIABLE} names a mirror, "
+        f"${CACHE_VARIABLE} another cache"
+    )
+
+
+def _expected(root: str, file: PublishedFile) -> tuple[int | None, str | None, str]:
+    """(bytes, SHA-256, where they come from) that `file` must have: published, recorded, or unknown."""
+    if file.sha256 is not None:
+        return file.bytes, file.sha256, file.checksum_source
+    known = _read_known(root).get(file.path)
+    if known:
+        return known["bytes"], known["sha256"], f"recorded at its first download, {known.get('recorded', '')}"
+    return file.bytes, None, "no published checksum; this download's is recorded"
+
+
+def _check_structure(model: PublishedModel, options, weights) -> BiLMParams:
+    """The pair loaded and checked dataset by dataset; a pair that is not the model is deleted."""
+    from elmo_jax.formats.weights_hdf5 import load_hdf5  # h5py
+
+    (_, options_path, *_), (_, weights_path, *_) = options, weights
+    try:
+        params = load_hdf5(options_path, weights_path)
+        if model.preset is not None:
+            shape = BiLMConfig.preset(model.preset)
+            found = params.config
+            if (found.lstm_dim, found.projection_dim, found.n_highway, found.filters) != (
+                shape.lstm_dim,
+                shape.projection_dim,
+                shape.n_highway,
+                shape.filters,
+            ):
+                raise ValueError(f"{options_path}: does not describe the published {model.preset} shape")
+    except (ValueError, OSError) as e:
+        for path in (options_path, weights_path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        raise ValueError(f"published model {model.name!r}: {e}; the downloaded files were deleted") from None
+    return params
+
+
+def _record(root: str, model: PublishedModel, files) -> None:
+    """Adds the size and SHA-256 of files with no published checksum to known_files.json (first use)."""
+    new = {
+        file.path: {"bytes": size, "sha256": digest, "url": file.url(), "recorded": _now()}
+        for file, _, size, digest in files
+        if file.sha256 is None
+    }
+    if not new:
+        return
+    with _locked(os.path.join(root, ".known_files.lock")):
+        known = _read_known(root)
+        new = {k: v for k, v in new.items() if k not in known}
+        if new:
+            text = json.dumps({**known, **new}, indent=2, sort_keys=True) + "\n"
+            atomic_write.write_text(os.path.join(root, KNOWN_FILES), text)
+
+
+def _read_known(root: str) -> dict:
+    path = os.path.join(root, KNOWN_FILES)
+    if not os.path.exists(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            known = json.load(f)
+        if isinstance(known, dict) and all(
+            isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("sha256"), str)
+            for v in known.values()
+        ):
+            return known
+    except (OSError, ValueError):
+        pass
+    raise PretrainedError(
+        f"{path}: not a record of published files (expected JSON: path -> bytes, sha256); remove it to "
+        "record the next downloads afresh"
+    )
+
+
+@contextlib.contextmanager
+def _locked(path: str):
+    """An exclusive flock on `path` while the block runs (none where the file system has no locks)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        with contextlib.suppress(OSError):  # e.g. a FUSE mount without locks: go on unlocked
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class _Progress:
+    """Download progress on standard error: a line at most every 2 seconds, and one at the end."""
+
+    def __init__(self, what: str):
+        self.what, self.last, self.start = what, 0.0, time.monotonic()
+
+    def __call__(self, done: int, total: int | None) -> None:
+        now = time.monotonic()
+        if now - self.last < 2.0 and done != total:
+            return
+        self.last = now
+        of = f" of {total / 1e6:,.1f} MB ({100 * done / total:.0f}%)" if total else " MB"
+        rate = done / 1e6 / max(now - self.start, 1e-6)
+        print(f"downloading {self.what}: {done / 1e6:,.1f}{of}, {rate:.1f} MB/s", file=sys.stderr, flush=True)
