@@ -82,6 +82,9 @@ class _Direction:
         self.current: dict[int, tuple[np.ndarray, np.ndarray] | None] = {r: None for r in rows}
         self._ahead: dict[int, collections.deque] = {r: collections.deque() for r in rows}
         self._epoch_seeds: dict[int, int] = {}
+        # A row reads at most about an epoch ahead: on a small corpus 256 positions span dozens of
+        # epochs, and grain's index_shuffle costs ~40 ms / N per index on an N-sentence epoch.
+        self.read_ahead = max(2, min(self.READ_AHEAD, -(-self.n_sentences // batch_size)))
 
     def exhausted(self, position: int) -> bool:
         return not self.repeat and position >= self.n_sentences
@@ -109,12 +112,12 @@ class _Direction:
         """Tops up `row` (from `position`) and every other row below half its read-ahead, in one read."""
         wanted: list[tuple[int, int]] = []  # (row, stream position)
         for r, ahead in self._ahead.items():
-            if r != row and len(ahead) >= self.READ_AHEAD // 2:
+            if r != row and len(ahead) >= self.read_ahead // 2:
                 continue
             start = position if r == row else (ahead[-1][0] + self.batch_size if ahead else None)
             if start is None:  # a row that has not started reads from its own first position later
                 continue
-            count = self.READ_AHEAD - len(ahead)
+            count = self.read_ahead - len(ahead)
             wanted.extend(
                 (r, p) for p in range(start, start + count * self.batch_size, self.batch_size) if not self.exhausted(p)
             )
