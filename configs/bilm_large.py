@@ -1,7 +1,10 @@
 """The published original ELMo (2x4096_512_2048cnn_2xhighway) on the 1B Word Benchmark via TFDS `lm1b`.
 
-bilm-tf's recipe: 128 rows x 20 steps per GPU on 3 GPUs, Adagrad 0.2, 8192 sampled negatives, dropout
-0.1, 10 epochs of 768,648,884 tokens. The vocabulary is bilm-tf's 1B-Word file (793,471 entries):
+bilm-tf's recipe: 128 rows x 20 steps per GPU on 3 GPUs, Adagrad 0.2 (accumulators from 1.0), the loss
+times unroll_steps clipped to global norm 10, dropout 0.1, 10 epochs of 768,648,884 tokens; 8192 sampled
+negatives per direction drawn for each GPU's 128 rows (three independent sets per step, here one per
+group of 128 rows of the 384); each row's LSTM state carried from window to window and never reset.
+The vocabulary is bilm-tf's 1B-Word file (793,471 entries):
     python train.py --config=configs/bilm_large.py --workdir=... \
         --config.data.vocab_file=vocab-2016-09-10.txt --config.data.tfds_data_dir=...
 """
@@ -18,6 +21,8 @@ def get_config():
     config.data.tfds_heldout_split = "test"
     config.batch_size = 384  # 128 rows x 3 devices, as published
     config.unroll_steps = 20
+    config.negative_sample_group_rows = 128  # one candidate draw per direction per GPU batch, as bilm-tf
+    config.state_reset_probability = 0.0  # bilm-tf never resets the carried state
     config.num_train_steps = 10 * TRAIN_TOKENS // (384 * 20)  # 10 epochs
     config.checkpoint_every_steps = 5000
     config.eval_every_steps = 50_000

@@ -62,7 +62,16 @@ def get_config() -> ml_collections.ConfigDict:
     # uses 0; then the model only sees a zero state once (the first window), yet `embed` always starts
     # from one, and small models can end up useless from it. A few percent costs nothing measurable.
     config.state_reset_probability = 0.05
-    config.n_negative_samples = 8192  # sampled-softmax candidates per direction and step
+    config.n_negative_samples = 8192  # sampled-softmax candidates per direction and group of rows
+    # Rows per candidate draw: the global batch's rows 0..g-1, g..2g-1, ... each draw their own
+    # n_negative_samples candidates per direction (a group's draw depends on the step's key and the group's
+    # index only, not on the mesh or the processes). bilm-tf draws one set per GPU batch of 128 rows, i.e.
+    # three per step on its 3 GPUs. 0 = one draw for the whole batch; otherwise it must divide batch_size.
+    # The expected gradient is the same either way; what differs is how often a rare word's softmax row is
+    # a candidate, and so how fast Adagrad's accumulator for it grows (about G times more often with G
+    # groups, each time with about 1/G of the gradient). 0 here: with the default 128 rows it is exactly
+    # bilm-tf's per-GPU draw, and it fits any batch_size set on the command line.
+    config.negative_sample_group_rows = 0
     config.full_softmax = False  # train with the full softmax (small vocabularies only)
     config.softmax_chunk = 8192  # vocabulary rows per step of the full softmax
     config.compute_dtype = "float32"  # matmul dtype: float32 or bfloat16 (state and accumulation stay float32)

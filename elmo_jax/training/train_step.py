@@ -34,6 +34,7 @@ class StepConfig:
     unroll_steps: int
     dropout: float = 0.1
     n_negative_samples: int = 8192
+    negative_sample_group_rows: int = 0  # rows per candidate draw (0: one draw for the whole batch)
     full_softmax: bool = False
     softmax_chunk: int = 8192
     loss_scale_by_unroll: bool = True
@@ -133,6 +134,7 @@ def _lm_pass(params, cfg: StepConfig, batch, lstm: LSTMState, key, *, train: boo
         num_sampled=cfg.n_negative_samples if sampled else None,
         key=k_sample,
         chunk=cfg.softmax_chunk,
+        group_rows=cfg.negative_sample_group_rows,
     )
     return sums, counts, final
 
