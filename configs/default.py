@@ -88,6 +88,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval_max_batches = 0  # cap on heldout windows per evaluation (0 = the whole heldout set)
     config.log_every_steps = 50
     config.init_from = ""  # a workdir or exported model directory to start from (fine-tuning)
+    # With init_from a training workdir: continue its Adagrad accumulators (True, as bilm-tf's restart.py
+    # restores them), so fine-tuning takes steps as small as the source run's last ones; False restarts
+    # them at adagrad_initial_accumulator, making the first steps as large as a new run's. A model
+    # directory or HDF5 pair holds no optimiser state and always starts afresh (README: Fine-tuning).
+    config.init_from_optimizer = True
 
     # Device mesh (sizes multiply to the device count; one may be -1).
     config.mesh = ml_collections.ConfigDict()

@@ -106,6 +106,8 @@ def _config_problems(config) -> Iterator[str]:
             "negative_sample_group_rows",
             f"0 (one candidate draw for the batch) or a divisor of --config.batch_size={config.batch_size}",
         )
+    if not isinstance(config.init_from_optimizer, bool):
+        yield bad("init_from_optimizer", "True (continue the source workdir's Adagrad accumulators) or False")
     if config.compute_dtype not in COMPUTE_DTYPES:
         yield bad("compute_dtype", f"one of {', '.join(COMPUTE_DTYPES)}")
     if config.data.invalid_utf8 not in INVALID_UTF8_POLICIES:
