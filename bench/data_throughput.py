@@ -3,8 +3,8 @@
     python bench/data_throughput.py                         # demo + 1B-Word-like, profile, demo train step
     python bench/data_throughput.py --sentences=5500000 --seconds=30    # 16 shards, closer to a real 1B Word
 
-Two corpora, each read the way training reads it (a TFDS ArrayRecord dataset written by
-`tfds_corpus.prepare_local_corpus`, opened with `tfds_corpus.open_sentences`) through `data.BiLMBatchStream` with
+Two corpora, each read the way training reads it (ArrayRecord shards written by
+`local_corpus.prepare_local_corpus`, opened with `local_corpus.open_split`) through `data.BiLMBatchStream` with
 seed shuffling: both directions, whole windows including the character ids.
   demo     the embedded default corpus (Python standard-library docstrings) exactly as configs/demo.py
            trains on it (`training_data.open_training_data`: its vocabulary, its 32 x 20 windows);
@@ -38,10 +38,8 @@ read-ahead per row) and 2048 sentences; and the same stream over the sentences h
 list, whose difference to the real one is what reading costs, unprofiled.
 
 Corpus size matters: a random-access read of ArrayRecord costs time in proportion to the records of
-every shard it touches, so the default corpus (one shard of 300k sentences) reads faster than a
-real 1B Word corpus (TFDS writes ~64 shards of ~470k sentences). --sentences=5500000 (16 shards of
-344k; about 2 minutes to prepare) is the largest corpus TFDS prepares without TensorFlow, which it
-needs to spill a split over 1000 MiB to disk. The stream must be timed over many read-ahead periods
+every shard it touches, so the default corpus (one shard) reads faster than a real 1B Word corpus
+(~64 shards of ~470k sentences). The stream must be timed over many read-ahead periods
 (--seconds): a stream that reads in large bursts would otherwise be timed between two bursts.
 """
 
@@ -62,13 +60,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo
 
 import jax
 import numpy as np
-import tensorflow_datasets as tfds
 from absl import app, flags, logging
 
 from bench.common import platform_line
 from bench.synthetic_corpus import write_synthetic_corpus
 from configs import demo as demo_config
-from elmo_jax.data import batch_stream, tfds_corpus, vocab_builder
+from elmo_jax.data import batch_stream, local_corpus, vocab_builder
 from elmo_jax.data.training_corpus import open_training_data
 from elmo_jax.training.batch_feed import device_batch
 from elmo_jax.training.settings import step_config
@@ -119,20 +116,13 @@ def prepare_1b_like(workdir: str):
     counts = write_synthetic_corpus(path, FLAGS.sentences, FLAGS.types, FLAGS.mean_tokens)
     times["generate"] = time.perf_counter() - start
     start = time.perf_counter()
-    try:
-        builder = tfds_corpus.prepare_local_corpus(path, None, os.path.join(workdir, "tfds"), name="synthetic")
-    except ModuleNotFoundError as e:  # TFDS spills a split of over 1000 MiB to disk through tf.io.gfile
-        raise RuntimeError(
-            f"preparing {path} ({os.path.getsize(path) / 2**20:,.0f} MiB) needs TensorFlow, which "
-            "TFDS uses to spill a split over 1000 MiB to disk (tensorflow_datasets/core/shuffle.py); "
-            f"use --sentences=5500000 or fewer, or install tensorflow ({e})"
-        ) from e
-    sentences = tfds_corpus.open_sentences("train", builder=builder)
+    corpus = local_corpus.prepare_local_corpus(path, None, os.path.join(workdir, "prepared"), name="synthetic")
+    sentences = local_corpus.open_split(corpus, "train")
     times["ArrayRecord"] = time.perf_counter() - start
-    shards = builder.info.splits["train"].shard_lengths
+    shards = [shard.records for shard in corpus.splits["train"]]
     print(
-        f"  1b-like ArrayRecord: {len(shards)} shard(s) of {min(shards):,}-{max(shards):,} sentences (TFDS aims at "
-        "64 MiB-1 GiB shards: a 1B Word corpus makes ~64 shards of ~470k)"
+        f"  1b-like ArrayRecord: {len(shards)} shard(s) of {min(shards):,}-{max(shards):,} sentences "
+        f"({local_corpus.SHARD_BYTES >> 20} MiB of text per shard: the 1B Word corpus makes ~64 shards of ~470k)"
     )
     start = time.perf_counter()
     vocab = vocab_builder.build_vocab(counts)
@@ -242,7 +232,6 @@ PROFILE_ROWS = (
         "__getitems__",
         "cum",
     ),
-    ("TFDS record decoding (_deserialize)", 1, "data_sources/base.py", "_deserialize", "cum"),
     ("grain index_shuffle", 1, "~", "index_shuffle", "cum"),
     (
         "encoding sentences (BiLMBatchStream._encode, without the read)",
@@ -346,8 +335,8 @@ def without_reads(path: str, vocab, with_reads: dict[str, float]) -> None:
     r = time_stream(stream, FLAGS.seconds / 2, FLAGS.warmup_windows)
     total, rest = 1e6 / with_reads["per_cpu_s"], 1e6 / r["per_cpu_s"]
     print(
-        f"\nthe same stream over {len(lines):,} of the sentences in a Python list (no ArrayRecord, no TFDS "
-        f"decoding): {r['tokens_per_s']:,.0f} tokens/s, {r['per_cpu_s']:,.0f} tokens/CPU-s "
+        f"\nthe same stream over {len(lines):,} of the sentences in a Python list (no ArrayRecord reads): "
+        f"{r['tokens_per_s']:,.0f} tokens/s, {r['per_cpu_s']:,.0f} tokens/CPU-s "
         f"(CPU/wall {r['cpu_over_wall']:.2f})"
     )
     print(
@@ -413,7 +402,6 @@ def print_targets(results: dict[str, dict[str, float]], train: dict[str, float])
 def main(argv):
     del argv
     logging.set_verbosity(logging.ERROR)
-    tfds.disable_progress_bar()
     unknown = sorted(set(FLAGS.corpora) - {"demo", "1b-like"})
     if unknown:
         raise app.UsageError(f"--corpora: unknown {unknown}; expected demo and/or 1b-like")

@@ -1,9 +1,17 @@
-"""The published original ELMo (2x4096_512_2048cnn_2xhighway) on the 1B Word Benchmark via TFDS `lm1b`.
+"""The published original ELMo (2x4096_512_2048cnn_2xhighway) on the 1B Word Benchmark.
 
-bilm-tf's recipe: 128 rows x 20 steps per GPU on 3 GPUs, Adagrad 0.2, 8192 sampled negatives, dropout
-0.1, 10 epochs of 768,648,884 tokens. The vocabulary is bilm-tf's 1B-Word file (793,471 entries):
-    python train.py --config=configs/bilm_large.py --workdir=... \
-        --config.data.vocab_file=vocab-2016-09-10.txt --config.data.tfds_data_dir=...
+bilm-tf's recipe: 128 rows x 20 steps per GPU on 3 GPUs, Adagrad 0.2 (accumulators from 1.0), the loss
+times unroll_steps clipped to global norm 10, dropout 0.1, 10 epochs of 768,648,884 tokens; 8192 sampled
+negatives per direction drawn for each GPU's 128 rows (three independent sets per step, here one per
+group of 128 rows of the 384); each row's LSTM state carried from window to window and never reset.
+The vocabulary is bilm-tf's 1B-Word file (793,471 entries).
+
+The corpus, prepared once in bounded memory without TensorFlow (`python -m elmo_jax.prepare_lm1b`), then
+named after the config file:
+    python -m elmo_jax.prepare_lm1b --data_dir=/data/lm1b
+    python train.py --config=configs/bilm_large.py:/data/lm1b --workdir=... \
+        --config.data.vocab_file=vocab-2016-09-10.txt
+Without ":DATA_DIR" it reads TFDS's own `lm1b`, prepared with TFDS (`--config.data.tfds_data_dir=...`).
 """
 
 from configs import default
@@ -11,13 +19,21 @@ from configs import default
 TRAIN_TOKENS = 768_648_884
 
 
-def get_config():
+def get_config(lm1b_dir: str = ""):
     config = default.get_config()  # the model defaults are the original's
-    config.data.tfds_name = "lm1b"
-    config.data.tfds_train_split = "train"
-    config.data.tfds_heldout_split = "test"
+    if lm1b_dir:  # prepared by python -m elmo_jax.prepare_lm1b --data_dir=lm1b_dir
+        from elmo_jax.data import lm1b
+
+        config.data.train_files, config.data.heldout_files = lm1b.text_globs(lm1b_dir)
+        config.data.cache_dir = lm1b_dir
+    else:
+        config.data.tfds_name = "lm1b"
+        config.data.tfds_train_split = "train"
+        config.data.tfds_heldout_split = "test"
     config.batch_size = 384  # 128 rows x 3 devices, as published
     config.unroll_steps = 20
+    config.negative_sample_group_rows = 128  # one candidate draw per direction per GPU batch, as bilm-tf
+    config.state_reset_probability = 0.0  # bilm-tf never resets the carried state
     config.num_train_steps = 10 * TRAIN_TOKENS // (384 * 20)  # 10 epochs
     config.checkpoint_every_steps = 5000
     config.eval_every_steps = 50_000

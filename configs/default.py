@@ -60,9 +60,22 @@ def get_config() -> ml_collections.ConfigDict:
     config.loss_scale_by_unroll = True  # bilm-tf differentiates loss * unroll_steps
     # Chance that a training sentence is read from a zero LSTM state instead of the carried one. bilm-tf
     # uses 0; then the model only sees a zero state once (the first window), yet `embed` always starts
-    # from one, and small models can end up useless from it. A few percent costs nothing measurable.
+    # from one, and small models can end up useless from it. Measured (bench/state_resets.py, demo model,
+    # 600 steps, one seed; bench/RESULTS.md): full-softmax heldout perplexity carried / from a zero state
+    # was 248.0 / 248.8 with 0.05; with 0 the backward LM read 244.2 / 255.5 (so resets cost nothing
+    # carried and gain 4% stateless) but the forward LM's full-softmax perplexity blew up to ~1e10 while
+    # its sampled training loss stayed normal (4.93): not yet explained, and configs/bilm_large.py uses 0.
     config.state_reset_probability = 0.05
-    config.n_negative_samples = 8192  # sampled-softmax candidates per direction and step
+    config.n_negative_samples = 8192  # sampled-softmax candidates per direction and group of rows
+    # Rows per candidate draw: the global batch's rows 0..g-1, g..2g-1, ... each draw their own
+    # n_negative_samples candidates per direction (a group's draw depends on the step's key and the group's
+    # index only, not on the mesh or the processes). bilm-tf draws one set per GPU batch of 128 rows, i.e.
+    # three per step on its 3 GPUs. 0 = one draw for the whole batch; otherwise it must divide batch_size.
+    # The expected gradient is the same either way; what differs is how often a rare word's softmax row is
+    # a candidate, and so how fast Adagrad's accumulator for it grows (about G times more often with G
+    # groups, each time with about 1/G of the gradient). 0 here: with the default 128 rows it is exactly
+    # bilm-tf's per-GPU draw, and it fits any batch_size set on the command line.
+    config.negative_sample_group_rows = 0
     config.full_softmax = False  # train with the full softmax (small vocabularies only)
     config.softmax_chunk = 8192  # vocabulary rows per step of the full softmax
     config.compute_dtype = "float32"  # matmul dtype: float32 or bfloat16 (state and accumulation stay float32)
@@ -79,6 +92,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval_max_batches = 0  # cap on heldout windows per evaluation (0 = the whole heldout set)
     config.log_every_steps = 50
     config.init_from = ""  # fine-tuning: start from a workdir, a model directory, or a published model ("small")
+    # With init_from a training workdir: continue its Adagrad accumulators (True, as bilm-tf's restart.py
+    # restores them), so fine-tuning takes steps as small as the source run's last ones; False restarts
+    # them at adagrad_initial_accumulator, making the first steps as large as a new run's. A model
+    # directory or HDF5 pair holds no optimiser state and always starts afresh (README: Fine-tuning).
+    config.init_from_optimizer = True
 
     # Device mesh (sizes multiply to the device count; one may be -1).
     config.mesh = ml_collections.ConfigDict()

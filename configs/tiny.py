@@ -21,6 +21,7 @@ def get_config():
     config.batch_size = 8
     config.unroll_steps = 5
     config.n_negative_samples = 8  # of a vocabulary of ~20: sampling and the log-Q correction are live
+    config.negative_sample_group_rows = 4  # two candidate draws per direction, as bilm_large draws three
     config.num_train_steps = 100
     config.checkpoint_every_steps = 50
     config.eval_every_steps = 0

@@ -1,5 +1,5 @@
-"""Corpora as random-access sentence sequences: local files through TFDS (no TensorFlow), by name, grain,
-and the built-in standard-library corpus."""
+"""Corpora as random-access sentence sequences: local files prepared as ArrayRecord shards (no TFDS, no
+TensorFlow), stock TFDS datasets by name, grain, and the built-in standard-library corpus."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 import tensorflow_datasets as tfds
 
-from elmo_jax.data import default_corpus, text_files, tfds_corpus
+from elmo_jax.data import default_corpus, local_corpus, text_files, tfds_corpus
 
 TRAIN_A = "The  cat sat .\n\n  on the\tmat  \nbad \xff byte\n"
 TRAIN_B = "second file , first line\n" + "x" * 50 + "\nlast line without newline"
@@ -37,20 +37,20 @@ def files(tmp_path):
 
 @pytest.fixture
 def prepared(files, tmp_path):
-    return tfds_corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "tfds", max_line_chars=40)
+    return local_corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "prepared", max_line_chars=40)
 
 
 def test_local_corpus_round_trip(prepared):
-    train = tfds_corpus.open_sentences("train", builder=prepared)
+    train = local_corpus.open_split(prepared, "train")
     assert len(train) == len(TRAIN_EXPECTED)
     assert [train[i] for i in range(len(train))] == TRAIN_EXPECTED  # normalised, in file order
-    assert list(tfds_corpus.open_sentences("test", builder=prepared)) == ["a heldout sentence .", "another one"]
-    assert prepared.info.features["text"].__class__ is tfds.features.Text  # the stock lm1b features
+    assert list(local_corpus.open_split(prepared, "test")) == ["a heldout sentence .", "another one"]
+    assert prepared.sentences("train") == len(TRAIN_EXPECTED)
     assert "tensorflow" not in sys.modules
 
 
-def test_read_counts_are_stored_with_the_dataset(prepared, files, tmp_path):
-    stats = tfds_corpus.read_stats(prepared)["train"]
+def test_read_counts_are_stored_with_the_corpus(prepared, files):
+    stats = local_corpus.read_stats(prepared)["train"]
     assert (
         stats.files,
         stats.lines,
@@ -60,33 +60,81 @@ def test_read_counts_are_stored_with_the_dataset(prepared, files, tmp_path):
         stats.invalid_utf8_replaced,
     ) == (2, 7, 5, 1, 1, 1)
     assert stats.examples["long_lines"] == [os.path.abspath(files["train"].replace("*", "01")) + ":2"]
-    reread = tfds.builder(tfds_corpus.tfds_name(prepared), data_dir=tmp_path / "tfds")  # from disk only
-    assert tfds_corpus.read_stats(reread)["train"] == stats
+    assert local_corpus.read_stats(local_corpus.load_prepared(prepared.directory))["train"] == stats  # from disk
 
 
 def test_prepare_is_idempotent_and_never_stale(prepared, files, tmp_path, monkeypatch):
-    def no_regeneration(self, **kwargs):
-        raise AssertionError("a prepared dataset was generated again")
+    def no_rewrite(*args, **kwargs):
+        raise AssertionError("a prepared corpus was written again")
 
     with monkeypatch.context() as patch:
-        patch.setattr(tfds_corpus.LocalTextCorpus, "_generate_examples", no_regeneration)
-        again = tfds_corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "tfds", max_line_chars=40)
-    assert tfds_corpus.tfds_name(again) == tfds_corpus.tfds_name(prepared)
-    assert list(tfds_corpus.open_sentences("train", builder=again)) == TRAIN_EXPECTED
+        patch.setattr(local_corpus, "_write_split", no_rewrite)
+        again = local_corpus.prepare_local_corpus(
+            files["train"], files["test"], tmp_path / "prepared", max_line_chars=40
+        )
+    assert again == prepared
+    assert list(local_corpus.open_split(again, "train")) == TRAIN_EXPECTED
 
     with open(files["test"], "a", encoding="utf-8") as f:
         f.write("a new line\n")
-    changed = tfds_corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "tfds", max_line_chars=40)
-    assert tfds_corpus.tfds_name(changed) != tfds_corpus.tfds_name(prepared)
-    assert tfds_corpus.open_sentences("test", builder=changed)[-1] == "a new line"
-    other_options = tfds_corpus.prepare_local_corpus(
-        files["train"], files["test"], tmp_path / "tfds", max_line_chars=40, invalid_utf8="skip"
+    changed = local_corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "prepared", max_line_chars=40)
+    assert changed.name != prepared.name and os.path.isdir(prepared.directory)  # the old one is left alone
+    assert local_corpus.open_split(changed, "test")[-1] == "a new line"
+    other_options = local_corpus.prepare_local_corpus(
+        files["train"], files["test"], tmp_path / "prepared", max_line_chars=40, invalid_utf8="skip"
     )
-    assert "bad \ufffd byte" not in list(tfds_corpus.open_sentences("train", builder=other_options))
+    assert "bad \ufffd byte" not in list(local_corpus.open_split(other_options, "train"))
 
 
-def test_open_sentences_from_files_and_by_name(files, tmp_path):
-    data_dir = tmp_path / "tfds"
+def test_shards_follow_the_text_in_order(files, tmp_path):
+    """With shards of at most ~20 bytes of text, the five sentences spread over several files and read
+    back in file order, also through ArrayRecord's own reader given the manifest's shard list."""
+    from array_record.python.array_record_data_source import ArrayRecordDataSource
+
+    corpus = local_corpus.prepare_local_corpus(files["train"], None, tmp_path, max_line_chars=40, shard_bytes=20)
+    shards = corpus.splits["train"]
+    assert len(shards) == 3 and [s.records for s in shards] == [2, 2, 1]
+    assert sum(s.bytes for s in shards) == sum(len(t.encode()) for t in TRAIN_EXPECTED)
+    assert list(local_corpus.open_split(corpus, "train")) == TRAIN_EXPECTED
+    plain = ArrayRecordDataSource([os.path.join(corpus.directory, s.file) for s in shards])
+    assert [plain[i].decode() for i in range(len(plain))] == TRAIN_EXPECTED
+
+
+def test_an_interrupted_preparation_leaves_nothing_prepared(files, tmp_path, monkeypatch):
+    """A failure while writing (here: the third record) leaves no corpus under its name and no staging;
+    the next call prepares it whole. A corpus damaged later (a shard deleted) is prepared again."""
+    real_writer = local_corpus.array_record_module.ArrayRecordWriter
+
+    class FailingWriter:
+        written = 0
+
+        def __init__(self, *args):
+            self._writer = real_writer(*args)
+
+        def write(self, record):
+            FailingWriter.written += 1
+            if FailingWriter.written == 3:
+                raise OSError(28, "No space left on device")
+            self._writer.write(record)
+
+        def close(self):
+            self._writer.close()
+
+    with monkeypatch.context() as patch:
+        patch.setattr(local_corpus.array_record_module, "ArrayRecordWriter", FailingWriter)
+        with pytest.raises(OSError, match="No space left"):
+            local_corpus.prepare_local_corpus(files["train"], None, tmp_path, max_line_chars=40)
+    assert os.listdir(tmp_path / local_corpus.DIRECTORY) == []
+    corpus = local_corpus.prepare_local_corpus(files["train"], None, tmp_path, max_line_chars=40)
+    assert list(local_corpus.open_split(corpus, "train")) == TRAIN_EXPECTED
+
+    os.remove(os.path.join(corpus.directory, corpus.splits["train"][0].file))
+    again = local_corpus.prepare_local_corpus(files["train"], None, tmp_path, max_line_chars=40)
+    assert list(local_corpus.open_split(again, "train")) == TRAIN_EXPECTED
+
+
+def test_open_sentences_from_files_and_from_a_corpus(files, tmp_path):
+    data_dir = tmp_path / "prepared"
     train = tfds_corpus.open_sentences("train", files=files, data_dir=data_dir)
     assert list(train) == TRAIN_EXPECTED[:2] + [
         "bad \ufffd byte",
@@ -94,15 +142,8 @@ def test_open_sentences_from_files_and_by_name(files, tmp_path):
         "x" * 50,
         "last line without newline",
     ]  # default line limit
-    name = train.name.split("[")[0]
-    assert list(tfds_corpus.open_sentences("test", tfds_name=name, data_dir=data_dir)) == [
-        "a heldout sentence .",
-        "another one",
-    ]
-    assert tfds_corpus.open_sentences("train[1:3]", tfds_name=name, data_dir=data_dir)[:] == [
-        "on the mat",
-        "bad \ufffd byte",
-    ]
+    corpus = local_corpus.load_prepared(os.path.join(data_dir, local_corpus.DIRECTORY, train.name.split("[")[0]))
+    assert list(tfds_corpus.open_sentences("test", corpus=corpus)) == ["a heldout sentence .", "another one"]
 
 
 class Lm1bStandIn(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -110,7 +151,9 @@ class Lm1bStandIn(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
     name = "lm1b"
     VERSION = tfds.core.Version("1.1.0")  # the stock builder's version
-    code_path = None  # see tfds_corpus.LocalTextCorpus.code_path
+    # TFDS looks for a checksums file next to a builder's code, which for a builder defined outside a
+    # package imports `importlib_resources`, not installed with TFDS 4.9.10; nothing is downloaded here.
+    code_path = None
     LINES = {"train": ["a  train line", "another"], "test": ["  the test line ", "last"]}
 
     def _info(self):
@@ -139,12 +182,13 @@ def test_a_stock_dataset_by_name(tmp_path):
     ]
 
 
-def test_reading_by_name_needs_neither_this_package_nor_tensorflow(prepared, tmp_path):
+def test_reading_needs_neither_this_package_nor_tensorflow(prepared):
+    """The manifest and the array_record package are all a reader needs."""
     script = (
-        "import json, sys; import tensorflow_datasets as tfds; "
-        f"src = tfds.data_source({tfds_corpus.tfds_name(prepared)!r}, split='train', "
-        f"data_dir={str(tmp_path / 'tfds')!r}, download=False); "
-        "print(json.dumps([[r['text'].decode() for r in src], 'tensorflow' in sys.modules, "
+        "import json, os, sys; from array_record.python.array_record_data_source import ArrayRecordDataSource; "
+        f"d = {prepared.directory!r}; m = json.load(open(os.path.join(d, 'manifest.json'))); "
+        "src = ArrayRecordDataSource([os.path.join(d, s['file']) for s in m['splits']['train']['shards']]); "
+        "print(json.dumps([[src[i].decode() for i in range(len(src))], 'tensorflow' in sys.modules, "
         "'elmo_jax' in sys.modules]))"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
@@ -153,7 +197,7 @@ def test_reading_by_name_needs_neither_this_package_nor_tensorflow(prepared, tmp
 
 
 def test_sentence_source_indexing(prepared):
-    train = tfds_corpus.open_sentences("train", builder=prepared)
+    train = local_corpus.open_split(prepared, "train")
     assert train[-1] == TRAIN_EXPECTED[-1] and train[1:4:2] == [TRAIN_EXPECTED[1], TRAIN_EXPECTED[3]]
     assert train.__getitems__([4, 0]) == [TRAIN_EXPECTED[4], TRAIN_EXPECTED[0]]
     for index in (5, -6):
@@ -164,7 +208,7 @@ def test_sentence_source_indexing(prepared):
 def test_grain_random_access(prepared):
     import grain
 
-    train = tfds_corpus.open_sentences("train", builder=prepared)
+    train = local_corpus.open_split(prepared, "train")
     stream = grain.MapDataset.source(train).shuffle(seed=7).repeat()
     epochs = [[stream[e * len(train) + i] for i in range(len(train))] for e in range(2)]
     assert all(sorted(epoch) == sorted(TRAIN_EXPECTED) for epoch in epochs)
@@ -176,7 +220,7 @@ def test_grain_random_access(prepared):
 @pytest.mark.parametrize(
     "kwargs,error,message",
     [
-        (dict(), ValueError, r"exactly one of tfds_name, files, builder; got none"),
+        (dict(), ValueError, r"exactly one of tfds_name, files, corpus; got none"),
         (dict(tfds_name="lm1b", files={"train": "x"}), ValueError, r"got \['tfds_name', 'files'\]"),
         (dict(files={"heldout": "x"}), ValueError, r"expected keys 'train' and optionally 'test', found \['heldout'\]"),
         (dict(tfds_name="lm1b"), FileNotFoundError, r"TFDS dataset 'lm1b' is not prepared in .*lm1b"),
@@ -189,26 +233,26 @@ def test_open_sentences_rejects(tmp_path, kwargs, error, message):
         tfds_corpus.open_sentences("train", data_dir=tmp_path, **kwargs)
 
 
-def test_open_sentences_names_missing_split(files, tmp_path):
-    builder = tfds_corpus.prepare_local_corpus(files["train"], None, tmp_path / "tfds")
+def test_open_split_names_missing_split(files, tmp_path):
+    corpus = local_corpus.prepare_local_corpus(files["train"], None, tmp_path)
     with pytest.raises(ValueError, match=r"has no split 'test'; it has \['train'\]"):
-        tfds_corpus.open_sentences("test", builder=builder)
+        local_corpus.open_split(corpus, "test")
 
 
 def test_prepare_rejects_bad_input(files, tmp_path):
     with pytest.raises(ValueError, match=r"name='my corpus': expected letters, digits and '_' only"):
-        tfds_corpus.prepare_local_corpus(files["train"], None, tmp_path, name="my corpus")
+        local_corpus.prepare_local_corpus(files["train"], None, tmp_path, name="my corpus")
     with pytest.raises(FileNotFoundError, match="no file matches"):
-        tfds_corpus.prepare_local_corpus(str(tmp_path / "missing-*"), None, tmp_path)
+        local_corpus.prepare_local_corpus(str(tmp_path / "missing-*"), None, tmp_path)
     with pytest.raises(ValueError, match=r"1 file\(s\) are in both the train and the heldout files: .*heldout\.txt"):
-        tfds_corpus.prepare_local_corpus([files["train"], files["test"]], files["test"], tmp_path)
+        local_corpus.prepare_local_corpus([files["train"], files["test"]], files["test"], tmp_path)
     with pytest.raises(ValueError, match=r"max_line_chars=0"):
-        tfds_corpus.prepare_local_corpus(files["train"], None, tmp_path, max_line_chars=0)
-    assert not os.path.exists(tmp_path / "local_text_corpus")  # rejected before TFDS wrote anything
+        local_corpus.prepare_local_corpus(files["train"], None, tmp_path, max_line_chars=0)
+    assert not os.path.exists(tmp_path / "local_text_corpus")  # rejected before anything was written
     blank = tmp_path / "blank.txt"
     blank.write_text("\n \n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"split 'train' has no sentences: .*blank=2"):
-        tfds_corpus.prepare_local_corpus(str(blank), None, tmp_path / "tfds")
+        local_corpus.prepare_local_corpus(str(blank), None, tmp_path / "prepared")
 
 
 # ----------------------------------------------------------------------------- default corpus
@@ -270,17 +314,3 @@ def test_default_corpus_names_missing_modules(tmp_path):
     assert json.loads((tmp_path / "manifest.json").read_text())["missing_modules"] == ["no_such_module"]
     with pytest.raises(FileNotFoundError, match=r"none of the modules \['no_such_module'\] has source"):
         default_corpus.build_default_corpus(tmp_path / "x", modules=("no_such_module",))
-
-
-def test_a_split_over_the_in_memory_limit_prepares_without_tensorflow(files, tmp_path, monkeypatch):
-    """TFDS spills splits over 1000 MiB through tf.io.gfile; without TensorFlow they must stay in memory.
-
-    The limit is lowered to 64 bytes so the tiny corpus counts as "large"."""
-    from tensorflow_datasets.core import shuffle
-
-    monkeypatch.setattr(shuffle, "MAX_MEM_BUFFER_SIZE", 64)
-    builder = tfds_corpus.prepare_local_corpus(files["train"], files["test"], tmp_path / "big", max_line_chars=40)
-    train = tfds_corpus.open_sentences("train", builder=builder)
-    assert [train[i] for i in range(len(train))] == TRAIN_EXPECTED
-    assert shuffle.MAX_MEM_BUFFER_SIZE == 64  # restored afterwards
-    assert "tensorflow" not in sys.modules

@@ -14,6 +14,7 @@ from elmo_jax.data.batch_stream import BiLMBatchStream
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.training.lm import lm_outputs
+from tests.support.models import randomize
 
 SENTENCES = [" ".join(f"w{(i * 3 + j) % 7}" for j in range(1 + i % 5)) for i in range(40)]
 
@@ -74,3 +75,33 @@ def test_lstm_reset_equals_reading_from_a_zero_state():
     unreset, _ = lm_outputs(params, chars, mask, state)  # other rows are untouched by the resets
     np.testing.assert_array_equal(np.asarray(out)[0, 0], np.asarray(unreset)[0, 0])
     assert np.abs(np.asarray(out)[0, 1, 3:] - np.asarray(unreset)[0, 1, 3:]).max() > 1e-3
+
+
+def test_heldout_from_zero_state_reads_each_sentence_alone(corpus):
+    """`heldout_perplexity(..., from_zero_state=True)` with 3 rows, each reading 4 sentences, scores like 12
+    rows reading one sentence each from a zero state; carrying the state across sentences scores otherwise."""
+    from configs import tiny
+    from elmo_jax.training import settings
+    from elmo_jax.training.heldout import heldout_perplexity
+    from elmo_jax.training.train_step import init_train_state
+
+    sentences = corpus["heldout_sentences"][:12]
+    words = sorted({w for s in sentences for w in s.split()})
+    vocab = Vocab(["<S>", "</S>", "<UNK>", *words])
+    config = tiny.get_config()
+    cfg = settings.step_config(config, len(vocab))
+    # Random weights on the shapes of a fresh state (running the initialisers costs seconds of compilation).
+    shapes = jax.eval_shape(lambda: init_train_state(jax.random.key(0), cfg, settings.optimizer(config), 12)).params
+    bilm = randomize(elmo_jax.BiLMParams(weights=shapes["bilm"], config=cfg.model), seed=1).weights
+    rng = np.random.default_rng(2)
+    softmax = {
+        k: jax.numpy.asarray(rng.normal(0.0, 1.0, v.shape), jax.numpy.float32) for k, v in shapes["softmax"].items()
+    }
+    params = {"bilm": bilm, "softmax": softmax}
+    alone = heldout_perplexity(params, cfg, sentences, vocab, 12)
+    zero = heldout_perplexity(params, cfg, sentences, vocab, 3, from_zero_state=True)
+    carried = heldout_perplexity(params, cfg, sentences, vocab, 3)
+    assert zero["tokens"] == alone["tokens"] == carried["tokens"]
+    for key in ("forward_perplexity", "backward_perplexity"):
+        assert zero[key] == pytest.approx(alone[key], rel=1e-5)
+        assert abs(carried[key] - alone[key]) > 1e-4 * alone[key]

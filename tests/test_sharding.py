@@ -40,7 +40,9 @@ MODEL = BiLMConfig(
     proj_clip=3.0,
     use_skip_connections=True,
 )
-CFG = StepConfig(model=MODEL, vocab_size=VOCAB, unroll_steps=T, n_negative_samples=16)
+# Four candidate draws per direction, two rows each: a group spans two devices of an (8, 1) mesh and a
+# device holds two groups of a (2, 4) one; the draws must not depend on either.
+CFG = StepConfig(model=MODEL, vocab_size=VOCAB, unroll_steps=T, n_negative_samples=16, negative_sample_group_rows=2)
 OPTIMIZER = make_optimizer(0.2, 1.0, 10.0)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import math
 import os
 import struct
@@ -19,6 +20,7 @@ import numpy as np
 import pytest
 
 import elmo_jax
+from configs import tiny
 from elmo_jax.data.training_corpus import open_training_data
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.training import heldout, loop, settings, sharding, start
@@ -198,7 +200,7 @@ def initial_state(config, workdir):
     return jax.device_get(state)
 
 
-def test_init_from_workdir_keeps_the_softmax_and_export_starts_a_fresh_one(trained_run, tmp_path):
+def test_init_from_workdir_keeps_the_softmax_and_export_starts_a_fresh_one(trained_run, tmp_path, caplog):
     """A run started from run A's workdir (same vocabulary) begins with A's final biLM and softmax; one
     started from A's export begins with A's biLM and the fresh softmax of a new run. The first step's
     loss (computed before its update) shows the head start: the same seed gives the same first batch
@@ -207,15 +209,50 @@ def test_init_from_workdir_keeps_the_softmax_and_export_starts_a_fresh_one(train
     state_a, _ = restored(workdir_a)
 
     from_workdir = with_overrides(config_a, init_from=workdir_a, num_train_steps=1, checkpoint_every_steps=1)
-    assert_trees_equal(initial_state(from_workdir, str(tmp_path / "w0")).params, state_a.params)
+    state_w = initial_state(from_workdir, str(tmp_path / "w0"))
+    assert_trees_equal(state_w.params, state_a.params)
+    assert_trees_equal(state_w.opt_state, state_a.opt_state)  # Adagrad's accumulators continue (restart.py)
+    assert int(state_w.step) == 0
     loop.train_and_evaluate(from_workdir, str(tmp_path / "from_workdir"))
     loss_a, loss_w = read_metrics(workdir_a)[0]["loss"], read_metrics(tmp_path / "from_workdir")[0]["loss"]
     assert loss_w < loss_a - 1.0, (loss_w, loss_a)
 
     from_export = with_overrides(config_a, init_from=os.path.join(workdir_a, "export"))
-    state_e = initial_state(from_export, str(tmp_path / "w1"))
+    with caplog.at_level(logging.WARNING):
+        state_e = initial_state(from_export, str(tmp_path / "w1"))
+    assert any("holds no optimiser state" in r.getMessage() for r in caplog.records)
+    assert_trees_equal(state_e.opt_state, settings.optimizer(config_a).init(state_e.params))
     assert_trees_equal(state_e.params["bilm"], state_a.params["bilm"])
     cfg = settings.step_config(config_a, len(Vocab.load(os.path.join(workdir_a, "vocab.txt"))))
     fresh = init_train_state(jax.random.key(config_a.seed), cfg, settings.optimizer(config_a), config_a.batch_size)
     assert_trees_equal(state_e.params["softmax"], fresh.params["softmax"])
     assert np.max(np.abs(np.asarray(fresh.params["softmax"]["W"]) - np.asarray(state_a.params["softmax"]["W"]))) > 0.1
+
+
+def test_init_from_workdir_can_restart_the_optimiser(trained_run, tmp_path):
+    """init_from_optimizer=False: the workdir's weights with Adagrad's accumulators back at their initial
+    value; with another vocabulary, the biLM's accumulators continue and the fresh softmax's restart."""
+    workdir_a, config_a = trained_run.workdir, trained_run.config
+    state_a, _ = restored(workdir_a)
+    fresh = with_overrides(config_a, init_from=workdir_a, init_from_optimizer=False)
+    state_f = initial_state(fresh, str(tmp_path / "w0"))
+    assert_trees_equal(state_f.params, state_a.params)
+    assert_trees_equal(state_f.opt_state, settings.optimizer(config_a).init(state_a.params))
+
+    words = Vocab.load(os.path.join(workdir_a, "vocab.txt")).words
+    other_vocab = tmp_path / "vocab.txt"
+    other_vocab.write_text("\n".join(words + ["zebra"]) + "\n", encoding="utf-8")
+    other = with_overrides(config_a, init_from=workdir_a, **{"data.vocab_file": str(other_vocab)})
+    state_o = initial_state(other, str(tmp_path / "w1"))
+    accumulators = lambda state: state.opt_state[1][0].sum_of_squares  # chain(clip, adagrad(rss, lr))
+    acc_o, acc_a = accumulators(state_o), accumulators(state_a)
+    assert_trees_equal(acc_o["bilm"], acc_a["bilm"])
+    assert np.all(np.asarray(acc_o["softmax"]["W"]) == config_a.adagrad_initial_accumulator)
+    assert np.max(np.asarray(acc_a["bilm"]["CNN_proj"]["W_proj"])) > 1.5  # they did grow
+
+
+def test_check_config_refuses_an_init_from_optimizer_that_is_not_a_bool():
+    config = tiny.get_config()
+    config.init_from_optimizer = None  # ml_collections lets None through; ints and strings are a TypeError
+    with pytest.raises(ValueError, match=r"--config.init_from_optimizer=None: expected True \(continue"):
+        settings.check_config(config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import logging
 import os
 from pathlib import Path
 
@@ -125,23 +126,59 @@ def test_save_and_load_round_trip_and_replace(tmp_path, corpus):
         (b"", ValueError, r"{path}: no tokens"),
         (b"<S>\n</S>\nthe\n", ValueError, r"{path}: missing <UNK>; a vocabulary must contain <S>, </S>, <UNK>"),
         (b"the\n", ValueError, r"{path}: missing <S>, </S>, <UNK>"),
-        (b"<S>\n</S>\n<UNK>\nthe\ncat\nthe\n", ValueError, r"{path}:6: duplicate token 'the', first on line 4"),
-        (b"<S>\n</S>\n!!!MAXTERMID\n<UNK>\n<S>\n", ValueError, r"{path}:5: duplicate token '<S>', first on line 1"),
+        (b"\n \n\n", ValueError, r"{path}: no tokens"),
+        (b"<S>\n</S>\n\n<S>\n", ValueError, r"{path}: missing <UNK>"),
         (
             b"<S>\n</S>\n<UNK>\nnew york\n",
             ValueError,
             r"{path}:4: expected one token without whitespace, found 'new york'",
         ),
-        (b"<S>\n</S>\n<UNK>\n\nthe\n", ValueError, r"{path}:4: expected one token without whitespace, found ''"),
+        (b"<S>\n</S>\n<UNK>\nthe 123\n", ValueError, r"{path}:4: expected one token without whitespace"),
         (b"<S>\n</S>\n<UNK>\nbad\xffbyte\n", ValueError, r"{path}:4: not valid UTF-8"),
     ],
-    ids=["empty", "no_unk", "no_specials", "duplicate", "duplicate_after_maxtermid", "space", "blank", "utf8"],
+    ids=["empty", "no_unk", "no_specials", "only_blank", "no_unk_after_skips", "space", "word_count", "utf8"],
 )
 def test_bad_vocab_files_are_named_with_line(tmp_path, content, error, message):
     path = tmp_path / "vocab.txt"
     path.write_bytes(content)
     with pytest.raises(error, match=message.format(path=str(path).replace(".", r"\."))):
         Vocab.load(path)
+
+
+def test_blank_lines_and_repeated_tokens_are_skipped_with_one_warning(tmp_path, caplog):
+    """bilm-tf loads such files (it gives each line an id); here they are skipped, each token keeping its
+    first line's place, and one warning per file counts them however often the file is loaded."""
+    path = tmp_path / "vocab.txt"
+    path.write_bytes(b"<S>\n</S>\n<UNK>\n\nthe\ncat\nthe\n  \n!!!MAXTERMID\n<S>\ndog\n\n")
+    with caplog.at_level(logging.WARNING):
+        vocab = Vocab.load(path)
+        assert Vocab.load(path) == vocab
+    assert vocab.words == ["<S>", "</S>", "<UNK>", "the", "cat", "dog"]
+    assert (vocab.bos_id, vocab.word_to_id("the"), vocab.word_to_id("dog")) == (0, 3, 5)
+    assert vocab.skipped_lines == {"blank": 3, "duplicate": 2}
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith(
+        f"{path}: skipped 2 repeated token(s) (the first: 'the' on line 7, first on line 5) and 3 blank "
+        "line(s) (the first: line 4); bilm-tf accepts such files too"
+    ), warning
+    clean = tmp_path / "clean.txt"
+    clean.write_bytes(b"<S>\n</S>\n<UNK>\nthe\n")
+    with caplog.at_level(logging.WARNING):
+        assert Vocab.load(clean).skipped_lines == {"blank": 0, "duplicate": 0}
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+
+def test_training_reads_a_lenient_vocabulary(tmp_path, corpus):
+    """A run given a vocabulary file with a blank line and a repeated token uses its kept words."""
+    from elmo_jax.data.training_corpus import open_training_data
+    from tests.support.configs import tiny_config
+
+    words = build_vocab(count_tokens(str(corpus))[0]).words
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(words[:5] + ["", words[4]] + words[5:]) + "\n\n", encoding="utf-8")
+    config = tiny_config({"train": str(corpus), "heldout": "", "cache_dir": str(tmp_path / "cache")})
+    config.data.vocab_file = str(path)
+    assert open_training_data(config.data, str(tmp_path)).vocab.words == words
 
 
 def test_missing_vocab_file_is_named(tmp_path):

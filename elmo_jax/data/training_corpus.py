@@ -2,8 +2,8 @@
 
 Three corpora, in this order of precedence:
   1. `data.tfds_name`: a prepared TFDS dataset with a "text" feature (e.g. `lm1b`), read by name;
-  2. `data.train_files` (+ `data.heldout_files`): local text files, prepared once into a TFDS
-     ArrayRecord dataset under `data.cache_dir` (default `WORKDIR/data`);
+  2. `data.train_files` (+ `data.heldout_files`): local text files, prepared once as ArrayRecord
+     shards under `data.cache_dir` (default `WORKDIR/data`; `local_corpus`), in bounded memory;
   3. neither: the embedded default corpus (Python standard library docstrings), built on first use.
 The vocabulary is `data.vocab_file` if given, else `WORKDIR/vocab.txt` from an earlier run of the same
 workdir, else counted from the training text and written to `WORKDIR/vocab.txt` (so a resumed or
@@ -18,8 +18,8 @@ import os
 
 from absl import logging
 
-from elmo_jax.data import default_corpus, text_files, tfds_corpus, vocab_builder
-from elmo_jax.data.tfds_corpus import SentenceSource
+from elmo_jax.data import default_corpus, local_corpus, text_files, tfds_corpus, vocab_builder
+from elmo_jax.data.sentence_source import SentenceSource
 from elmo_jax.formats.vocab_file import Vocab
 
 
@@ -68,11 +68,9 @@ def open_training_data(data, workdir: str, *, write_files: bool = True) -> Train
         else:
             train_files, heldout_files = default_corpus.build_default_corpus(os.path.join(cache_dir, "default_corpus"))
             description = "the embedded default corpus (Python standard library docstrings)"
-        builder = tfds_corpus.prepare_local_corpus(
-            train_files, heldout_files, os.path.join(cache_dir, "tfds"), **read_options
-        )
-        train = tfds_corpus.open_sentences("train", builder=builder)
-        heldout = tfds_corpus.open_sentences("test", builder=builder) if heldout_files else None
+        corpus = local_corpus.prepare_local_corpus(train_files, heldout_files, cache_dir, **read_options)
+        train = local_corpus.open_split(corpus, "train")
+        heldout = local_corpus.open_split(corpus, "test") if heldout_files else None
     vocab = _resolve_vocab(data, workdir, train_files, train, read_options, write_files)
     logging.info(
         "corpus: %s; %d training sentences, %s heldout; vocabulary of %d",

@@ -5,6 +5,15 @@ be present; bilm-tf writes them first (ids 0, 1, 2) followed by the words in des
 which the log-uniform negative sampler of the training softmax relies on. Files written by bilm-tf's
 own tooling may contain a line `!!!MAXTERMID`; it is not a token, takes no id and is skipped.
 
+Loading is as lenient as bilm-tf's `Vocabulary` where that is harmless: blank lines and repeated tokens
+are accepted, and skipped here (they take no id; one warning per file counts them and names the first
+of each). bilm-tf gives each of them an id of its own: a blank line's entry is a word no text contains,
+and a repeated token is looked up at its last line, leaving the rows of its earlier lines unused. So
+past the first skipped line the ids here are smaller than bilm-tf's; nothing depends on that, since
+bilm-tf's published weights hold no softmax. Loading stays strict where the result would be wrong: a
+missing `<S>`, `</S>` or `<UNK>` (bilm-tf's training refuses that too), a line holding two tokens (e.g.
+a "word count" file, whose words would never match), invalid UTF-8, an empty file.
+
 A literal `<S>`, `</S>` or `<UNK>` in a sentence maps to the reserved id when encoded, as in bilm-tf.
 Building a vocabulary from a corpus is `elmo_jax.data.vocab_builder`.
 """
@@ -16,6 +25,7 @@ import os
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+from absl import logging
 
 from elmo_jax.formats import atomic_write
 from elmo_jax.formats.output_paths import Artifact
@@ -64,30 +74,29 @@ class Vocab:
             )
         self.words: list[str] = list(words)
         self.bos_id, self.eos_id, self.unk_id = (self._word_to_id[s] for s in SPECIALS)
+        self.skipped_lines: dict[str, int] = {"blank": 0, "duplicate": 0}  # lines `load` skipped
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Vocab:
-        """Reads a bilm-tf vocabulary file (surrounding whitespace on a line is ignored, as in bilm-tf; a
-        UTF-8 byte-order mark at the start of the file is removed, as the corpus reader does)."""
+        """Reads a bilm-tf vocabulary file.
+
+        Surrounding whitespace on a line is ignored, as in bilm-tf; a UTF-8 byte-order mark at the start
+        of the file is removed, as the corpus reader does. Blank lines and repeated tokens are skipped
+        (the first line of a token gives its id) with one warning per file that counts them; the counts
+        are in `skipped_lines`.
+
+        Raises:
+          FileNotFoundError, IsADirectoryError: no such file.
+          ValueError: the file, line and problem: invalid UTF-8, a line with whitespace inside its
+            token, no token at all, or a missing `<S>`, `</S>` or `<UNK>`.
+        """
         path = os.fspath(path)
-        if os.path.isdir(path):
-            raise IsADirectoryError(f"vocabulary {path} is a directory, expected a file with one token per line")
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"vocabulary file {path} does not exist")
-        words, lines = [], []
-        with open(path, "rb") as f:
-            for number, raw in enumerate(f, start=1):
-                if number == 1 and raw.startswith(UTF8_BOM):  # editors on Windows write one; not part of <S>
-                    raw = raw[len(UTF8_BOM) :]
-                try:
-                    word = raw.decode("utf-8").strip()
-                except UnicodeDecodeError as e:
-                    raise ValueError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
-                if word == MAX_TERM_ID:
-                    continue
-                words.append(word)
-                lines.append(number)
-        return cls(words, source=path, line_numbers=lines)
+        words, lines, skipped = _read_words(path)
+        vocab = cls(words, source=path, line_numbers=lines)
+        vocab.skipped_lines = {kind: len(where) for kind, where in skipped.items()}
+        if any(skipped.values()):
+            _warn_once(path, skipped)
+        return vocab
 
     def save(self, path: str | os.PathLike) -> None:
         """Writes one token per line; an existing file is only ever replaced by a complete new one."""
@@ -119,9 +128,66 @@ class Vocab:
         return np.fromiter((lookup(token, unk) for token in tokens), dtype=np.int32)
 
 
+def _read_words(path: str) -> tuple[list[str], list[int], dict[str, list[tuple[int, str, int]]]]:
+    """(words, their line numbers, skipped lines by kind: "blank" and "duplicate" -> [(line, word,
+    line of its first occurrence)])."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"vocabulary {path} is a directory, expected a file with one token per line")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"vocabulary file {path} does not exist")
+    words, lines, first_line = [], [], {}
+    skipped: dict[str, list[tuple[int, str, int]]] = {"blank": [], "duplicate": []}
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if number == 1 and raw.startswith(UTF8_BOM):  # editors on Windows write one; not part of <S>
+                raw = raw[len(UTF8_BOM) :]
+            try:
+                word = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            if word == MAX_TERM_ID:
+                continue
+            if not word:
+                skipped["blank"].append((number, word, number))
+            elif word in first_line:
+                skipped["duplicate"].append((number, word, first_line[word]))
+            else:
+                first_line[word] = number
+                words.append(word)
+                lines.append(number)
+    return words, lines, skipped
+
+
+_WARNED: set[tuple[str, int, int]] = set()  # (file, size, mtime) already reported in this process
+
+
+def _warn_once(path: str, skipped: dict[str, list[tuple[int, str, int]]]) -> None:
+    """One warning per file (a run loads its vocabulary several times) counting the skipped lines."""
+    info = os.stat(path)
+    key = (os.path.realpath(path), info.st_size, info.st_mtime_ns)
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    parts = []
+    if skipped["duplicate"]:
+        line, word, first = skipped["duplicate"][0]
+        parts.append(
+            f"{len(skipped['duplicate'])} repeated token(s) (the first: {word!r} on line {line}, first on line {first})"
+        )
+    if skipped["blank"]:
+        parts.append(f"{len(skipped['blank'])} blank line(s) (the first: line {skipped['blank'][0][0]})")
+    logging.warning(
+        "%s: skipped %s; bilm-tf accepts such files too. Each token keeps the id of its first line, counted "
+        "over the lines kept",
+        path,
+        " and ".join(parts),
+    )
+
+
 def _is_vocabulary(path: str) -> bool:
     try:
-        Vocab.load(path)
+        words, lines, _ = _read_words(path)
+        Vocab(words, source=path, line_numbers=lines)
     except (OSError, ValueError):
         return False
     return True

@@ -1,5 +1,6 @@
 """Heldout perplexity with the full softmax, as bilm-tf reports it: one in-order pass over a corpus, each
-of the batch's rows reading its share of the sentences from a zero LSTM state carried across windows.
+of the batch's rows reading its share of the sentences from a zero LSTM state carried across windows
+(or, with `from_zero_state`, every sentence from a zero state, as `embed` reads it).
 Used during training (on the training mesh) and by `python -m elmo_jax.evaluate` (on one device).
 """
 
@@ -29,6 +30,7 @@ def heldout_perplexity(
     max_batches: int = 0,
     *,
     steps: Steps | None = None,
+    from_zero_state: bool = False,
 ) -> dict[str, float]:
     """Full-softmax perplexities over a heldout corpus.
 
@@ -41,6 +43,8 @@ def heldout_perplexity(
       max_batches: stop after this many windows (0: the whole corpus).
       steps: the jitted steps of the training mesh (params sharded as they say; with several processes
         each feeds its own rows); None runs on the device `params` are on.
+      from_zero_state: read every sentence from a zero LSTM state, as `embed` does, instead of the
+        state the row carries from its previous sentences (bilm-tf's evaluation).
 
     Returns: forward_perplexity, backward_perplexity, perplexity (exp of the mean of the two
     cross-entropies), cross_entropy, and tokens (targets scored per direction).
@@ -61,6 +65,7 @@ def heldout_perplexity(
         process_index=block,
         process_count=blocks,
         max_characters_per_token=cfg.model.max_characters_per_token,
+        reset_probability=1.0 if from_zero_state else 0.0,
     )
     lstm = zero_state(cfg.model, batch_size) if steps is None else steps.zero_lstm()
     several = jax.process_count() > 1

@@ -18,7 +18,7 @@ from elmo_jax.model.char_cnn import token_embedding
 from elmo_jax.model.lstm import LSTMState, lstm_stack
 from elmo_jax.model.params import BiLMParams
 from elmo_jax.model.precision import ComputeOptions
-from elmo_jax.training.softmax import full_softmax_loss, sample_candidates, sampled_softmax_loss
+from elmo_jax.training.softmax import full_softmax_loss, group_candidates, sampled_softmax_loss
 
 
 def dropout(key: jax.Array, rate: float, x: jax.Array) -> jax.Array:
@@ -91,6 +91,7 @@ def lm_losses(
     num_sampled: int | None = None,
     key: jax.Array | None = None,
     chunk: int | None = None,
+    group_rows: int = 0,
 ) -> tuple[jax.Array, jax.Array]:
     """Summed cross-entropy of each direction over its unmasked tokens, and the token counts.
 
@@ -98,16 +99,21 @@ def lm_losses(
       softmax: {"W": (V', P), "b": (V',)}, shared by both directions.
       outputs: (D, B, T, P) from `lm_outputs`; targets int (D, B, T); mask bool (D, B, T).
       vocab_size: V (rows past it are padding).
-      num_sampled: candidates per direction and batch for the sampled softmax; None = full softmax.
+      num_sampled: candidates per direction and group of rows for the sampled softmax; None = full softmax.
       key: candidate sampling randomness (sampled softmax only).
       chunk: vocabulary chunk of the full softmax.
+      group_rows: sampled softmax only: rows 0..g-1, g..2g-1, ... of the batch each get their own
+        candidate draw per direction (bilm-tf: one draw per GPU batch of 128 rows); 0 = one draw for
+        all B rows. Must divide B. Direction d's group k draws with `fold_in(split(key, D)[d], k)`
+        (`softmax.group_candidates`), so the draws do not depend on how the rows are sharded.
 
     Returns:
       float32 (D,) summed losses and float32 (D,) token counts; the mean loss of direction d is
       sums[d] / counts[d], and bilm-tf's training loss is the mean of the two directions' means.
     """
-    D = outputs.shape[0]
+    D, B = outputs.shape[:2]
     P = outputs.shape[-1]
+    groups = candidate_groups(B, group_rows) if num_sampled is not None else 1
     keys = jax.random.split(key, D) if num_sampled is not None else [None] * D
     sums, counts = [], []
     for d in range(D):
@@ -116,8 +122,24 @@ def lm_losses(
             kwargs = {} if chunk is None else {"chunk": chunk}
             token_losses = full_softmax_loss(softmax["W"], softmax["b"], h, y, vocab_size, **kwargs)
         else:
-            candidates = sample_candidates(keys[d], vocab_size, num_sampled)
-            token_losses = sampled_softmax_loss(softmax["W"], softmax["b"], h, y, candidates, vocab_size, num_sampled)
+            candidates = group_candidates(keys[d], groups, vocab_size, num_sampled)  # (G, S)
+            loss = lambda h, y, c: sampled_softmax_loss(softmax["W"], softmax["b"], h, y, c, vocab_size, num_sampled)
+            if groups == 1:
+                token_losses = loss(h, y, candidates[0])
+            else:  # rows are batch-major in h, so group k's tokens are one contiguous block
+                token_losses = jax.vmap(loss)(h.reshape(groups, -1, P), y.reshape(groups, -1), candidates).reshape(-1)
         sums.append(jnp.sum(jnp.where(m, token_losses, 0.0)))
         counts.append(jnp.sum(m).astype(jnp.float32))
     return jnp.stack(sums), jnp.stack(counts)
+
+
+def candidate_groups(batch_rows: int, group_rows: int) -> int:
+    """G: how many candidate draws a direction of B rows gets with groups of `group_rows` rows (0: one)."""
+    if group_rows == 0 or group_rows == batch_rows:
+        return 1
+    if group_rows < 0 or batch_rows % group_rows:
+        raise ValueError(
+            f"negative_sample_group_rows={group_rows} must be 0 (one draw for the batch) or divide the batch's "
+            f"{batch_rows} rows"
+        )
+    return batch_rows // group_rows

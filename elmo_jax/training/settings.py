@@ -30,6 +30,8 @@ def step_config(config: ml_collections.ConfigDict, vocab_size: int) -> StepConfi
         unroll_steps=config.unroll_steps,
         dropout=config.dropout,
         n_negative_samples=config.n_negative_samples,
+        # Configs saved before the key existed drew one set per batch.
+        negative_sample_group_rows=config.get("negative_sample_group_rows", 0),
         full_softmax=config.full_softmax,
         softmax_chunk=config.softmax_chunk,
         loss_scale_by_unroll=config.loss_scale_by_unroll,
@@ -73,6 +75,7 @@ def _config_problems(config) -> Iterator[str]:
         "eval_every_steps",
         "eval_max_batches",
         "max_nonfinite_steps",
+        "negative_sample_group_rows",
         "seed",
         "data.min_count",
         "data.max_vocab_size",
@@ -92,6 +95,14 @@ def _config_problems(config) -> Iterator[str]:
         yield bad("dropout", "a number in [0, 1) (the fraction of each LSTM input dropped)")
     if not _is_finite(config.state_reset_probability) or not 0.0 <= config.state_reset_probability <= 1.0:
         yield bad("state_reset_probability", "a probability in [0, 1]")
+    group = config.negative_sample_group_rows
+    if _is_int(group) and group > 0 and _is_int(config.batch_size) and config.batch_size % group:
+        yield bad(
+            "negative_sample_group_rows",
+            f"0 (one candidate draw for the batch) or a divisor of --config.batch_size={config.batch_size}",
+        )
+    if not isinstance(config.init_from_optimizer, bool):
+        yield bad("init_from_optimizer", "True (continue the source workdir's Adagrad accumulators) or False")
     if config.compute_dtype not in COMPUTE_DTYPES:
         yield bad("compute_dtype", f"one of {', '.join(COMPUTE_DTYPES)}")
     if config.data.invalid_utf8 not in INVALID_UTF8_POLICIES:

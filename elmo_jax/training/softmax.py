@@ -5,12 +5,14 @@ Both directions share one softmax matrix W (V, P) and bias b (V,). Vocabulary id
 candidate sampler assumes: P(k) = log((k + 2) / (k + 1)) / log(V + 1).
 
 Sampled softmax follows TF's `sampled_softmax_loss` as bilm-tf calls it: `num_sampled` distinct
-candidates per batch shared by all tokens, accidental hits (a candidate equal to a token's target)
-removed from that token's logits, and log-Q correction by each class's expected count. TF draws with
-replacement until it has `num_sampled` distinct ids and counts the draws n; the expected count of a
-class is then 1 - (1 - p)^n. Drawing distinct ids that way is sampling without replacement in
-proportion to p, which Gumbel-top-k does in one static-shaped step; n is replaced by its typical
-value, the n at which the expected number of distinct ids equals `num_sampled` (solved once on the host).
+candidates per call shared by all its tokens (bilm-tf calls it once per direction on each GPU's batch
+of 128 rows, so each GPU draws its own set; `group_candidates` draws one set per group of rows),
+accidental hits (a candidate equal to a token's target) removed from that token's logits, and log-Q
+correction by each class's expected count. TF draws with replacement until it has `num_sampled`
+distinct ids and counts the draws n; the expected count of a class is then 1 - (1 - p)^n. Drawing
+distinct ids that way is sampling without replacement in proportion to p, which Gumbel-top-k does in
+one static-shaped step; n is replaced by its typical value, the n at which the expected number of
+distinct ids equals `num_sampled` (solved once on the host).
 """
 
 from __future__ import annotations
@@ -81,6 +83,21 @@ def sample_candidates(key: jax.Array, vocab_size: int, num_sampled: int) -> jax.
     log_p = jnp.asarray(np.log(log_uniform_probs(vocab_size)), jnp.float32)
     scores = log_p + jax.random.gumbel(key, (vocab_size,), jnp.float32)
     return jax.lax.top_k(scores, num_sampled)[1].astype(jnp.int32)
+
+
+def group_candidates(key: jax.Array, groups: int, vocab_size: int, num_sampled: int) -> jax.Array:
+    """int32 (G, S): one independent candidate draw per group of rows (`sample_candidates` each).
+
+    With one group the draw is `sample_candidates(key)`; with several, group g draws with
+    `fold_in(key, g)`. A group's candidates depend only on the key and the group's index, never on the
+    devices or processes that hold its rows.
+    """
+    if groups == 1:
+        return sample_candidates(key, vocab_size, num_sampled)[None]
+    # A loop, not a vmap: under a mesh, a vmapped draw is computed sharded like the rows of its groups
+    # and then gathered whole for top_k; looped, every device computes the (small) draws itself.
+    draw = lambda g: sample_candidates(jax.random.fold_in(key, g), vocab_size, num_sampled)
+    return jax.lax.map(draw, jnp.arange(groups, dtype=jnp.uint32))
 
 
 def sampled_softmax_loss(

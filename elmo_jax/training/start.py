@@ -3,8 +3,11 @@
 A run resumes from the newest checkpoint of its workdir that restores (parameters, optimiser, RNG,
 carried LSTM state and the stream's position), after checking that the checkpoint was made for the
 same model, vocabulary and batch. Without one it starts fresh, or from `init_from` (fine-tuning): a
-training workdir (its biLM, and its softmax when the vocabulary is the same) or a model directory /
-published HDF5 pair, also a published model by name (its biLM, a fresh softmax).
+training workdir (its biLM, and its softmax when the vocabulary is the same; with
+`init_from_optimizer`, the default, also their Adagrad accumulators, as bilm-tf's restart.py restores
+them) or a model directory / published HDF5 pair, also a published model by name (its biLM, a fresh
+softmax, fresh accumulators). The step count, RNG, carried LSTM state and data position always start
+afresh.
 
 `restore_checkpoint` and `load_trained` read a workdir's checkpoint on one device, for the commands.
 """
@@ -30,6 +33,13 @@ from elmo_jax.training.jitted_steps import Steps
 from elmo_jax.training.settings import step_config
 from elmo_jax.training.train_step import StepConfig, TrainState, init_train_state, make_optimizer
 
+# What the log and README recommend when fine-tuning starts from a model without optimiser state, from
+# bench/finetune_optimizer.py (bench/RESULTS.md): from an HDF5 export, learning rate 0.02 instead of 0.2
+# left new-domain perplexity at 79.8 instead of 27.6 after 300 steps, and the old domain no better.
+HDF5_FINE_TUNING_ADVICE = (
+    "keep the pretraining learning rate (0.2 in bilm-tf's recipe): measured, a 10x smaller one leaves the new "
+    "softmax far behind without sparing the old domain; limit the run's length instead, evaluating on heldout text"
+)
 RESUME_KEYS = ("model_options", "vocab_size", "vocab_sha256", "batch_size", "unroll_steps")  # must agree to resume
 
 
@@ -103,20 +113,50 @@ def resume_or_start(
         lambda _: steps.abstract_state, lambda m: check_resume(m, meta, directory), move_aside=True
     )
     if found is None:
-        bilm, softmax = _initial_weights(config, cfg, vocab, steps.mesh)
-        return steps.init(jax.random.key(config.seed), bilm, softmax), None, 0
+        bilm, softmax, optimizer_state = _initial_weights(config, cfg, vocab, steps.mesh)
+        state = steps.init(jax.random.key(config.seed), bilm, softmax)
+        if optimizer_state is not None:
+            kept = ("bilm", "softmax") if softmax is not None else ("bilm",)
+            state = state.replace(
+                opt_state=jax.device_put(
+                    continue_optimizer_state(state.opt_state, optimizer_state, kept), steps.state.opt_state
+                )
+            )
+        return state, None, 0
     _, state, data_state, saved_meta = found
     return state, data_state, int(saved_meta.get("progress", {}).get("nonfinite_skipped", 0))
 
 
-def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMParams | None, dict | None]:
-    """Fine-tuning start: (biLM, softmax) from `init_from`, or (None, None) for a fresh model.
+def continue_optimizer_state(fresh: Any, source: Any, parts: tuple[str, ...]) -> Any:
+    """`fresh` (a new run's optimiser state) with the state of the parameters under `parts` ("bilm",
+    "softmax") taken from `source`, the optimiser state of the run fine-tuning starts from.
+
+    Both come from `make_optimizer` for the same parameter structure, so their leaves line up by path;
+    a leaf under a part named in `parts` must be present in `source` with the same shape.
+    """
+    found = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(source)}
+
+    def pick(path, leaf):
+        if not any(getattr(entry, "key", None) in parts for entry in path):
+            return leaf
+        name = jax.tree_util.keystr(path)
+        if name not in found or found[name].shape != leaf.shape:
+            raise ValueError(f"--config.init_from: its optimiser state has no {name} of shape {leaf.shape}")
+        return found[name]
+
+    return jax.tree_util.tree_map_with_path(pick, fresh)
+
+
+def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMParams | None, dict | None, Any]:
+    """Fine-tuning start: (biLM, softmax, optimiser state) from `init_from`, or (None, None, None) for a
+    fresh model. The optimiser state is that of the source run (its Adagrad accumulators) when it is a
+    workdir and `init_from_optimizer` is set, else None.
 
     A checkpoint's arrays are restored directly into their shards on `mesh`.
     """
     source = config.init_from
     if not source:
-        return None, None
+        return None, None, None
     if not os.path.lexists(source) and is_published_name(source):
         source = pretrained.fetch(source)  # a published model by name: its cached model directory
     if not os.path.isdir(source):
@@ -133,7 +173,17 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
                 "config.model; set config.model to match the options file"
             )
         logging.info("initialising the biLM from %s (fresh softmax)", weights)
-        return bilm, None
+        logging.warning(
+            "%s holds no optimiser state: Adagrad's accumulators start afresh at %g, so the first updates "
+            "are as large as a new run's (up to learning_rate = %g per weight and step) where a long "
+            "pretraining run ended with larger accumulators and smaller steps, and the softmax is new. "
+            "Advice: %s (README, Fine-tuning)",
+            source,
+            config.adagrad_initial_accumulator,
+            config.learning_rate,
+            HDF5_FINE_TUNING_ADVICE,
+        )
+        return bilm, None, None
 
     def check(meta):
         if not _same_architecture(meta["model_options"], cfg.model):
@@ -156,8 +206,18 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
     step, state = found[:2]
     source_vocab = os.path.join(source, "vocab.txt")
     same_vocab = os.path.exists(source_vocab) and Vocab.load(source_vocab).words == vocab.words
-    logging.info("initialising from %s step %d (softmax %s)", source, step, "kept" if same_vocab else "fresh")
-    return BiLMParams(weights=state.params["bilm"], config=cfg.model), (state.params["softmax"] if same_vocab else None)
+    keep_optimizer = bool(config.init_from_optimizer)
+    logging.info(
+        "initialising from %s step %d (softmax %s; Adagrad accumulators %s)",
+        source,
+        step,
+        "kept" if same_vocab else "fresh: another vocabulary",
+        ("kept for the biLM and softmax" if same_vocab else "kept for the biLM")
+        if keep_optimizer
+        else f"fresh at {config.adagrad_initial_accumulator:g} (init_from_optimizer=False)",
+    )
+    bilm = BiLMParams(weights=state.params["bilm"], config=cfg.model)
+    return bilm, (state.params["softmax"] if same_vocab else None), (state.opt_state if keep_optimizer else None)
 
 
 def restore_checkpoint(workdir: str, step: int | None = None) -> tuple[TrainState, dict, dict]:

@@ -34,6 +34,7 @@ class StepConfig:
     unroll_steps: int
     dropout: float = 0.1
     n_negative_samples: int = 8192
+    negative_sample_group_rows: int = 0  # rows per candidate draw (0: one draw for the whole batch)
     full_softmax: bool = False
     softmax_chunk: int = 8192
     loss_scale_by_unroll: bool = True
@@ -109,10 +110,20 @@ def init_train_state(
     )
 
 
-def _lm_pass(params, cfg: StepConfig, batch, lstm: LSTMState, key, *, train: bool, content_positions):
-    """Outputs and per-direction (loss sums, counts) of one window."""
+def step_keys(base_key: jax.Array, step: jax.Array | int) -> tuple[jax.Array, jax.Array]:
+    """(dropout key, candidate key) of a training step: `split(fold_in(base_key, step))`.
+
+    base_key: `TrainState.key` (raw uint32 (2,)). The candidate key is split once more per direction
+    and folded with each group's index (`lm.lm_losses`).
+    """
+    k_dropout, k_sample = jax.random.split(jax.random.fold_in(jax.random.wrap_key_data(base_key), step))
+    return k_dropout, k_sample
+
+
+def _lm_pass(params, cfg: StepConfig, batch, lstm: LSTMState, keys, *, train: bool, content_positions):
+    """Outputs and per-direction (loss sums, counts) of one window; keys: (dropout key, candidate key)."""
     bilm = BiLMParams(weights=params["bilm"], config=cfg.model)
-    k_dropout, k_sample = jax.random.split(key)
+    k_dropout, k_sample = keys
     outputs, final = lm_outputs(
         bilm,
         batch["char_ids"],
@@ -133,6 +144,7 @@ def _lm_pass(params, cfg: StepConfig, batch, lstm: LSTMState, key, *, train: boo
         num_sampled=cfg.n_negative_samples if sampled else None,
         key=k_sample,
         chunk=cfg.softmax_chunk,
+        group_rows=cfg.negative_sample_group_rows,
     )
     return sums, counts, final
 
@@ -157,11 +169,11 @@ def train_step_fn(
       (new state, metrics): loss (mean of the directions' mean cross-entropies), forward_loss,
       backward_loss, grad_norm (before clipping), tokens (targets scored in both directions).
     """
-    key = jax.random.fold_in(jax.random.wrap_key_data(state.key), state.step)
+    keys = step_keys(state.key, state.step)
 
     def loss_fn(params):
         sums, counts, final = _lm_pass(
-            params, cfg, batch, state.lstm, key, train=True, content_positions=content_positions
+            params, cfg, batch, state.lstm, keys, train=True, content_positions=content_positions
         )
         per_direction = sums / jnp.maximum(counts, 1.0)
         loss = jnp.mean(per_direction)
@@ -190,7 +202,7 @@ def eval_step_fn(
 ):
     """Full-softmax cross-entropy sums and token counts (D,) of one heldout window, and the carried state."""
     sums, counts, final = _lm_pass(
-        params, cfg, batch, lstm, jax.random.key(0), train=False, content_positions=content_positions
+        params, cfg, batch, lstm, (None, None), train=False, content_positions=content_positions
     )
     return sums, counts, final
 

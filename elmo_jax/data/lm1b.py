@@ -1,0 +1,167 @@
+"""The 1B Word Benchmark (TFDS's `lm1b`) as a local corpus: download, extract, prepare in bounded memory.
+
+    corpus = prepare_lm1b("/data/lm1b")              # ~1.7 GB download, ~4.2 GB of text, ~5.5 GB prepared
+    train_glob, heldout_glob = text_globs("/data/lm1b")
+
+The splits are TFDS's: "train" is the 99 files of `training-monolingual.tokenized.shuffled`, "test" the
+50 of `heldout-monolingual.tokenized.shuffled` (bilm-tf evaluates on these too). The text is the
+same; where TFDS stores each line `strip()`-ed in an order shuffled by key, here each line's tokens
+are joined by single spaces (the 1B Word files are already single-spaced) in file order, which the
+batch stream shuffles anyway.
+
+Everything is written under `data_dir`:
+    downloads/1-billion-word-language-modeling-benchmark-r13output.tar.gz   the archive (kept)
+    lm1b/1-billion-word-language-modeling-benchmark-r13output/...            the extracted text files
+    local_text_corpus/corpus_<fingerprint>/                                  the ArrayRecord shards
+Each step is skipped when its result is already complete, and each appears under its name only once
+complete (staged under a hidden name, then renamed). A training run finds the prepared shards when
+its `data.train_files`, `data.heldout_files` and `data.cache_dir` are `text_globs(data_dir)` and
+`data_dir` and its reading options are the same (`configs/bilm_large.py:DATA_DIR` sets them).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tarfile
+import time
+import urllib.request
+
+from absl import logging
+
+from elmo_jax.data import local_corpus
+from elmo_jax.formats import atomic_write
+
+URL = "http://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz"
+TOP_DIR = "1-billion-word-language-modeling-benchmark-r13output"
+TRAIN_DIR, HELDOUT_DIR = "training-monolingual.tokenized.shuffled", "heldout-monolingual.tokenized.shuffled"
+TRAIN_FILES, HELDOUT_FILES = 99, 50  # news.en-00001..00099-of-00100, news.en.heldout-00000..00049-of-00050
+# The archive members that make the splits; nothing else in it is extracted.
+_MEMBER_RE = re.compile(
+    rf"(?:\./)?{re.escape(TOP_DIR)}/(?:{TRAIN_DIR}/news\.en-\d{{5}}-of-00100|{HELDOUT_DIR}/news\.en\.heldout-\d{{5}}-of-00050)"
+)
+_CHUNK = 1 << 20
+
+
+def text_globs(data_dir: str | os.PathLike) -> tuple[str, str]:
+    """(train, heldout) globs of the extracted text files under `data_dir`."""
+    top = os.path.join(os.path.abspath(os.fspath(data_dir)), "lm1b", TOP_DIR)
+    return os.path.join(top, TRAIN_DIR, "news.en-*"), os.path.join(top, HELDOUT_DIR, "news.en.heldout-*")
+
+
+def prepare_lm1b(
+    data_dir: str | os.PathLike,
+    *,
+    source: str = URL,
+    max_line_chars: int | None = 100_000,
+    invalid_utf8: str = "replace",
+) -> local_corpus.PreparedCorpus:
+    """Downloads (unless done), extracts (unless done) and prepares (unless done) the 1B Word Benchmark.
+
+    Args:
+      data_dir: where everything goes (created if missing).
+      source: the archive: a URL (default: statmt.org's) or the path of a downloaded copy.
+      max_line_chars, invalid_utf8: how lines are read; a training run reuses the prepared shards only
+        with the same values as its `data.max_line_chars` and `data.invalid_utf8` (configs/default.py's
+        are the defaults here).
+
+    Returns:
+      The prepared corpus ("train" and "test" splits).
+
+    Raises:
+      OSError: a download, extraction or write failed (nothing partial is left under a final name).
+      ValueError: the archive lacks some of the expected text files.
+    """
+    data_dir = os.path.abspath(os.fspath(data_dir))
+    os.makedirs(data_dir, exist_ok=True)
+    train, heldout = text_globs(data_dir)
+    top = os.path.dirname(os.path.dirname(train))
+    if not os.path.isdir(top):
+        archive = source if os.path.exists(source) else download(source, os.path.join(data_dir, "downloads"))
+        extract(archive, os.path.dirname(top))
+    return local_corpus.prepare_local_corpus(
+        train, heldout, data_dir, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8
+    )
+
+
+def download(url: str, directory: str) -> str:
+    """The archive at `url` saved in `directory` (reused when already there); returns its path.
+
+    Written under a hidden staging name and renamed when complete; a size that differs from the
+    server's Content-Length is an error, and the partial file is removed.
+    """
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, os.path.basename(url.rstrip("/")) or "download")
+    if os.path.exists(path):
+        return path
+    atomic_write.remove_stale_staging(path, log=logging.info)
+    fd, staging = atomic_write.temporary_file(path)
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
+            expected = int(response.headers.get("Content-Length") or -1)
+            done, start, next_log = 0, time.perf_counter(), 100 << 20
+            while chunk := response.read(_CHUNK):
+                out.write(chunk)
+                done += len(chunk)
+                if done >= next_log:
+                    rate = done / 1e6 / max(time.perf_counter() - start, 1e-9)
+                    logging.info("downloaded %.0f of %.0f MB (%.1f MB/s)", done / 1e6, expected / 1e6, rate)
+                    next_log += 100 << 20
+            out.flush()
+            os.fsync(out.fileno())
+        if expected >= 0 and done != expected:
+            raise OSError(f"download of {url} ended after {done} of {expected} bytes; run again to retry")
+        os.rename(staging, path)
+    except BaseException:
+        if os.path.exists(staging):
+            os.unlink(staging)
+        raise
+    return path
+
+
+def extract(archive: str, directory: str) -> str:
+    """Extracts the training and heldout text files of the archive into `directory/TOP_DIR`, reading the
+    archive as a stream (bounded memory); returns that directory.
+
+    Only members named like the benchmark's text files are written (never a path outside `directory`),
+    with their modification times from the archive. The directory appears only once all are extracted.
+    """
+    os.makedirs(directory, exist_ok=True)
+    final = os.path.join(directory, TOP_DIR)
+    atomic_write.remove_stale_staging(final, log=logging.info)
+    staging = atomic_write.temporary_directory(final)
+    counts = {TRAIN_DIR: 0, HELDOUT_DIR: 0}
+    try:
+        with tarfile.open(archive, mode="r|*") as tar:
+            for member in tar:
+                if not (member.isfile() and _MEMBER_RE.fullmatch(member.name)):
+                    continue
+                part, name = member.name.split("/")[-2:]
+                os.makedirs(os.path.join(staging, part), exist_ok=True)
+                target = os.path.join(staging, part, name)
+                with tar.extractfile(member) as src, open(target, "wb") as out:
+                    shutil.copyfileobj(src, out, _CHUNK)
+                os.utime(target, (member.mtime, member.mtime))
+                counts[part] += 1
+                logging.info("extracted %s (%.0f MB)", member.name, member.size / 1e6)
+        if counts[TRAIN_DIR] != TRAIN_FILES or counts[HELDOUT_DIR] != HELDOUT_FILES:
+            raise ValueError(
+                f"{archive}: found {counts[TRAIN_DIR]} training and {counts[HELDOUT_DIR]} heldout text files "
+                f"under {TOP_DIR}/, expected {TRAIN_FILES} and {HELDOUT_FILES}; is it the 1B Word Benchmark archive?"
+            )
+        os.rename(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final
+
+
+def summary(corpus: local_corpus.PreparedCorpus) -> str:
+    """One line per split: sentences, shards, and what reading skipped."""
+    stats = local_corpus.read_stats(corpus)
+    return "\n".join(
+        f"{split}: {corpus.sentences(split):,} sentences in {len(corpus.splits[split])} shards; "
+        f"{stats[split].summary()}"
+        for split in corpus.splits
+    )

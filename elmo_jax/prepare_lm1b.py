@@ -1,0 +1,74 @@
+"""Download and prepare the 1B Word Benchmark (TFDS's `lm1b`) for training, without TensorFlow or TFDS.
+
+    python -m elmo_jax.prepare_lm1b --data_dir=/data/lm1b
+    python train.py --config=configs/bilm_large.py:/data/lm1b --workdir=... --config.data.vocab_file=VOCAB
+
+Downloads the archive from statmt.org (~1.7 GB; `--source` takes a downloaded copy or another URL),
+extracts its 99 training and 50 heldout files (~4.2 GB) and writes them as ArrayRecord shards (~5.5 GB)
+in bounded memory (`elmo_jax.data.lm1b`), then prints the training flags that read them. Each step is
+skipped when already complete, so re-running after an interruption continues.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from absl import app, flags
+
+from elmo_jax.data import lm1b, text_files
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    flags.DEFINE_string("data_dir", None, "Directory for the archive, the text files and the prepared shards.")
+    flags.DEFINE_string("source", lm1b.URL, "URL of the archive, or the path of a downloaded copy.")
+    flags.DEFINE_integer(
+        "max_line_chars", 100_000, "Skip (and count) longer lines; as config.data.max_line_chars of the training run."
+    )
+    flags.DEFINE_enum(
+        "invalid_utf8",
+        "replace",
+        list(text_files.INVALID_UTF8_POLICIES),
+        "Lines with invalid UTF-8: keep with U+FFFD (replace) or drop (skip); as config.data.invalid_utf8.",
+    )
+
+
+def run() -> None:
+    if not FLAGS.data_dir:
+        raise ValueError("--data_dir is required")
+    corpus = lm1b.prepare_lm1b(
+        FLAGS.data_dir,
+        source=FLAGS.source,
+        max_line_chars=FLAGS.max_line_chars or None,
+        invalid_utf8=FLAGS.invalid_utf8,
+    )
+    print(lm1b.summary(corpus))
+    print(f"prepared in {corpus.directory}")
+    train, heldout = lm1b.text_globs(FLAGS.data_dir)
+    print(
+        "train with: python train.py --config=configs/bilm_large.py:" + FLAGS.data_dir + " --workdir=WORKDIR\n"
+        f"or, with another config: --config.data.train_files='{train}' --config.data.heldout_files='{heldout}' "
+        f"--config.data.cache_dir={FLAGS.data_dir}"
+    )
+
+
+def main(argv: Sequence[str]) -> None:
+    from elmo_jax import cli
+
+    cli.run_main(run, list(argv))
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing, with a bad flag reported like any other input error: one line, exit code 1."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,108 @@
+"""The 1B Word Benchmark prepared without TFDS: `python -m elmo_jax.prepare_lm1b` on an archive laid out
+like statmt.org's (99 training and 50 heldout files of a few lines each, plus files that must not be
+extracted), read back by a training config (`configs/bilm_large.py:DATA_DIR`)."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+
+import pytest
+
+from configs import bilm_large
+from elmo_jax.data import lm1b, local_corpus
+from elmo_jax.data.training_corpus import open_training_data
+from tests.support.commands import error_line, run_command
+
+TOP = lm1b.TOP_DIR
+MTIME = 1_300_000_000  # the archive's files are from 2011
+
+
+def train_lines(i: int) -> list[str]:
+    return [f"sentence {i} of the  training file .", f"another {i} ."]
+
+
+def heldout_lines(i: int) -> list[str]:
+    return [f"heldout {i} ."]
+
+
+def write_archive(path, train_files: int = 99, heldout_files: int = 50) -> str:
+    members = {f"{TOP}/README": "not a split\n", "evil/../../outside.txt": "never extracted\n"}
+    for i in range(1, train_files + 1):
+        members[f"{TOP}/{lm1b.TRAIN_DIR}/news.en-{i:05d}-of-00100"] = "\n".join(train_lines(i)) + "\n"
+    for i in range(heldout_files):
+        members[f"{TOP}/{lm1b.HELDOUT_DIR}/news.en.heldout-{i:05d}-of-00050"] = "\n".join(heldout_lines(i)) + "\n"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in members.items():
+            info = tarfile.TarInfo(name)
+            data = text.encode("utf-8")
+            info.size, info.mtime = len(data), MTIME
+            tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory):
+    return write_archive(tmp_path_factory.mktemp("archive") / "lm1b.tar.gz")
+
+
+def expected_train() -> list[str]:
+    return [" ".join(line.split()) for i in range(1, 100) for line in train_lines(i)]
+
+
+def test_prepare_from_a_downloaded_archive_and_reuse(archive, tmp_path, monkeypatch):
+    """The splits hold the archive's lines in file order, normalised; only the text files are extracted,
+    with the archive's times; a second call downloads, extracts and writes nothing."""
+    data_dir = tmp_path / "data"
+    corpus = lm1b.prepare_lm1b(data_dir, source=f"file://{archive}")
+    assert list(local_corpus.open_split(corpus, "train")) == expected_train()
+    assert list(local_corpus.open_split(corpus, "test")) == [line for i in range(50) for line in heldout_lines(i)]
+    train_glob, heldout_glob = lm1b.text_globs(data_dir)
+    top = os.path.dirname(os.path.dirname(train_glob))
+    assert sorted(os.listdir(top)) == [lm1b.HELDOUT_DIR, lm1b.TRAIN_DIR]
+    assert os.stat(os.path.join(top, lm1b.TRAIN_DIR, "news.en-00001-of-00100")).st_mtime == MTIME
+    assert not os.path.exists(tmp_path / "outside.txt") and not os.path.exists(data_dir / "outside.txt")
+    assert os.listdir(data_dir / "downloads") == ["lm1b.tar.gz"]
+
+    def never(*args, **kwargs):
+        raise AssertionError("done again")
+
+    for name in ("download", "extract"):
+        monkeypatch.setattr(lm1b, name, never)
+    monkeypatch.setattr(local_corpus, "_write_split", never)
+    assert lm1b.prepare_lm1b(data_dir, source="http://unreachable.invalid/x.tar.gz") == corpus
+
+
+def test_a_training_config_finds_the_prepared_corpus(archive, tmp_path, monkeypatch):
+    """configs/bilm_large.py:DATA_DIR reads the text lm1b.prepare_lm1b prepared, without writing it again."""
+    data_dir = str(tmp_path / "data")
+    corpus = lm1b.prepare_lm1b(data_dir, source=archive)
+    config = bilm_large.get_config(data_dir)
+    assert (config.data.tfds_name, config.data.cache_dir) == ("", data_dir)
+    monkeypatch.setattr(local_corpus, "_write_split", lambda *a, **k: pytest.fail("prepared again"))
+    os.makedirs(tmp_path / "workdir")
+    data = open_training_data(config.data, str(tmp_path / "workdir"))
+    assert data.train.name == f"{corpus.name}[train]" and len(data.train) == len(expected_train())
+    assert bilm_large.get_config().data.tfds_name == "lm1b"  # without a directory: TFDS's own lm1b
+
+
+def test_an_archive_without_the_benchmark_files_is_refused(tmp_path):
+    short = write_archive(tmp_path / "short.tar.gz", train_files=3)
+    with pytest.raises(ValueError, match=r"found 3 training and 50 heldout text files .* expected 99 and 50"):
+        lm1b.prepare_lm1b(tmp_path / "data", source=short)
+    assert os.listdir(tmp_path / "data" / "lm1b") == []  # nothing extracted under a final name
+
+
+@pytest.mark.slow
+def test_the_command_prepares_and_prints_the_training_flags(archive, tmp_path):
+    result = run_command("elmo_jax.prepare_lm1b", f"--data_dir={tmp_path / 'd'}", f"--source={archive}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "train: 198 sentences in 1 shards" in result.stdout
+    assert f"--config=configs/bilm_large.py:{tmp_path / 'd'}" in result.stdout
+    error_line(run_command("elmo_jax.prepare_lm1b", f"--source={archive}"), "--data_dir is required")
+    missing = tmp_path / "missing.tar.gz"
+    error_line(
+        run_command("elmo_jax.prepare_lm1b", f"--data_dir={tmp_path / 'e'}", f"--source=file://{missing}"),
+        "missing.tar.gz",
+    )
