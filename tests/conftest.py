@@ -14,8 +14,11 @@ _DEVICE_FLAG = "--xla_force_host_platform_device_count=8"
 if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _DEVICE_FLAG).strip()
 
+import atexit  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
@@ -24,6 +27,16 @@ import pytest  # noqa: E402
 
 # Implicit broadcasting of a (N,) bias against (B, N) hides shape bugs; the library must be explicit.
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+# One persistent compilation cache per test process (each xdist worker has its own), shared with the
+# processes it starts (`command_compilation_cache`): many tests build the same tiny programs afresh
+# (a new jit per run, per mesh equality check, per resumed run), and XLA compiles dominate on CPU.
+# Set before anything compiles; removed at exit.
+_COMPILATION_CACHE = tempfile.mkdtemp(prefix="elmo_jax_test_xla_cache_")
+atexit.register(shutil.rmtree, _COMPILATION_CACHE, True)
+jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 import elmo_jax  # noqa: E402
 from tests.support.configs import TRAINED_STEPS, tiny_config  # noqa: E402
@@ -90,10 +103,10 @@ def load_batch():
 def command_compilation_cache(tmp_path_factory):
     """A persistent JAX compilation cache for every process the tests start (train.py, the commands, the
     notebooks' kernels): the same small programs are compiled once per session instead of once per
-    process. Set after this process imported jax, so it applies to the children only."""
-    cache = tmp_path_factory.mktemp("jax_compilation_cache")
+    process; the same cache as this process's own."""
+    cache = _COMPILATION_CACHE
     names = {
-        "JAX_COMPILATION_CACHE_DIR": str(cache),
+        "JAX_COMPILATION_CACHE_DIR": cache,
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
         "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
     }
