@@ -207,9 +207,19 @@ def _padded_tokens(batch: Batch) -> list[list[str]]:
     return rows + [[] for _ in range(batch.chars.shape[0] - len(rows))]
 
 
-# `check_vma=False` in the shard_maps below: each device's rows are independent and nothing is communicated,
+# The check is off in the shard_maps below: each device's rows are independent and nothing is communicated,
 # so the varying-manual-axes check has nothing to guard (it would only ask for the LSTM's zero initial
 # state to be marked as varying over the batch axis).
+
+
+def _shard_map(body, **specs):
+    """`jax.shard_map(body, check_vma=False, ...)`; on jax < 0.7 (the project's floor is 0.6), where it is
+    `jax.experimental.shard_map.shard_map` and the check is called `check_rep`, that one."""
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map(body, check_vma=False, **specs)
+    from jax.experimental.shard_map import shard_map  # jax 0.6
+
+    return shard_map(body, check_rep=False, **specs)
 
 
 def _reduce(layers, mix, mode: str, dtype: str):
@@ -251,9 +261,7 @@ def _chars_program(mesh, mode: str, dtype: str):
 
     def program(config, compute, weights, chars, mix):
         body = functools.partial(_embed_chars, config=config, compute=compute, mode=mode, dtype=dtype)
-        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(AXIS), P()), out_specs=P(AXIS), check_vma=False)(
-            weights, chars, mix
-        )
+        return _shard_map(body, mesh=mesh, in_specs=(P(), P(AXIS), P()), out_specs=P(AXIS))(weights, chars, mix)
 
     return jax.jit(
         program,
@@ -271,7 +279,7 @@ def _cache_program(mesh, mode: str, dtype: str):
 
     def program(config, compute, weights, table, rows_, oov_index, oov_chars, mask, mix):
         body = functools.partial(_embed_cached, config=config, compute=compute, mode=mode, dtype=dtype)
-        return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(AXIS), check_vma=False)(
+        return _shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(AXIS))(
             weights, table, rows_, oov_index, oov_chars, mask, mix
         )
 
