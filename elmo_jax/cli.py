@@ -16,6 +16,8 @@ import signal
 import sys
 from collections.abc import Callable
 
+from absl import flags
+
 
 class Terminated(BaseException):
     """SIGTERM arrived (a BaseException, like KeyboardInterrupt, so `except Exception` does not hide it)."""
@@ -82,3 +84,13 @@ def signal_name(interruption: BaseException) -> str:
 def interrupted_exit_code(interruption: BaseException) -> int:
     """The shell's exit code for a process ended by that signal: 143 (SIGTERM) or 130 (SIGINT)."""
     return 143 if isinstance(interruption, Terminated) else 130
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing, with a bad flag reported like any other input error: one line, exit code 1
+    (`app.run(main, flags_parser=cli.parse_flags)`)."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)

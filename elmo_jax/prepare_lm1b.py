@@ -11,11 +11,11 @@ skipped when already complete, so re-running after an interruption continues.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from absl import app, flags
 
+from elmo_jax import cli
 from elmo_jax.data import lm1b, text_files
 
 FLAGS = flags.FLAGS
@@ -55,20 +55,9 @@ def run() -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    from elmo_jax import cli
-
     cli.run_main(run, list(argv))
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, with a bad flag reported like any other input error: one line, exit code 1."""
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
 
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main, flags_parser=parse_flags)
+    app.run(main, flags_parser=cli.parse_flags)

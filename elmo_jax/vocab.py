@@ -6,11 +6,11 @@ descending frequency; see `elmo_jax.formats.vocab_file`).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 from absl import app, flags
 
+from elmo_jax import cli
 from elmo_jax.data import text_files
 from elmo_jax.data.vocab_builder import build_vocab, check_size_args, count_tokens
 from elmo_jax.formats.output_paths import check_output
@@ -59,20 +59,9 @@ def run() -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    from elmo_jax import cli
-
     cli.run_main(run, list(argv), hint="; pass the corpus with --files=GLOB")
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, with a bad flag reported like any other input error: one line, exit code 1."""
-    try:
-        return FLAGS(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
 
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main, flags_parser=parse_flags)
+    app.run(main, flags_parser=cli.parse_flags)
