@@ -100,7 +100,7 @@ def load_batch():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def command_compilation_cache(tmp_path_factory):
+def command_compilation_cache():
     """A persistent JAX compilation cache for every process the tests start (train.py, the commands, the
     notebooks' kernels): the same small programs are compiled once per session instead of once per
     process; the same cache as this process's own."""
