@@ -1,8 +1,9 @@
 """Shared test setup: 8 forced CPU devices, strict rank promotion, the AllenNLP parity fixture, one
 compilation cache for the commands the tests start, and the session's tiny corpus and trained run.
 
-XLA reads `XLA_FLAGS` once, when the CPU backend starts, so the device count is set here, before
-anything imports jax; sharding code then runs on 8 devices in every CI run. Helpers live in
+XLA reads `XLA_FLAGS` once, when the CPU backend starts, so the device count and the test compile
+settings (`tests/support/commands.py`) are set here, before anything imports jax; sharding code then
+runs on 8 devices in every CI run. Helpers live in
 tests/support and the NumPy references in tests/reference; test modules never import each other.
 """
 
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import os
 
-_DEVICE_FLAG = "--xla_force_host_platform_device_count=8"
-if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _DEVICE_FLAG).strip()
+from tests.support.commands import xla_flags  # imports nothing of jax
+
+_FLAGS = xla_flags(8)  # 8 devices, and the compile settings of every process of a test session
+if _FLAGS not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAGS).strip()
 
 import atexit  # noqa: E402
 import dataclasses  # noqa: E402

@@ -129,7 +129,7 @@ def test_two_processes_write_the_one_process_file(fixture_dir, one_device, tmp_p
         f"--coordinator_address=127.0.0.1:{free_port()}",
         "--num_processes=2",
     ]
-    env = command_env(XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = command_env(devices=2)
     logs = [open(tmp_path / f"process_{i}.log", "w+") for i in range(2)]
     processes = [
         subprocess.Popen(

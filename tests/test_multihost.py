@@ -57,7 +57,7 @@ def run_two_processes(corpus, workdir: Path) -> None:
     args = tiny_flags(
         corpus, workdir, **OVERRIDES, num_train_steps=STOP, checkpoint_every_steps=STOP, **{"mesh.model": 2}
     )
-    env = command_env(XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = command_env(devices=2)
     port = free_port()
     logs = [open(workdir.parent / f"process_{i}.log", "w+") for i in range(2)]
     processes = [

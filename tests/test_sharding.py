@@ -286,7 +286,7 @@ def test_the_cli_refuses_a_bad_mesh_in_one_line_before_writing_anything(tmp_path
         f"--workdir={tmp_path / 'w'}",
         "--config.batch_size=6",
         "--config.mesh.model=2",
-        env=command_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"),
+        env=command_env(devices=8),
     )
     assert error_line(result) == (
         "error: --config.batch_size=6 is not divisible by the 4 shards of mesh axis 'data' (--config.mesh.data=4 "

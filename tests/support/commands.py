@@ -20,15 +20,23 @@ LIMIT_FILE_SIZE = (
 )
 
 
-def command_env(**extra: str) -> dict[str, str]:
-    """The environment of a command under test: this checkout importable, JAX on the CPU (one device
-    unless `XLA_FLAGS` says otherwise; the session's compilation cache is inherited, see conftest)."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-    }
+# XLA's CPU backend at LLVM -O0 compiles the suite's hundreds of tiny programs in about half the time
+# (a cold configs/tiny.py training run: 26 s of CPU at the default level, 14 s at 0); programs this small
+# run in microseconds either way, and the level changes how LLVM emits the code, not what XLA computes,
+# so every tolerance still holds. Every process of a test session uses it: in-process results are
+# compared bit for bit with those of the commands the tests start.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+
+def xla_flags(devices: int) -> str:
+    """`XLA_FLAGS` of a test process: `devices` forced CPU devices, the test compile settings."""
+    return f"--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}"
+
+
+def command_env(devices: int = 1, **extra: str) -> dict[str, str]:
+    """The environment of a command under test: this checkout importable, JAX on `devices` CPU devices
+    (the session's compilation cache is inherited, see conftest); `extra` variables last."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(devices)}
     env.update(extra)
     return env
 
