@@ -60,11 +60,14 @@ def get_config() -> ml_collections.ConfigDict:
     config.loss_scale_by_unroll = True  # bilm-tf differentiates loss * unroll_steps
     # Chance that a training sentence is read from a zero LSTM state instead of the carried one. bilm-tf
     # uses 0; then the model only sees a zero state once (the first window), yet `embed` always starts
-    # from one, and small models can end up useless from it. Measured (bench/state_resets.py, demo model,
-    # 600 steps, one seed; bench/RESULTS.md): full-softmax heldout perplexity carried / from a zero state
-    # was 248.0 / 248.8 with 0.05; with 0 the backward LM read 244.2 / 255.5 (so resets cost nothing
-    # carried and gain 4% stateless) but the forward LM's full-softmax perplexity blew up to ~1e10 while
-    # its sampled training loss stayed normal (4.93): not yet explained, and configs/bilm_large.py uses 0.
+    # from one. Measured on the demo model (bench/RESULTS.md, "State resets"; full-softmax heldout
+    # perplexity): with 0.05, carried and zero-state reading agree (248.0 / 248.8 at 600 steps) and three
+    # seeds trained normally; with 0, all three seeds had one direction blow up to 1e7-1e10 within 400
+    # steps (forward or backward, some recovering later) while the sampled training loss stayed normal:
+    # that direction's outputs saturate against proj_clip and a few rare words, which the sampled
+    # softmax seldom draws and so never pushes down, outscore the right word almost everywhere. The
+    # trainer warns when an evaluation is worse than a uniform guess. configs/bilm_large.py keeps
+    # bilm-tf's 0 (its published models evaluate normally at that scale).
     config.state_reset_probability = 0.05
     config.n_negative_samples = 8192  # sampled-softmax candidates per direction and group of rows
     # Rows per candidate draw: the global batch's rows 0..g-1, g..2g-1, ... each draw their own

@@ -105,3 +105,19 @@ def test_heldout_from_zero_state_reads_each_sentence_alone(corpus):
     for key in ("forward_perplexity", "backward_perplexity"):
         assert zero[key] == pytest.approx(alone[key], rel=1e-5)
         assert abs(carried[key] - alone[key]) > 1e-4 * alone[key]
+
+
+def test_a_direction_worse_than_a_uniform_guess_is_warned_about(caplog):
+    """Perplexity above the vocabulary size (worse than guessing uniformly) is what a sampled-softmax
+    model with saturated outputs shows only under the full softmax (bench/RESULTS.md, "State resets"):
+    one warning per such direction, naming it, the figure and the vocabulary size; none at or below V."""
+    from elmo_jax.training.heldout import warn_if_worse_than_uniform
+
+    with caplog.at_level("WARNING"):
+        warned = warn_if_worse_than_uniform({"forward_perplexity": 1.83e10, "backward_perplexity": 252.9}, 14682)
+    assert len(warned) == 1 and warned[0].startswith("heldout forward perplexity 1.83e+10 is worse than a uniform")
+    assert "14682 words" in warned[0] and "state_reset_probability=0" in warned[0]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == warned
+    assert warn_if_worse_than_uniform({"forward_perplexity": 14682.0, "backward_perplexity": 14681.9}, 14682) == []
+    both = warn_if_worse_than_uniform({"forward_perplexity": 2e4, "backward_perplexity": 3e4}, 14682)
+    assert [w.split()[1] for w in both] == ["forward", "backward"]

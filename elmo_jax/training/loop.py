@@ -35,7 +35,7 @@ from elmo_jax.model.params import BiLMParams, count_parameters
 from elmo_jax.training import multihost, preemption, settings, sharding
 from elmo_jax.training.batch_feed import device_batch, gather_stream_state
 from elmo_jax.training.checkpoint import Checkpoints
-from elmo_jax.training.heldout import heldout_perplexity
+from elmo_jax.training.heldout import heldout_perplexity, warn_if_worse_than_uniform
 from elmo_jax.training.jitted_steps import Steps, jit_steps
 from elmo_jax.training.metrics_log import MetricsLog
 from elmo_jax.training.softmax import padded_vocab_size
@@ -99,11 +99,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, f
     optimizer = settings.optimizer(config)
     steps = jit_steps(mesh, cfg, optimizer, config.batch_size, skip_nonfinite=config.max_nonfinite_steps > 0)
     stream = _training_stream(config, cfg, data, steps)
-    heldout = None
-    if data.heldout is not None:
-        heldout = lambda params: heldout_perplexity(
-            params, cfg, data.heldout, data.vocab, config.batch_size, config.eval_max_batches, steps=steps
-        )
+    heldout = _heldout_evaluation(config, cfg, data, steps)
     checkpoints = Checkpoints(workdir, keep=config.keep_checkpoints, writer=True)
     log = None
     with preemption.StopSignals() as signals, _closing(checkpoints, lambda: log):
@@ -118,6 +114,22 @@ def _train(config: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, f
             _log_resumption(run, state, workdir, is_main)
         state = _train_loop(run, state)
         return _finish(run, state, data.vocab, workdir, is_main)
+
+
+def _heldout_evaluation(config, cfg: StepConfig, data: TrainingData, steps: Steps):
+    """params -> heldout metrics (warning when a direction does worse than a uniform guess), or None
+    without heldout data."""
+    if data.heldout is None:
+        return None
+
+    def evaluate(params) -> dict[str, float]:
+        result = heldout_perplexity(
+            params, cfg, data.heldout, data.vocab, config.batch_size, config.eval_max_batches, steps=steps
+        )
+        warn_if_worse_than_uniform(result, len(data.vocab))
+        return result
+
+    return evaluate
 
 
 def _training_stream(config, cfg: StepConfig, data: TrainingData, steps: Steps) -> BiLMBatchStream:
