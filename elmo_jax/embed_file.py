@@ -33,8 +33,6 @@ every process sees.
 
 from __future__ import annotations
 
-import os
-
 from absl import app, flags
 
 from elmo_jax.features import sentence_input
@@ -111,7 +109,7 @@ def define_flags() -> None:
 
 def run() -> dict:
     from elmo_jax.features.file_embedding import Options, check_output_path, embed_file
-    from elmo_jax.formats import model_dir, model_source
+    from elmo_jax.formats import model_dir, model_source, storage
     from elmo_jax.training import multihost
 
     for name in ("input", "output"):
@@ -152,15 +150,17 @@ def run() -> dict:
     # Everything that can be checked cheaply is, before the model is loaded.
     model_files = [p for p in (FLAGS.model, FLAGS.options, FLAGS.weights) if p]
     check_output_path(FLAGS.output, options.overwrite, inputs=[FLAGS.input, *model_files], remove_stale=False)
-    vocab_file = os.path.join(FLAGS.model, model_dir.VOCAB) if FLAGS.model else None
-    use_vocabulary = options.token_cache == "auto" and vocab_file is not None and os.path.isfile(vocab_file)
-    summary = sentence_input.scan(
-        FLAGS.input,
-        blank_lines=options.blank_lines,
-        max_tokens=options.max_sentence_tokens,
-        long_sentences=options.long_sentences,
-        collect_types=use_vocabulary,
-    )
+    vocab_file = storage.join(FLAGS.model, model_dir.VOCAB) if FLAGS.model else None
+    use_vocabulary = options.token_cache == "auto" and vocab_file is not None and storage.isfile(vocab_file)
+    summary = None  # a gs:// input is scanned once downloaded (features/bucket_files.py)
+    if not storage.is_remote(FLAGS.input):
+        summary = sentence_input.scan(
+            FLAGS.input,
+            blank_lines=options.blank_lines,
+            max_tokens=options.max_sentence_tokens,
+            long_sentences=options.long_sentences,
+            collect_types=use_vocabulary,
+        )
     multihost.start(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     params = model_source.load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
     vocabulary = None
