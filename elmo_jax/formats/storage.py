@@ -42,6 +42,7 @@ def epath(path: str | os.PathLike):
     """`etils.epath.Path` of a local path or URL."""
     from etils import epath as epath_module
 
+    _check_client(path)
     return epath_module.Path(os.fspath(path))
 
 
@@ -220,4 +221,14 @@ def _fs(path: str | os.PathLike):
     """(fsspec file system, its name of `path`) for a URL."""
     import fsspec
 
+    _check_client(path)
     return fsspec.core.url_to_fs(os.fspath(path))
+
+
+def _check_client(path: str | os.PathLike) -> None:
+    """Raises OSError, saying what to install, when `path` is gs:// and gcsfs is missing."""
+    if is_gcs(path):
+        try:
+            import gcsfs  # noqa: F401
+        except ImportError:
+            raise OSError(f"{os.fspath(path)}: gs:// paths need gcsfs: pip install 'elmo-jax[gcs]'") from None

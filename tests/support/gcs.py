@@ -72,7 +72,6 @@ def client_env(url: str) -> dict[str, str]:
         "STORAGE_EMULATOR_HOST": url,  # google-cloud-storage (orbax, tensorboardX, the workdir lock), gcsfs
         "TENSORSTORE_GCS_HTTP_URL": url,  # tensorstore's "gcs" kvstore: orbax's array data
         "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test",  # tensorstore: a fixed token, no credential lookup
-        "CLOUD_STORAGE_EMULATOR_ENDPOINT": url,  # google-cloud-cpp: array_record reading gs://
         "GOOGLE_CLOUD_PROJECT": "test",  # google-cloud-storage's Client() needs a project
         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",  # gcsfs: the plain JSON-API file system, no gRPC probe
         "FSSPEC_GCS": json.dumps({"token": "anon", "use_listings_cache": False}),  # read when fsspec is imported
