@@ -29,6 +29,10 @@ Several processes (hosts) each run the same command with the coordinator flags (
 TPU pod slice / SLURM, as train.py): each embeds every N-th line on its own devices, and process 0
 writes the one output file, the same as a single process writes. --output must be on a file system
 every process sees.
+
+--model, --input and --output may be gs://BUCKET/PATH (pip install 'elmo-jax[gcs]'): a gs:// input is
+downloaded first, a gs:// output is written on this machine (where a stopped run resumes) and uploaded
+in one piece when complete; it takes one process (docs/CLOUD_STORAGE.md).
 """
 
 from __future__ import annotations

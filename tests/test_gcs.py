@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -23,13 +24,16 @@ import numpy as np
 import pytest
 
 import elmo_jax
+from elmo_jax.data import text_files
 from elmo_jax.features.file_embedding import Options, embed_file
 from elmo_jax.formats import model_dir, storage
+from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.training import bucket_lock, loop, start
+from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.heldout import heldout_perplexity
 from elmo_jax.training.workdir import WorkdirInUseError, WorkdirLock
 from tests.support import gcs
-from tests.support.commands import REPO, command_argv, command_env
+from tests.support.commands import REPO, command_argv, command_env, run_command
 from tests.support.compare import assert_trees_equal, read_metrics, restored, without_timing
 from tests.support.configs import TRAINED_STEPS, tiny_flags, with_overrides
 
@@ -151,16 +155,26 @@ def test_evaluate_and_export_read_the_gs_workdir(gs_run, trained_run, bucket):
 
 
 @pytest.mark.slow
-def test_embed_file_from_a_gs_model_to_a_gs_output_matches_a_local_one(gs_run, bucket, tmp_path, corpus):
+def test_embed_file_command_from_a_gs_model_to_a_gs_output_matches_a_local_run(
+    gs_run, bucket, gcs_emulator, tmp_path, corpus
+):
+    """`python -m elmo_jax.embed_file` with --model, --input and --output in the bucket (the model's
+    vocab.txt read from there too: the token cache is on) writes what the library writes locally."""
     text = "\n".join(corpus["heldout_sentences"][:12]) + "\n"
     (tmp_path / "in.txt").write_text(text)
     storage.write_bytes(f"{bucket}/text/in.txt", text.encode())
-    params = model_dir.load(f"{gs_run.workdir}/export")
     output = f"{bucket}/vectors/out.hdf5"
-    counts = embed_file(params, f"{bucket}/text/in.txt", output, Options(batch_tokens=64))
-    embed_file(params, str(tmp_path / "in.txt"), str(tmp_path / "local.hdf5"), Options(batch_tokens=64))
-    assert counts["sentences"] == 12
-    with storage.local_copy(output) as downloaded, h5py.File(downloaded) as a, h5py.File(tmp_path / "local.hdf5") as b:
+    args = [f"--model={gs_run.workdir}/export", f"--input={bucket}/text/in.txt", f"--output={output}"]
+    env = command_env(XLA_FLAGS="--xla_force_host_platform_device_count=8", **gcs.client_env(gcs_emulator))
+    result = run_command("elmo_jax.embed_file", *args, "--batch_tokens=64", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "12 sentences" in result.stdout, result.stdout
+
+    params = model_dir.load(f"{gs_run.workdir}/export")
+    vocabulary = Vocab.load(f"{gs_run.workdir}/export/vocab.txt").words
+    local = tmp_path / "local.hdf5"
+    embed_file(params, str(tmp_path / "in.txt"), str(local), Options(batch_tokens=64), vocabulary=vocabulary)
+    with storage.local_copy(output) as downloaded, h5py.File(downloaded) as a, h5py.File(local) as b:
         assert sorted(a) == sorted(b)
         for name in a:
             np.testing.assert_array_equal(a[name][()], b[name][()])
@@ -194,3 +208,28 @@ def test_the_workdir_lock_in_a_bucket_refuses_a_second_run_and_takes_over_a_dead
     with pytest.raises(WorkdirInUseError, match=f"gone {bucket_lock.STALE_S:.0f} s after"):
         WorkdirLock(workdir).__enter__()
     assert json.loads(storage.read_bytes(lock)) == alive
+
+
+def test_an_uncommitted_step_is_not_a_checkpoint_and_the_writer_removes_it(bucket, caplog):
+    """In a bucket orbax writes a step in place and commit_success.txt last: a step without it (a run
+    killed mid-write) is never listed, and the training run's manager removes it on start."""
+    workdir = f"{bucket}/half_written"
+    storage.write_bytes(f"{workdir}/checkpoints/7/state/_METADATA", b"{}")
+    reader = Checkpoints(workdir, async_save=False)
+    assert reader.latest_step() is None
+    reader.close()
+    assert storage.exists(f"{workdir}/checkpoints/7")  # a reader leaves it: a run may be writing it
+    with caplog.at_level(logging.WARNING):
+        Checkpoints(workdir, async_save=False, writer=True).close()
+    assert not storage.exists(f"{workdir}/checkpoints/7")
+    assert "an incomplete checkpoint write" in caplog.text
+
+
+def test_corpus_globs_in_a_bucket_name_what_is_wrong(bucket):
+    storage.write_bytes(f"{bucket}/texts/a.txt", b"one two\n")
+    storage.write_bytes(f"{bucket}/texts/sub/b.txt", b"three\n")
+    assert text_files.expand_glob(f"{bucket}/texts/**/*.txt") == [f"{bucket}/texts/a.txt", f"{bucket}/texts/sub/b.txt"]
+    with pytest.raises(FileNotFoundError, match="no file matches"):
+        text_files.expand_glob(f"{bucket}/texts/*.gz")
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        text_files.expand_glob(f"{bucket}/texts/*")

@@ -191,13 +191,13 @@ def download_tree(source: str, local: str | os.PathLike) -> None:
 
 
 def glob(pattern: str | os.PathLike) -> list[str]:
-    """The paths a glob matches, sorted (`**` matches any depth, also under a URL)."""
+    """The paths a glob matches, files and directories, sorted (`**` matches any depth, also under a URL)."""
     pattern = os.fspath(pattern)
     if not is_remote(pattern):
         return sorted(glob_module.glob(pattern, recursive=True))
     fs, name = _fs(pattern)
     scheme = pattern.split("://", 1)[0]
-    return sorted(f"{scheme}://{found}" for found in fs.glob(name) if not fs.isdir(found))
+    return sorted(f"{scheme}://{found.rstrip('/')}" for found in fs.glob(name))
 
 
 def has_magic(pattern: str) -> bool:
