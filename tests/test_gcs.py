@@ -19,15 +19,18 @@ import socket
 import subprocess
 import time
 
+import fsspec
 import h5py
 import numpy as np
 import pytest
 
 import elmo_jax
 from elmo_jax.data import text_files
+from elmo_jax.data.vocab_builder import build_vocab, count_tokens
 from elmo_jax.features.file_embedding import Options, embed_file
 from elmo_jax.formats import model_dir, storage
-from elmo_jax.formats.vocab_file import Vocab
+from elmo_jax.formats.output_paths import check_output
+from elmo_jax.formats.vocab_file import VOCABULARY, Vocab
 from elmo_jax.training import bucket_lock, loop, start
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.heldout import heldout_perplexity
@@ -155,6 +158,25 @@ def test_evaluate_and_export_read_the_gs_workdir(gs_run, trained_run, bucket):
 
 
 @pytest.mark.slow
+def test_a_damaged_gs_checkpoint_is_reported_moved_aside_and_the_previous_one_restores(gs_run, bucket):
+    """A copy of the run's checkpoints with an array file of the newest step deleted: restoring falls back
+    to the older step and moves the damaged one to <step>.corrupt (a copy and a delete in a bucket)."""
+    copy = f"{bucket}/damaged"
+    fs, _ = fsspec.core.url_to_fs(copy)
+    fs.copy(f"{gs_run.workdir}/checkpoints", f"{copy}/checkpoints", recursive=True)
+    arrays = storage.glob(f"{copy}/checkpoints/{N + M}/state/ocdbt.process_0/d/*")
+    storage.remove(arrays[0])
+    checkpoints = Checkpoints(copy, async_save=False, writer=True)
+    try:
+        found = checkpoints.restore_newest(lambda meta: start.abstract_state(meta)[0], move_aside=True)
+    finally:
+        checkpoints.close()
+    assert found[0] == N
+    assert storage.listdir(f"{copy}/checkpoints") == [str(N), f"{N + M}.corrupt"]
+    assert storage.exists(f"{copy}/checkpoints/{N + M}.corrupt/commit_success.txt")
+
+
+@pytest.mark.slow
 def test_embed_file_command_from_a_gs_model_to_a_gs_output_matches_a_local_run(
     gs_run, bucket, gcs_emulator, tmp_path, corpus
 ):
@@ -208,6 +230,8 @@ def test_the_workdir_lock_in_a_bucket_refuses_a_second_run_and_takes_over_a_dead
     with pytest.raises(WorkdirInUseError, match=f"gone {bucket_lock.STALE_S:.0f} s after"):
         WorkdirLock(workdir).__enter__()
     assert json.loads(storage.read_bytes(lock)) == alive
+    with pytest.raises(OSError, match="cannot lock the workdir gs://no-such-bucket/run .*NotFound"):
+        WorkdirLock("gs://no-such-bucket/run").__enter__()
 
 
 def test_an_uncommitted_step_is_not_a_checkpoint_and_the_writer_removes_it(bucket, caplog):
@@ -225,7 +249,8 @@ def test_an_uncommitted_step_is_not_a_checkpoint_and_the_writer_removes_it(bucke
     assert "an incomplete checkpoint write" in caplog.text
 
 
-def test_corpus_globs_in_a_bucket_name_what_is_wrong(bucket):
+def test_corpus_globs_in_a_bucket_and_a_vocabulary_written_there(bucket):
+    """What `python -m elmo_jax.vocab` does, with --files and --output in the bucket."""
     storage.write_bytes(f"{bucket}/texts/a.txt", b"one two\n")
     storage.write_bytes(f"{bucket}/texts/sub/b.txt", b"three\n")
     assert text_files.expand_glob(f"{bucket}/texts/**/*.txt") == [f"{bucket}/texts/a.txt", f"{bucket}/texts/sub/b.txt"]
@@ -233,3 +258,13 @@ def test_corpus_globs_in_a_bucket_name_what_is_wrong(bucket):
         text_files.expand_glob(f"{bucket}/texts/*.gz")
     with pytest.raises(IsADirectoryError, match="is a directory"):
         text_files.expand_glob(f"{bucket}/texts/*")
+
+    files, output = f"{bucket}/texts/**/*.txt", f"{bucket}/vocab.txt"
+    check_output(output, VOCABULARY, inputs=text_files.expand_glob(files))
+    build_vocab(count_tokens(files)[0]).save(output)
+    assert Vocab.load(output).words[3:] == ["one", "three", "two"]
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        check_output(output, VOCABULARY)
+    check_output(output, VOCABULARY, overwrite=True)  # it is a vocabulary: may be replaced
+    with pytest.raises(ValueError, match="is the input"):
+        check_output(f"{bucket}/texts/a.txt", VOCABULARY, overwrite=True, inputs=text_files.expand_glob(files))

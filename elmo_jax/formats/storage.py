@@ -161,7 +161,12 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 
 def upload_file(local: str | os.PathLike, target: str | os.PathLike) -> None:
-    """Copies a local file to `target` (a URL: one upload; a local path: a staged copy)."""
+    """Copies a local file to `target` (a URL: one upload, streamed, visible only once complete; a local
+    path: a staged copy)."""
+    if is_remote(target):
+        fs, name = _fs(target)
+        fs.put_file(os.fspath(local), name)
+        return
     with open(local, "rb") as f:
         data = f.read()
     write_bytes(target, data)

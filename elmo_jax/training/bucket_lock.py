@@ -64,13 +64,23 @@ class BucketLock:
         self._generation = blob.generation
 
     def acquire(self) -> None:
+        """Takes the lock, or raises `error` (another run holds it) or OSError (the bucket cannot be
+        reached or written: no such bucket, no permission, no credentials)."""
         from google.api_core import exceptions
+        from google.auth import exceptions as auth_exceptions
 
-        blob = self._blob()
         try:
-            self._write(blob, 0)
-        except exceptions.PreconditionFailed:
-            self._take_over_or_refuse(blob)
+            blob = self._blob()
+            try:
+                self._write(blob, 0)
+            except exceptions.PreconditionFailed:
+                self._take_over_or_refuse(blob)
+        except (exceptions.GoogleAPICallError, auth_exceptions.GoogleAuthError) as e:
+            message = " ".join(str(e).split())[:300]
+            raise OSError(
+                f"cannot lock the workdir {os.path.dirname(self.url)} ({type(e).__name__}: {message}); the bucket "
+                "must exist and these credentials need roles/storage.objectUser on it (docs/CLOUD_STORAGE.md)"
+            ) from None
         self._thread = threading.Thread(target=self._beat, name="elmo_jax-workdir-lock", daemon=True)
         self._thread.start()
 
