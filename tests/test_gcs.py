@@ -159,13 +159,13 @@ def test_evaluate_and_export_read_the_gs_workdir(gs_run, trained_run, bucket):
 
 @pytest.mark.slow
 def test_a_damaged_gs_checkpoint_is_reported_moved_aside_and_the_previous_one_restores(gs_run, bucket):
-    """A copy of the run's checkpoints with an array file of the newest step deleted: restoring falls back
+    """A copy of the run's checkpoints with the array data of the newest step deleted: restoring falls back
     to the older step and moves the damaged one to <step>.corrupt (a copy and a delete in a bucket)."""
     copy = f"{bucket}/damaged"
     fs, _ = fsspec.core.url_to_fs(copy)
     fs.copy(f"{gs_run.workdir}/checkpoints", f"{copy}/checkpoints", recursive=True)
-    arrays = storage.glob(f"{copy}/checkpoints/{N + M}/state/ocdbt.process_0/d/*")
-    storage.remove(arrays[0])
+    for data_file in storage.glob(f"{copy}/checkpoints/{N + M}/state/**/d/*"):  # the arrays' data
+        storage.remove(data_file)
     checkpoints = Checkpoints(copy, async_save=False, writer=True)
     try:
         found = checkpoints.restore_newest(lambda meta: start.abstract_state(meta)[0], move_aside=True)
