@@ -126,10 +126,11 @@ def test_a_killed_gs_run_resumes_exactly_like_the_uninterrupted_local_run(gs_run
 
 
 @pytest.mark.slow
-def test_evaluate_and_export_read_the_gs_workdir(gs_run, trained_run, bucket):
+def test_evaluate_and_export_read_the_gs_workdir(gs_run, trained_run, bucket, gcs_emulator):
     """Evaluation reads the checkpoint and the prepared heldout corpus from the bucket (downloaded
     afresh: the local mirror is removed first) and gives what the same evaluation of the local run gives;
-    the export goes to the bucket, loads back, and keeps the overwrite and inside-a-workdir rules."""
+    `python -m elmo_jax.export` writes to the bucket; the export loads back, and the overwrite and
+    inside-a-workdir rules hold there."""
     from elmo_jax.data import local_corpus
     from elmo_jax.data.training_corpus import open_training_data
 
@@ -144,13 +145,17 @@ def test_evaluate_and_export_read_the_gs_workdir(gs_run, trained_run, bucket):
     )
 
     output = f"{bucket}/models/tiny"
-    bilm = elmo_jax.BiLMParams(weights=params["bilm"], config=cfg.model)
-    model_dir.write_model_dir(bilm, output, vocab_file=vocab_file, inputs=[gs_run.workdir])
+    env = command_env(**gcs.client_env(gcs_emulator))
+    result = run_command("elmo_jax.export", f"--workdir={gs_run.workdir}", f"--output={output}", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"wrote {output}" in result.stdout and f"{gs_run.workdir} step {N + M}" in result.stdout
     assert_trees_equal(model_dir.load(output).weights, model_dir.load(f"{gs_run.workdir}/export").weights)
     assert storage.read_bytes(f"{output}/vocab.txt") == storage.read_bytes(vocab_file)
     with pytest.raises(FileExistsError, match="--overwrite"):
         model_dir.check_target(output, overwrite=False)
+    bilm = elmo_jax.BiLMParams(weights=params["bilm"], config=cfg.model)
     model_dir.write_model_dir(bilm, output, vocab_file=vocab_file, overwrite=True)  # replaced whole
+    assert_trees_equal(model_dir.load(output).weights, bilm.weights)
     with pytest.raises(ValueError, match="a training workdir"):
         model_dir.check_target(f"{gs_run.workdir}/mine", overwrite=False)
     with pytest.raises(ValueError, match="holds the input"):
