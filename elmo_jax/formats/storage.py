@@ -1,9 +1,10 @@
 """Paths that may be local or in Cloud Storage (`gs://bucket/path`): the few file operations the project
 needs, in one place.
 
-A local path goes through `os`, `glob` and `shutil` exactly as before; a URL (`gs://...`, or any other
-scheme fsspec knows) goes through `etils.epath` (the path type orbax and TFDS use, backed by fsspec and
-gcsfs), and globs through fsspec. docs/CLOUD_STORAGE.md describes what each guarantee becomes in a bucket:
+A local path goes through `os`, `glob` and `shutil` exactly as before; a URL (`gs://...`) goes through
+`etils.epath` (the path type orbax and TFDS use, backed by fsspec and gcsfs), and globs through fsspec.
+Other fsspec schemes would take the same route but are not tested, and the workdir lock needs gs://.
+docs/CLOUD_STORAGE.md describes what each guarantee becomes in a bucket:
 
 - a single object is written by one upload, which Cloud Storage makes visible complete or not at all, so
   `write_bytes` needs no temporary name there;

@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 from absl import logging
 
-HEARTBEAT_S = 60.0
-STALE_S = 600.0
+HEARTBEAT_S = 30.0
+STALE_S = 180.0  # six missed heartbeats: its host is gone (a preempted pod is re-created within minutes)
 
 
 class BucketLock:
