@@ -11,6 +11,9 @@ commands for TPU pod slices and GPU machines):
     python train.py ... --coordinator_address=10.0.0.1:1234 --num_processes=2 --process_id=1   # host 1
 On a Cloud TPU pod slice (or under SLURM / Open MPI) --distributed alone lets JAX find the others;
 JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID work as the flags do.
+
+--workdir and the config's paths (corpus globs, vocab_file, cache_dir, init_from) may be in Cloud Storage,
+gs://BUCKET/PATH, which every host of a pod slice sees (pip install 'elmo-jax[gcs]'; docs/CLOUD_STORAGE.md).
 """
 
 import logging as std_logging
@@ -21,7 +24,9 @@ from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Training config file (see configs/default.py).", lock_config=True)
-flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, the vocabulary and the export.")
+flags.DEFINE_string(
+    "workdir", None, "Directory (or gs://BUCKET/PATH) for checkpoints, metrics, the vocabulary and the export."
+)
 flags.mark_flags_as_required(["config", "workdir"])
 flags.DEFINE_bool(
     "distributed",

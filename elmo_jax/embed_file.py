@@ -29,11 +29,13 @@ Several processes (hosts) each run the same command with the coordinator flags (
 TPU pod slice / SLURM, as train.py): each embeds every N-th line on its own devices, and process 0
 writes the one output file, the same as a single process writes. --output must be on a file system
 every process sees.
+
+--model, --input and --output may be gs://BUCKET/PATH (pip install 'elmo-jax[gcs]'): a gs:// input is
+downloaded first, a gs:// output is written on this machine (where a stopped run resumes) and uploaded
+in one piece when complete; it takes one process (docs/CLOUD_STORAGE.md).
 """
 
 from __future__ import annotations
-
-import os
 
 from absl import app, flags
 
@@ -111,7 +113,7 @@ def define_flags() -> None:
 
 def run() -> dict:
     from elmo_jax.features.file_embedding import Options, check_output_path, embed_file
-    from elmo_jax.formats import model_dir, model_source
+    from elmo_jax.formats import model_dir, model_source, storage
     from elmo_jax.training import multihost
 
     for name in ("input", "output"):
@@ -152,15 +154,17 @@ def run() -> dict:
     # Everything that can be checked cheaply is, before the model is loaded.
     model_files = [p for p in (FLAGS.model, FLAGS.options, FLAGS.weights) if p]
     check_output_path(FLAGS.output, options.overwrite, inputs=[FLAGS.input, *model_files], remove_stale=False)
-    vocab_file = os.path.join(FLAGS.model, model_dir.VOCAB) if FLAGS.model else None
-    use_vocabulary = options.token_cache == "auto" and vocab_file is not None and os.path.isfile(vocab_file)
-    summary = sentence_input.scan(
-        FLAGS.input,
-        blank_lines=options.blank_lines,
-        max_tokens=options.max_sentence_tokens,
-        long_sentences=options.long_sentences,
-        collect_types=use_vocabulary,
-    )
+    vocab_file = storage.join(FLAGS.model, model_dir.VOCAB) if FLAGS.model else None
+    use_vocabulary = options.token_cache == "auto" and vocab_file is not None and storage.isfile(vocab_file)
+    summary = None  # a gs:// input is scanned once downloaded (features/bucket_files.py)
+    if not storage.is_remote(FLAGS.input):
+        summary = sentence_input.scan(
+            FLAGS.input,
+            blank_lines=options.blank_lines,
+            max_tokens=options.max_sentence_tokens,
+            long_sentences=options.long_sentences,
+            collect_types=use_vocabulary,
+        )
     multihost.start(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     params = model_source.load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
     vocabulary = None

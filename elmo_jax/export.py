@@ -13,8 +13,6 @@ replaced only with --overwrite, and only once the new one is complete.
 
 from __future__ import annotations
 
-import os
-
 from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
@@ -67,8 +65,6 @@ def _from_workdir():
 
     if FLAGS.vocab:
         raise ValueError("--vocab goes with --options/--weights; a workdir's own vocabulary is exported")
-    if not os.path.isdir(FLAGS.workdir):
-        raise FileNotFoundError(f"--workdir={FLAGS.workdir}: not a directory")
     params, cfg, config, vocab_file, step = load_trained(FLAGS.workdir, FLAGS.step)
     return BiLMParams(weights=params["bilm"], config=cfg.model), vocab_file, f"{FLAGS.workdir} step {step}"
 

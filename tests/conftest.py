@@ -154,3 +154,16 @@ def trained_run(corpus, tmp_path_factory) -> TrainedRun:
     workdir = str(tmp_path_factory.mktemp("trained_run"))
     config = tiny_config(corpus, num_train_steps=n + m, checkpoint_every_steps=n)
     return TrainedRun(workdir, config, train_and_evaluate(config, workdir))
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory):
+    """URL of a Cloud Storage API on loopback (fake-gcs-server, tests/support/gcs.py) for the session,
+    started by the first test that asks for it."""
+    import gc
+
+    from tests.support import gcs
+
+    with gcs.emulator(str(tmp_path_factory.mktemp("gcs_emulator") / "server.log")) as url:
+        yield url
+        gc.collect()  # clients that upload when collected do it while the server still runs

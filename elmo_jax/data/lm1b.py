@@ -31,7 +31,7 @@ import urllib.request
 from absl import logging
 
 from elmo_jax.data import local_corpus
-from elmo_jax.formats import atomic_write
+from elmo_jax.formats import atomic_write, storage
 
 URL = "http://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz"
 TOP_DIR = "1-billion-word-language-modeling-benchmark-r13output"
@@ -46,8 +46,8 @@ _CHUNK = 1 << 20
 
 def text_globs(data_dir: str | os.PathLike) -> tuple[str, str]:
     """(train, heldout) globs of the extracted text files under `data_dir`."""
-    top = os.path.join(os.path.abspath(os.fspath(data_dir)), "lm1b", TOP_DIR)
-    return os.path.join(top, TRAIN_DIR, "news.en-*"), os.path.join(top, HELDOUT_DIR, "news.en.heldout-*")
+    top = storage.join(storage.absolute(data_dir), "lm1b", TOP_DIR)  # also gs://BUCKET/DIR (a copy)
+    return storage.join(top, TRAIN_DIR, "news.en-*"), storage.join(top, HELDOUT_DIR, "news.en.heldout-*")
 
 
 def prepare_lm1b(

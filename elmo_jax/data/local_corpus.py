@@ -24,6 +24,12 @@ left for the user to delete. A corpus is staged in a hidden directory and rename
 complete (its manifest written last), so a killed preparation leaves nothing that looks prepared; the
 next one removes what it left.
 
+A `data_dir` in Cloud Storage (`gs://...`, e.g. a workdir there) holds the same layout, uploaded manifest
+last, so a prepared corpus there is complete once its manifest is. ArrayRecord reads one record per
+request, which over the network would cost a round trip per sentence, so every process reads a local
+copy: the corpus is prepared (by the first process) in a local mirror and uploaded, and a process that
+finds it in the bucket downloads it into its own mirror once (`local_mirror`).
+
 Reading needs only the `array_record` package: `ArrayRecordDataSource(paths)` of the shard files in
 the manifest's order gives the same records; grain's `MapDataset.source` works on `open_split`'s result.
 """
@@ -36,6 +42,7 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import time
 from collections.abc import Sequence
 
@@ -44,7 +51,7 @@ from array_record.python import array_record_data_source, array_record_module
 
 from elmo_jax.data import text_files
 from elmo_jax.data.sentence_source import SentenceSource
-from elmo_jax.formats import atomic_write
+from elmo_jax.formats import atomic_write, storage
 
 FORMAT = "elmo_jax local text corpus, ArrayRecord, version 1"
 DIRECTORY = "local_text_corpus"
@@ -93,6 +100,8 @@ def fingerprint(
     """Hex digest of everything that decides a prepared corpus's content."""
 
     def describe(path: str) -> list:
+        if storage.is_remote(path):  # an object's generation changes whenever it is rewritten
+            return [path, storage.getsize(path), storage.generation(path)]
         info = os.stat(path)
         return [os.path.abspath(path), info.st_size, info.st_mtime_ns]
 
@@ -144,12 +153,16 @@ def prepare_local_corpus(
     text_files.check_read_options(max_line_chars, invalid_utf8)
     if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, int) or shard_bytes < 1:
         raise ValueError(f"shard_bytes={shard_bytes!r}: expected a positive int")
-    train = tuple(os.path.abspath(p) for p in text_files.expand_glob(train_files))
-    test = tuple(os.path.abspath(p) for p in text_files.expand_glob(heldout_files)) if heldout_files else ()
-    both = sorted(set(map(os.path.realpath, train)) & set(map(os.path.realpath, test)))
+    train = tuple(map(storage.absolute, text_files.expand_glob(train_files)))
+    test = tuple(map(storage.absolute, text_files.expand_glob(heldout_files))) if heldout_files else ()
+    real = lambda p: p if storage.is_remote(p) else os.path.realpath(p)
+    both = sorted(set(map(real, train)) & set(map(real, test)))
     if both:  # heldout perplexity on training text would look far better than it is
         raise ValueError(f"{len(both)} file(s) are in both the train and the heldout files: {', '.join(both[:5])}")
     digest = fingerprint(train, test, max_line_chars, invalid_utf8)
+    if storage.is_remote(data_dir):
+        options = dict(name=name, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8, shard_bytes=shard_bytes)
+        return _prepare_in_bucket(train_files, heldout_files, os.fspath(data_dir), digest, **options)
     directory = os.path.join(os.fspath(data_dir), DIRECTORY, f"{name}_{digest[:16]}")
     corpus = _reusable(directory, digest)
     if corpus is not None:
@@ -184,6 +197,38 @@ def prepare_local_corpus(
         raise
     corpus = load_prepared(directory)
     _log_stats(corpus, "prepared")
+    return corpus
+
+
+def local_mirror(data_dir: str) -> str:
+    """The local directory where this machine keeps its copies of the corpora prepared in the bucket
+    directory `data_dir` (under the system's temporary directory, one per `data_dir`)."""
+    key = hashlib.sha256(data_dir.rstrip("/").encode("utf-8")).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), "elmo_jax_corpora", key)
+
+
+def _prepare_in_bucket(train_files, heldout_files, data_dir: str, digest: str, *, name: str, **options):
+    """The corpus prepared under the bucket directory `data_dir`, read from this machine's local mirror:
+    reused there, else downloaded from the bucket (complete once its manifest is there), else prepared
+    locally and uploaded, the manifest last."""
+    mirror = local_mirror(data_dir)
+    remote = storage.join(data_dir, DIRECTORY, f"{name}_{digest[:16]}")
+    local = os.path.join(mirror, DIRECTORY, f"{name}_{digest[:16]}")
+    published = storage.exists(storage.join(remote, "manifest.json"))
+    if published and _reusable(local, digest) is None:
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        staging = atomic_write.temporary_directory(local)
+        try:
+            storage.download_tree(remote, staging)
+            os.rename(staging, local)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        logging.info("downloaded the prepared corpus %s to %s", remote, local)
+    corpus = prepare_local_corpus(train_files, heldout_files, mirror, name=name, **options)
+    if not published:
+        storage.upload_tree(corpus.directory, remote, last="manifest.json")
+        logging.info("uploaded the prepared corpus to %s (read from its local copy %s)", remote, corpus.directory)
     return corpus
 
 

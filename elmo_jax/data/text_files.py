@@ -28,9 +28,10 @@ Line and token conventions (the same as bilm-tf, which reads each line with `lin
 from __future__ import annotations
 
 import dataclasses
-import glob
 import os
 from collections.abc import Iterable, Iterator, Sequence
+
+from elmo_jax.formats import storage
 
 DEFAULT_MAX_LINE_CHARS = 10_000  # far above real sentences; bounds the memory one line can take
 INVALID_UTF8_POLICIES = ("replace", "skip")
@@ -46,8 +47,9 @@ def expand_glob(patterns: Files) -> list[str]:
     """The files a glob (or a list of globs and paths) names: each pattern sorted, in pattern order.
 
     Args:
-      patterns: one pattern (`"data/news.en-*"`, `~` and `**` allowed) or a sequence of them. A path
-        that exists is taken literally, so file names containing `[` or `*` work.
+      patterns: one pattern (`"data/news.en-*"`, `~` and `**` allowed) or a sequence of them; also in
+        Cloud Storage (`"gs://bucket/corpus/*.txt"`). A path that exists is taken literally, so file names
+        containing `[` or `*` work.
 
     Returns:
       The matched file paths, as glob spells them.
@@ -65,21 +67,21 @@ def expand_glob(patterns: Files) -> list[str]:
     files: list[str] = []
     matched_by: dict[str, str] = {}
     for pattern in map(os.fspath, patterns):
-        expanded = os.path.expanduser(pattern)
-        matches = [expanded] if os.path.exists(expanded) else sorted(glob.glob(expanded, recursive=True))
+        expanded = pattern if storage.is_remote(pattern) else os.path.expanduser(pattern)
+        matches = [expanded] if storage.exists(expanded) else storage.glob(expanded)
         if not matches:
             raise FileNotFoundError(f"no file matches {pattern!r}")
         for path in matches:
-            if os.path.isdir(path):
+            if storage.isdir(path):
                 raise IsADirectoryError(f"{path} (matched by {pattern!r}) is a directory, expected a text file")
-            key = os.path.realpath(path)
+            key = path if storage.is_remote(path) else os.path.realpath(path)
             if key in matched_by:
                 raise ValueError(
                     f"{path} is matched by both {matched_by[key]!r} and {pattern!r}; it would be read twice"
                 )
             matched_by[key] = pattern
             files.append(path)
-    if all(os.path.getsize(path) == 0 for path in files):
+    if all(storage.getsize(path) == 0 for path in files):
         raise ValueError(
             f"all {len(files)} file(s) matched by {list(map(os.fspath, patterns))} are empty "
             f"(0 bytes): {', '.join(files[:MAX_EXAMPLES])}"
@@ -202,7 +204,7 @@ def _read_file(
     # A line of max_line_chars characters takes at most 4 bytes per character, plus "\r\n" and, on the
     # first line, a 3-byte BOM; a longer read that has not reached "\n" is too long whatever it decodes to.
     byte_limit = -1 if max_line_chars is None else 4 * max_line_chars + 5
-    with open(path, "rb") as f:
+    with storage.open_file(path, "rb") as f:
         number = 0
         while True:
             raw = f.readline(byte_limit)

@@ -20,6 +20,7 @@ from absl import logging
 
 from elmo_jax.data import default_corpus, local_corpus, text_files, tfds_corpus, vocab_builder
 from elmo_jax.data.sentence_source import SentenceSource
+from elmo_jax.formats import storage
 from elmo_jax.formats.vocab_file import Vocab
 
 
@@ -53,7 +54,7 @@ def open_training_data(data, workdir: str, *, write_files: bool = True) -> Train
       write_files: false on every process but the first (they read what process 0 writes).
     """
     check_data(data)
-    cache_dir = data.cache_dir or os.path.join(workdir, "data")
+    cache_dir = data.cache_dir or storage.join(workdir, "data")
     read_options = dict(max_line_chars=data.max_line_chars or None, invalid_utf8=data.invalid_utf8)
     if data.tfds_name:
         data_dir = data.tfds_data_dir or None
@@ -66,7 +67,11 @@ def open_training_data(data, workdir: str, *, write_files: bool = True) -> Train
             train_files, heldout_files = data.train_files, data.heldout_files or None
             description = f"files {train_files}"
         else:
-            train_files, heldout_files = default_corpus.build_default_corpus(os.path.join(cache_dir, "default_corpus"))
+            # Text files the corpus preparation reads: kept on this machine when cache_dir is a bucket.
+            local_cache = local_corpus.local_mirror(cache_dir) if storage.is_remote(cache_dir) else cache_dir
+            train_files, heldout_files = default_corpus.build_default_corpus(
+                os.path.join(local_cache, "default_corpus")
+            )
             description = "the embedded default corpus (Python standard library docstrings)"
         corpus = local_corpus.prepare_local_corpus(train_files, heldout_files, cache_dir, **read_options)
         train = local_corpus.open_split(corpus, "train")
@@ -97,8 +102,8 @@ def _resolve_vocab(
 ) -> Vocab:
     if data.vocab_file:
         return Vocab.load(data.vocab_file)
-    path = os.path.join(workdir, "vocab.txt")
-    if os.path.exists(path):
+    path = storage.join(workdir, "vocab.txt")
+    if storage.exists(path):
         return Vocab.load(path)
     if train_files is not None:
         counts, stats = vocab_builder.count_tokens(train_files, **read_options)

@@ -36,7 +36,7 @@ from elmo_jax.features.batch_runner import OUTPUT_MODES, BatchRunner, output_spe
 from elmo_jax.features.file_output import write_output
 from elmo_jax.features.length_buckets import BucketBatcher, InputOrderBatcher, Piece
 from elmo_jax.features.token_ids import CharIdTable, width_bucket
-from elmo_jax.formats import atomic_write, output_paths, vector_spool
+from elmo_jax.formats import atomic_write, output_paths, storage, vector_spool
 from elmo_jax.formats.vectors_hdf5 import VECTORS_FILE
 from elmo_jax.model.params import iter_flat
 
@@ -107,6 +107,10 @@ def embed_file(
       ValueError / OSError: bad options, input or output path, with the flag, file or line named;
         nothing is left under `output_path` (an existing file there is untouched).
     """
+    if storage.is_remote(input_path) or storage.is_remote(output_path):
+        from elmo_jax.features.bucket_files import embed_file_in_bucket
+
+        return embed_file_in_bucket(params, input_path, output_path, options, summary=summary, vocabulary=vocabulary)
     target = check_output_path(output_path, options.overwrite, inputs=[input_path], remove_stale=False)
     output = output_spec(
         options.layers, params.config.n_output_layers, options.mix_scalars, options.gamma, options.float16

@@ -14,6 +14,12 @@
 The directory is built under a temporary name next to the target and renamed into place, so a crash
 never leaves a half-written model under the target name. `load` checks the manifest before trusting
 any file: a missing, truncated or altered file is reported by name instead of giving garbage vectors.
+
+In Cloud Storage (`gs://...`), which has no rename, the directory is built locally and uploaded with
+manifest.json last; replacing one first deletes its manifest, then its files. A reader that finds the
+manifest finds every file it lists (sizes and SHA-256 checked); a killed upload leaves files without a
+manifest, which no reader accepts and the next `--overwrite` (or training's next export) replaces.
+`load` of a URL downloads the directory to a local temporary copy and checks it there.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from elmo_jax.formats import atomic_write, output_paths
+from elmo_jax.formats import atomic_write, output_paths, storage
 from elmo_jax.formats.output_paths import MODEL_FORMAT, MODEL_MANIFEST, is_model_directory
 from elmo_jax.model.config import BiLMConfig, read_options
 from elmo_jax.model.params import BiLMParams, check_finite, from_flat, iter_flat, weight_shapes
@@ -81,11 +87,12 @@ def write_model_dir(
     """
     from elmo_jax.formats import extractor, weights_hdf5  # weights_hdf5 imports h5py; extractor traces the model
 
-    target = os.path.abspath(os.fspath(directory))
+    target = storage.absolute(directory)
     check_target(target, overwrite, inputs=inputs, allow_inside=allow_inside)
     host = BiLMParams(weights=jax.tree.map(np.asarray, jax.device_get(params.weights)), config=params.config)
     check_finite(host.weights, f"cannot write the model directory {target}")
-    staging = atomic_write.temporary_directory(target)
+    remote = storage.is_remote(target)
+    staging = tempfile.mkdtemp(prefix="elmo_jax_model_") if remote else atomic_write.temporary_directory(target)
     try:
         weights_hdf5.save_hdf5(host, os.path.join(staging, OPTIONS), os.path.join(staging, WEIGHTS))
         with open(os.path.join(staging, PARAMS), "wb") as f:
@@ -93,7 +100,8 @@ def write_model_dir(
         with open(os.path.join(staging, EXTRACTOR), "wb") as f:
             f.write(extractor.export_extractor(host, compute_dtype))
         if vocab_file:
-            shutil.copyfile(vocab_file, os.path.join(staging, VOCAB))
+            with open(os.path.join(staging, VOCAB), "wb") as f:
+                f.write(storage.read_bytes(vocab_file))
         elif vocab is not None:
             vocab.save(os.path.join(staging, VOCAB))
         with open(os.path.join(staging, USAGE), "w", encoding="utf-8") as f:
@@ -105,11 +113,23 @@ def write_model_dir(
         for name in os.listdir(staging):
             _fsync(os.path.join(staging, name))
         os.chmod(staging, 0o777 & ~atomic_write.umask())  # mkdtemp makes it owner-only; give it what mkdir would
-        _replace_dir(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        if remote:
+            _publish_in_bucket(staging, target)
+        else:
+            _replace_dir(staging, target)
+    finally:
+        if remote or os.path.exists(staging):
+            shutil.rmtree(staging, ignore_errors=True)
     return manifest
+
+
+def _publish_in_bucket(staging: str, target: str) -> None:
+    """Uploads the local directory `staging` to the URL `target`, manifest last, after removing an
+    earlier model there (its manifest first, so no reader ever sees old and new files together)."""
+    if storage.exists(target):
+        storage.remove(storage.join(target, MANIFEST))
+        storage.rmtree(target)
+    storage.upload_tree(staging, target, last=MANIFEST)
 
 
 def load(directory: str | os.PathLike, *, verify: bool = True) -> BiLMParams:
@@ -125,6 +145,8 @@ def load(directory: str | os.PathLike, *, verify: bool = True) -> BiLMParams:
         parameters do not match the options (the message names the file and key).
     """
     path = os.fspath(directory)
+    if storage.is_remote(path):
+        return _load_from_bucket(path, verify)
     read_manifest(path, verify=verify)
     config = read_options(os.path.join(path, OPTIONS))
     params_file = os.path.join(path, PARAMS)
@@ -144,6 +166,22 @@ def load(directory: str | os.PathLike, *, verify: bool = True) -> BiLMParams:
             raise ValueError(f"{params_file}: {key!r} is {flat[key].dtype} {flat[key].shape}, expected float32 {shape}")
     check_finite(flat, params_file)
     return BiLMParams(weights=from_flat({k: jax.numpy.asarray(v) for k, v in flat.items()}), config=config)
+
+
+def _load_from_bucket(url: str, verify: bool) -> BiLMParams:
+    """`load` of a model directory in a bucket: downloaded to a temporary directory and checked there;
+    errors name the URL."""
+    if not storage.exists(storage.join(url, MANIFEST)):
+        state = "model directory not found" if not storage.exists(url) else f"missing {MANIFEST}"
+        raise FileNotFoundError(
+            f"{url}: {state}; not a model directory written by elmo_jax.export (or its upload did not finish)"
+        )
+    with tempfile.TemporaryDirectory(prefix="elmo_jax_model_") as local:
+        storage.download_tree(url, local)
+        try:
+            return load(local, verify=verify)
+        except (OSError, ValueError) as e:
+            raise type(e)(str(e).replace(local, url)) from None
 
 
 def read_manifest(directory: str, *, verify: bool = True) -> dict[str, Any]:
@@ -274,13 +312,29 @@ def _check_file(directory: str, name: str, entry: dict, verify: bool) -> None:
 
 def is_exact_model_dir(directory: str) -> bool:
     """Whether `directory` is a model directory whose manifest lists exactly the files in it: what
-    `--overwrite` may replace (a folder with a copied manifest, or user files added, is not)."""
+    `--overwrite` may replace (a folder with a copied manifest, or user files added, is not). In a
+    bucket, also an upload that did not finish: no manifest, and only files a model directory has."""
+    if storage.is_remote(directory):
+        return _is_exact_in_bucket(directory)
     if not os.path.isdir(directory) or not is_model_directory(directory):
         return False
     try:
         with open(os.path.join(directory, MANIFEST), encoding="utf-8") as f:
             listed = set(json.load(f).get("files", {}))
         return listed | {MANIFEST} == set(os.listdir(directory))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
+
+
+def _is_exact_in_bucket(url: str) -> bool:
+    try:
+        names = set(storage.listdir(url))
+        if MANIFEST not in names:
+            return bool(names) and names <= {OPTIONS, WEIGHTS, PARAMS, EXTRACTOR, VOCAB, USAGE}
+        if not is_model_directory(url):
+            return False
+        listed = set(json.loads(storage.read_bytes(storage.join(url, MANIFEST))).get("files", {}))
+        return listed | {MANIFEST} == names
     except (OSError, ValueError, AttributeError, TypeError):
         return False
 

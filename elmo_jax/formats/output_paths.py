@@ -12,6 +12,9 @@ directory it did not create for that purpose.
 - The output's directory must exist and be writable.
 
 Checking also removes what interrupted runs left staged for the same target (`atomic_write`), saying so.
+
+The same rules hold for outputs in Cloud Storage (`gs://bucket/path`, through `storage`): there the
+"directory" of an output is its prefix, which needs no creation; the bucket must exist.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Callable, Iterable
 
 from absl import logging
 
-from elmo_jax.formats import atomic_write
+from elmo_jax.formats import atomic_write, storage
 
 MODEL_MANIFEST = "manifest.json"
 MODEL_FORMAT = "elmo-jax model directory"  # the manifest's "format"
@@ -74,6 +77,8 @@ def check_output(
       FileExistsError, IsADirectoryError, NotADirectoryError, FileNotFoundError, PermissionError,
       ValueError: the output may not be written; nothing has been touched.
     """
+    if storage.is_remote(path):
+        return _check_remote_output(storage.absolute(path), artifact, overwrite, inputs, flag, allow_inside)
     target = os.path.abspath(os.fspath(path))
     shown = f"{flag}={os.fspath(path)}"
     parent = os.path.dirname(target)
@@ -93,10 +98,41 @@ def check_output(
     return target
 
 
+def _check_remote_output(target: str, artifact: Artifact, overwrite: bool, inputs, flag: str, allow_inside) -> str:
+    """`check_output` of a URL: the same rules; the bucket must exist (prefixes need no creation)."""
+    shown = f"{flag}={target}"
+    bucket = target.split("://", 1)[0] + "://" + target.split("://", 1)[1].split("/", 1)[0]
+    if target == bucket:
+        raise ValueError(f"{shown}: expected a path inside a bucket (gs://BUCKET/NAME), not the bucket itself")
+    if not storage.exists(bucket):
+        raise FileNotFoundError(f"{shown}: bucket {bucket} does not exist (or is not visible to these credentials)")
+    exists = storage.exists(target)
+    if exists:
+        _check_kind(target, shown, artifact)
+    for source in map(os.fspath, inputs):
+        if source.rstrip("/") == target:
+            raise ValueError(f"{shown} is the input {source}; writing there would destroy it")
+        if source.startswith(target + "/"):
+            raise ValueError(f"{shown} holds the input {source}; writing there would destroy it")
+    allowed = None if allow_inside is None else storage.absolute(allow_inside)
+    directory = storage.dirname(target)
+    while directory != allowed and len(directory) > len(bucket):
+        for what, test in (("a model directory", is_model_directory), ("a training workdir", is_workdir)):
+            if test(directory):
+                raise ValueError(
+                    f"{shown} is inside {directory}, {what}; writing there would change it for everything that "
+                    "reads it. Choose a path outside it"
+                )
+        directory = storage.dirname(directory)
+    if exists:
+        _check_replaceable(target, shown, artifact, overwrite)
+    return target
+
+
 def is_model_directory(directory: str | os.PathLike) -> bool:
     """Whether `directory` holds an elmo-jax model manifest (it may be incomplete or altered)."""
     try:
-        with open(os.path.join(directory, MODEL_MANIFEST), encoding="utf-8") as f:
+        with storage.open_file(storage.join(directory, MODEL_MANIFEST), "r", encoding="utf-8") as f:
             return json.load(f).get("format") == MODEL_FORMAT
     except (OSError, ValueError, AttributeError):
         return False
@@ -104,8 +140,8 @@ def is_model_directory(directory: str | os.PathLike) -> bool:
 
 def is_workdir(directory: str | os.PathLike) -> bool:
     """Whether `directory` is a training workdir (it holds checkpoints or training metrics)."""
-    return os.path.isdir(os.path.join(directory, "checkpoints")) or os.path.isfile(
-        os.path.join(directory, "metrics.jsonl")
+    return storage.isdir(storage.join(directory, "checkpoints")) or storage.isfile(
+        storage.join(directory, "metrics.jsonl")
     )
 
 
@@ -139,9 +175,9 @@ def _check_not_inside_protected(target: str, shown: str, allow_inside) -> None:
 
 
 def _check_kind(target: str, shown: str, artifact: Artifact) -> None:
-    if artifact.is_directory and not os.path.isdir(target):
+    if artifact.is_directory and not storage.isdir(target):
         raise NotADirectoryError(f"{shown} is a file; expected {artifact.name} (a directory) or a new name")
-    if not artifact.is_directory and os.path.isdir(target):
+    if not artifact.is_directory and storage.isdir(target):
         raise IsADirectoryError(f"{shown} is a directory; expected {artifact.name} (a file) or a new name")
 
 

@@ -29,6 +29,14 @@ def is_vectors_file(path: str) -> bool:
     `elmo` command) holding only datasets named by line index and `sentence_to_index`."""
     import h5py
 
+    from elmo_jax.formats import storage
+
+    if storage.is_remote(path):
+        try:
+            with storage.local_copy(path) as local:
+                return is_vectors_file(local)
+        except OSError:
+            return False
     try:
         if not h5py.is_hdf5(path):
             return False

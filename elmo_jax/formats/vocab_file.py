@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from absl import logging
 
-from elmo_jax.formats import atomic_write
+from elmo_jax.formats import storage
 from elmo_jax.formats.output_paths import Artifact
 
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
@@ -99,8 +99,9 @@ class Vocab:
         return vocab
 
     def save(self, path: str | os.PathLike) -> None:
-        """Writes one token per line; an existing file is only ever replaced by a complete new one."""
-        atomic_write.write_text(path, "".join(word + "\n" for word in self.words))
+        """Writes one token per line; an existing file is only ever replaced by a complete new one (a local
+        file is staged and renamed, an object in a bucket is one upload)."""
+        storage.write_bytes(path, "".join(word + "\n" for word in self.words).encode("utf-8"))
 
     def sha256(self) -> str:
         """A digest of the words in id order: two vocabularies give the same ids exactly when it matches."""
@@ -131,13 +132,13 @@ class Vocab:
 def _read_words(path: str) -> tuple[list[str], list[int], dict[str, list[tuple[int, str, int]]]]:
     """(words, their line numbers, skipped lines by kind: "blank" and "duplicate" -> [(line, word,
     line of its first occurrence)])."""
-    if os.path.isdir(path):
+    if storage.isdir(path):
         raise IsADirectoryError(f"vocabulary {path} is a directory, expected a file with one token per line")
-    if not os.path.exists(path):
+    if not storage.exists(path):
         raise FileNotFoundError(f"vocabulary file {path} does not exist")
     words, lines, first_line = [], [], {}
     skipped: dict[str, list[tuple[int, str, int]]] = {"blank": [], "duplicate": []}
-    with open(path, "rb") as f:
+    with storage.open_file(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
             if number == 1 and raw.startswith(UTF8_BOM):  # editors on Windows write one; not part of <S>
                 raw = raw[len(UTF8_BOM) :]
@@ -163,8 +164,11 @@ _WARNED: set[tuple[str, int, int]] = set()  # (file, size, mtime) already report
 
 def _warn_once(path: str, skipped: dict[str, list[tuple[int, str, int]]]) -> None:
     """One warning per file (a run loads its vocabulary several times) counting the skipped lines."""
-    info = os.stat(path)
-    key = (os.path.realpath(path), info.st_size, info.st_mtime_ns)
+    if storage.is_remote(path):
+        key = (path, storage.getsize(path), 0)
+    else:
+        info = os.stat(path)
+        key = (os.path.realpath(path), info.st_size, info.st_mtime_ns)
     if key in _WARNED:
         return
     _WARNED.add(key)

@@ -16,7 +16,7 @@ import h5py
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.formats import atomic_write
+from elmo_jax.formats import atomic_write, storage
 from elmo_jax.model.config import BiLMConfig, read_options
 from elmo_jax.model.params import BiLMParams, check_finite, from_flat, iter_flat, weight_shapes
 
@@ -29,8 +29,9 @@ def load_hdf5(options_file: str | os.PathLike, weight_file: str | os.PathLike) -
       ValueError: the options are invalid, the weight file is not HDF5, or a dataset is missing, has the
         wrong shape or dtype, or is not described by the options; the message names the file and key.
     """
-    config = read_options(options_file)
-    flat = read_weights(weight_file, config)
+    with storage.local_copy(options_file) as options, storage.local_copy(weight_file) as weights:
+        config = read_options(options)
+        flat = read_weights(weights, config)
     return BiLMParams(weights=from_flat({k: jnp.asarray(v) for k, v in flat.items()}), config=config)
 
 

@@ -10,13 +10,17 @@ the background; `wait` and `close` wait for the last write.
 What can go wrong on disk, and what happens:
 - A process killed mid-write leaves `<step>.orbax-checkpoint-tmp`: orbax writes there and renames it
   to `<step>` only when complete, so it is never listed or restored; the training manager removes it
-  on start and says so.
+  on start and says so. In Cloud Storage, which has no rename, orbax writes `<step>` in place and
+  uploads `<step>/commit_success.txt` last; a step without it is incomplete, never listed, and removed
+  the same way.
 - A write that fails (disk full, quota) raises `CheckpointWriteError` naming the step and the newest
   complete checkpoint, which is untouched. A checkpoint directory that cannot be written to (read-only,
   immutable) raises it from `save` itself, before anything runs in the background, and what orbax's
   threads print about the failed write afterwards is dropped (`orbax_noise`).
 - Old checkpoints beyond `keep` are first renamed into `checkpoints/.deleting/` and then removed, so a
-  process killed while deleting one never leaves a half-deleted step under a step's name.
+  process killed while deleting one never leaves a half-deleted step under a step's name (in Cloud
+  Storage orbax deletes them in place: a half-deleted step may lose its commit_success.txt last, and is
+  then an incomplete step, removed on the next start).
 - A complete checkpoint damaged later (a truncated or deleted file) fails to restore: `restore_newest`
   says which one and why, and falls back to the previous one that restores, moving the bad one aside
   to `<step>.corrupt` (never deleted) when asked; with no good one it refuses, naming them all.
@@ -24,9 +28,6 @@ What can go wrong on disk, and what happens:
 
 from __future__ import annotations
 
-import glob
-import os
-import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -34,9 +35,11 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
+from elmo_jax.formats import storage
 from elmo_jax.training import multihost, orbax_noise
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a step directory being written
+COMMIT_FILE = "commit_success.txt"  # in Cloud Storage, the object orbax writes last into a complete step
 DELETING = ".deleting"  # old steps are renamed in here before they are removed (not a step name)
 CORRUPT_SUFFIX = ".corrupt"  # a step moved aside; no underscore: orbax would read "x_5" as step 5
 
@@ -69,16 +72,16 @@ class Checkpoints:
     """
 
     def __init__(self, workdir: str, keep: int = 3, async_save: bool = True, writer: bool = False):
-        self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+        self.directory = storage.join(storage.absolute(workdir), "checkpoints")
         self._writer = writer
         if writer and jax.process_index() == 0:
-            for tmp in sorted(glob.glob(os.path.join(glob.escape(self.directory), "*" + TMP_SUFFIX + "*"))):
+            for tmp in self._incomplete():
                 logging.warning(
                     "removing %s: an incomplete checkpoint write (the run writing it was killed "
                     "or its write failed); it was never restorable",
                     tmp,
                 )
-                shutil.rmtree(tmp, ignore_errors=True)
+                storage.rmtree(tmp)
             self._empty_deleting()
         if writer:
             multihost.barrier("elmo_jax.training.checkpoint: incomplete writes removed")
@@ -97,6 +100,18 @@ class Checkpoints:
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options)
         self._writing: int | None = None  # the step of a save not yet known to be complete
+
+    def _incomplete(self, step: int | None = None) -> list[str]:
+        """The step directories being written or left incomplete (of `step`, or of any step)."""
+        if not storage.isdir(self.directory):
+            return []
+        names = storage.listdir(self.directory)
+        prefix = "" if step is None else f"{step}{TMP_SUFFIX}"
+        found = [n for n in names if n.startswith(prefix) and TMP_SUFFIX in n]
+        if storage.is_remote(self.directory):  # written in place, complete once COMMIT_FILE is there
+            steps = [n for n in names if n.isdigit() and (step is None or n == str(step))]
+            found += [n for n in steps if not storage.exists(storage.join(self.directory, n, COMMIT_FILE))]
+        return [storage.join(self.directory, n) for n in sorted(found)]
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -133,9 +148,9 @@ class Checkpoints:
 
     def _empty_deleting(self) -> None:
         """Removes the old steps orbax renamed into `DELETING` (a step there is no longer a checkpoint)."""
-        deleting = os.path.join(self.directory, DELETING)
-        for name in sorted(os.listdir(deleting)) if os.path.isdir(deleting) else []:
-            shutil.rmtree(os.path.join(deleting, name), ignore_errors=True)
+        deleting = storage.join(self.directory, DELETING)
+        for name in sorted(storage.listdir(deleting)) if storage.isdir(deleting) else []:
+            storage.rmtree(storage.join(deleting, name))
 
     def _failed(self, error: Exception):
         step, self._writing = self._writing, None
@@ -147,15 +162,15 @@ class Checkpoints:
         # The partial write is no checkpoint: free its space now. Orbax threads may still be finishing
         # and leave some of it behind; the next training run removes what is left.
         if jax.process_index() == 0:
-            for tmp in glob.glob(os.path.join(glob.escape(self.directory), f"{step}{TMP_SUFFIX}*")):
-                shutil.rmtree(tmp, ignore_errors=True)
+            for tmp in self._incomplete(step):
+                storage.rmtree(tmp)
         kept = (
-            f"the newest complete checkpoint, {os.path.join(self.directory, str(latest))}, is intact"
+            f"the newest complete checkpoint, {storage.join(self.directory, str(latest))}, is intact"
             if latest is not None
             else "there is no earlier complete checkpoint"
         )
         raise CheckpointWriteError(
-            f"could not write checkpoint {os.path.join(self.directory, str(step))} "
+            f"could not write checkpoint {storage.join(self.directory, str(step))} "
             f"({_brief(error)}); {kept}. Free space (or fix the file system) and re-run "
             "the same command to resume from it"
         ) from error
@@ -222,14 +237,14 @@ class Checkpoints:
             if multihost.agree_max(int(error is not None)):
                 bad.append((step, _brief(error) if error else "failed on another process"))
                 logging.error(
-                    "checkpoint %s cannot be restored (%s)", os.path.join(self.directory, str(step)), bad[-1][1]
+                    "checkpoint %s cannot be restored (%s)", storage.join(self.directory, str(step)), bad[-1][1]
                 )
                 continue
             if bad:
                 self._report_fallback(bad, step, move_aside)
             return (step, *restored)
         if bad:
-            listed = "; ".join(f"{os.path.join(self.directory, str(s))}: {why}" for s, why in bad)
+            listed = "; ".join(f"{storage.join(self.directory, str(s))}: {why}" for s, why in bad)
             raise CheckpointCorruptError(
                 f"no checkpoint in {self.directory} can be restored ({listed}). They are "
                 "left as they are; move the directory aside to start from scratch"
@@ -237,23 +252,23 @@ class Checkpoints:
         return None
 
     def _report_fallback(self, bad: list[tuple[int, str]], step: int, move_aside: bool) -> None:
-        names = ", ".join(os.path.join(self.directory, str(s)) for s, _ in bad)
+        names = ", ".join(storage.join(self.directory, str(s)) for s, _ in bad)
         if move_aside:
             if jax.process_index() == 0:
                 for s, _ in bad:
-                    path = os.path.join(self.directory, str(s))
+                    path = storage.join(self.directory, str(s))
                     aside = path + CORRUPT_SUFFIX
                     n = 1
-                    while os.path.exists(aside):
+                    while storage.exists(aside):
                         n, aside = n + 1, f"{path}{CORRUPT_SUFFIX}{n + 1}"
-                    os.rename(path, aside)
+                    storage.rename(path, aside)
                     logging.warning("moved the unrestorable checkpoint %s aside to %s (not deleted)", path, aside)
             multihost.barrier("elmo_jax.training.checkpoint: corrupt checkpoints moved aside")
             self.manager.reload()
         logging.warning(
             "USING THE OLDER CHECKPOINT %s: the newer %s cannot be restored (see above); the steps "
             "after %d are done again",
-            os.path.join(self.directory, str(step)),
+            storage.join(self.directory, str(step)),
             names,
             step,
         )

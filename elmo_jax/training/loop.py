@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from collections.abc import Callable
 
 import jax
@@ -28,7 +27,7 @@ from absl import logging
 
 from elmo_jax.data.batch_stream import BiLMBatchStream
 from elmo_jax.data.training_corpus import TrainingData, open_training_data
-from elmo_jax.formats import model_dir
+from elmo_jax.formats import model_dir, storage
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.flops import char_cnn_flops_per_token, lstm_flops_per_token
 from elmo_jax.model.params import BiLMParams, count_parameters
@@ -167,6 +166,7 @@ def _train_loop(run: Run, state: TrainState) -> TrainState:
             report(*pending)  # never checkpoint a non-finite state: neither a non-finite loss ...
             pending = None
             _check_finite_state(run, state, done)  # ... nor parameters a finite step made non-finite
+            report.log.flush()  # in a bucket, the records up to a checkpoint are there before it is
             run.checkpoints.save(
                 done,
                 state,
@@ -215,7 +215,7 @@ def _finish(run: Run, state: TrainState, vocab: Vocab, workdir: str, is_main: bo
     run.signals.stop_if_requested(step, run.checkpoints)
     weights = multihost.fetch(state.params["bilm"])  # every process takes part
     if is_main:
-        export = os.path.join(workdir, "export")
+        export = storage.join(workdir, "export")
         export_model(BiLMParams(weights=weights, config=run.cfg.model), vocab, export, source=f"{workdir} step {step}")
         logging.info(
             "exported the biLM to %s (a model directory: options.json + weights.hdf5, vocab.txt, "
@@ -236,7 +236,7 @@ def export_model(bilm: BiLMParams, vocab: Vocab, directory: str, source: str = "
             vocab=vocab,
             source=source,
             overwrite=True,
-            allow_inside=os.path.dirname(os.path.abspath(directory)),
+            allow_inside=storage.dirname(storage.absolute(directory)),
         )
     except OSError as e:  # e.g. a full disk: the new directory is built aside and renamed only when complete
         raise OSError(

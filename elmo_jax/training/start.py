@@ -22,7 +22,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from elmo_jax.formats import pretrained, weights_hdf5
+from elmo_jax.formats import pretrained, storage, weights_hdf5
 from elmo_jax.formats.published_models import MODELS, is_published_name
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.config import BiLMConfig
@@ -108,7 +108,7 @@ def resume_or_start(
     the stream state to move the stream to; else a fresh state, created sharded, from `init_from`'s
     weights when set.
     """
-    directory = os.path.dirname(checkpoints.directory)
+    directory = storage.dirname(checkpoints.directory)
     found = checkpoints.restore_newest(
         lambda _: steps.abstract_state, lambda m: check_resume(m, meta, directory), move_aside=True
     )
@@ -157,15 +157,15 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
     source = config.init_from
     if not source:
         return None, None, None
-    if not os.path.lexists(source) and is_published_name(source):
+    if not (storage.is_remote(source) or os.path.lexists(source)) and is_published_name(source):
         source = pretrained.fetch(source)  # a published model by name: its cached model directory
-    if not os.path.isdir(source):
+    if not storage.isdir(source):
         raise FileNotFoundError(
             f"--config.init_from={source}: not a directory (expected a training workdir, "
             f"a model directory with options.json and weights.hdf5, or a published model: {', '.join(MODELS)})"
         )
-    options, weights = os.path.join(source, "options.json"), os.path.join(source, "weights.hdf5")
-    if os.path.exists(weights):  # a published or exported model: the softmax starts fresh
+    options, weights = storage.join(source, "options.json"), storage.join(source, "weights.hdf5")
+    if storage.exists(weights):  # a published or exported model: the softmax starts fresh
         bilm = weights_hdf5.load_hdf5(options, weights)
         if not _same_architecture(bilm.config.to_options(), cfg.model):
             raise ValueError(
@@ -204,8 +204,8 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
     if found is None:
         raise FileNotFoundError(f"--config.init_from={source}: no weights.hdf5 and no checkpoint in it")
     step, state = found[:2]
-    source_vocab = os.path.join(source, "vocab.txt")
-    same_vocab = os.path.exists(source_vocab) and Vocab.load(source_vocab).words == vocab.words
+    source_vocab = storage.join(source, "vocab.txt")
+    same_vocab = storage.exists(source_vocab) and Vocab.load(source_vocab).words == vocab.words
     keep_optimizer = bool(config.init_from_optimizer)
     logging.info(
         "initialising from %s step %d (softmax %s; Adagrad accumulators %s)",
@@ -229,7 +229,7 @@ def restore_checkpoint(workdir: str, step: int | None = None) -> tuple[TrainStat
     Raises FileNotFoundError when the workdir has no checkpoint (and creates nothing there), and
     `CheckpointCorruptError` (a ValueError naming each one) when none restores.
     """
-    if not os.path.isdir(os.path.join(workdir, "checkpoints")):  # checked first: opening would create it
+    if not storage.isdir(storage.join(workdir, "checkpoints")):  # checked first: opening would create it
         raise FileNotFoundError(f"{workdir}: no checkpoint (no checkpoints/ directory)")
     checkpoints = Checkpoints(workdir, async_save=False)
     try:
@@ -249,12 +249,12 @@ def load_trained(workdir: str, step: int | None = None):
     Returns:
       (params {"bilm", "softmax"}, step config, training config, vocabulary file, step).
     """
-    if not os.path.isdir(workdir):
+    if not storage.isdir(workdir):
         raise FileNotFoundError(f"--workdir={workdir}: not a directory")
     state, _, meta = restore_checkpoint(workdir, step)
     _check_finite_params(state.params, f"{workdir} step {int(state.step)}")
     config = ml_collections.ConfigDict(meta["config"])
-    vocab_file = config.data.vocab_file or os.path.join(workdir, "vocab.txt")
+    vocab_file = config.data.vocab_file or storage.join(workdir, "vocab.txt")
     vocab = Vocab.load(vocab_file)
     return state.params, step_config(config, len(vocab)), config, vocab_file, int(state.step)
 

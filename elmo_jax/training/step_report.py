@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 
 import jax
 from absl import logging
 
+from elmo_jax.formats import storage
 from elmo_jax.training.metrics_log import MetricsLog
 
 
@@ -104,18 +104,13 @@ def last_logged_step(workdir: str) -> int | None:
     A last line cut short (the disk filled mid-write) is removed first, with a warning, so the file
     stays one JSON object per line.
     """
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.exists(path):
+    path = storage.join(workdir, "metrics.jsonl")
+    if not storage.exists(path):
         return None
-    with open(path, "rb+") as f:
-        data = f.read()
-        if data and not data.endswith(b"\n"):
-            keep = data.rfind(b"\n") + 1
-            logging.warning(
-                "%s: removing its last line, cut short by an interrupted write (%d bytes)", path, len(data) - keep
-            )
-            f.truncate(keep)
-            data = data[:keep]
+    if storage.is_remote(path):  # written whole by each upload (metrics_log): never cut short
+        data = storage.read_bytes(path)
+    else:
+        data = _without_cut_line(path)
     steps = []
     for line in data.splitlines():
         try:
@@ -127,12 +122,26 @@ def last_logged_step(workdir: str) -> int | None:
     return max(steps, default=None)
 
 
+def _without_cut_line(path: str) -> bytes:
+    """The content of a local metrics.jsonl, after removing a last line cut short (with a warning)."""
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            logging.warning(
+                "%s: removing its last line, cut short by an interrupted write (%d bytes)", path, len(data) - keep
+            )
+            f.truncate(keep)
+            data = data[:keep]
+    return data
+
+
 def log_resume(workdir: str, start: int, is_main: bool) -> int | None:
     """Logs where training resumes and how many steps the interrupted run had done past it (its last
     logged step; metrics are logged one step late and every log_every_steps, so a few more may have
     run). Returns that count (None where unknown: no metrics, or not process 0)."""
     last = last_logged_step(workdir) if is_main else None
-    where = os.path.join(workdir, "checkpoints", str(start))
+    where = storage.join(workdir, "checkpoints", str(start))
     if last is None:
         logging.info("resumed from step %d (%s)", start, where)
         return None

@@ -27,6 +27,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from elmo_jax.data.training_corpus import check_data
+from elmo_jax.formats import storage
 
 LOCK_FILE = ".elmo_jax.lock"
 
@@ -37,11 +38,11 @@ class WorkdirInUseError(OSError):
 
 def make_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
     """Creates `workdir` once the data settings have passed their cheap checks; errors name --workdir."""
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
+    if storage.isfile(workdir):
         raise NotADirectoryError(f"--workdir={workdir}: is a file, expected a directory")
     check_data(config.data)
     try:
-        os.makedirs(workdir, exist_ok=True)
+        storage.makedirs(workdir)  # a bucket prefix needs no creation
     except OSError as e:
         raise type(e)(e.errno, f"cannot create --workdir={workdir}: {e.strerror}") from None
 
@@ -55,13 +56,17 @@ class WorkdirLock:
     holder while nobody holds the lock is what a killed run left: the new run takes over and says so.
     On a clean exit the file is emptied (not removed: another run may be opening it).
 
+    A workdir in Cloud Storage has no flock: the lock there is an object created only if absent
+    (`bucket_lock.BucketLock`, docs/CLOUD_STORAGE.md).
+
     With several processes only process 0 locks; the others learn the outcome from it (one host
     collective), so a refused multi-host run stops on every process at once.
     """
 
     def __init__(self, workdir: str):
-        self.path = os.path.join(os.path.abspath(workdir), LOCK_FILE)
+        self.path = storage.join(storage.absolute(workdir), LOCK_FILE)
         self._fd: int | None = None
+        self._bucket_lock = None
 
     def __enter__(self) -> WorkdirLock:
         error = None
@@ -79,6 +84,9 @@ class WorkdirLock:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._bucket_lock is not None:
+            self._bucket_lock.release()
+            self._bucket_lock = None
         if self._fd is not None:
             try:
                 os.ftruncate(self._fd, 0)
@@ -87,6 +95,12 @@ class WorkdirLock:
                 self._fd = None
 
     def _acquire(self) -> None:
+        if storage.is_remote(self.path):
+            from elmo_jax.training.bucket_lock import BucketLock
+
+            self._bucket_lock = BucketLock(self.path, this_process(), describe=_describe, error=WorkdirInUseError)
+            self._bucket_lock.acquire()
+            return
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -109,16 +123,20 @@ class WorkdirLock:
             logging.warning(
                 "taking over %s: its run (%s) ended without releasing it (killed?)", self.path, _describe(previous)
             )
-        me = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": " ".join(sys.argv)[:500],
-        }
         os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(me) + "\n").encode("utf-8"), 0)
+        os.pwrite(fd, (json.dumps(this_process()) + "\n").encode("utf-8"), 0)
         os.fsync(fd)
         self._fd = fd
+
+
+def this_process() -> dict:
+    """Who this process is, as the lock records it."""
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": " ".join(sys.argv)[:500],
+    }
 
 
 def _read_holder(fd: int) -> dict:

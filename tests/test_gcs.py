@@ -1,0 +1,275 @@
+"""Workdirs, corpora, models and outputs in Cloud Storage (gs://), against a Cloud Storage API on loopback
+(fake-gcs-server, `gcs_emulator` in conftest; tests/support/gcs.py points every client at it).
+
+One run (`gs_run`) is shared: configs/tiny.py trained with its workdir and its corpus files in a bucket,
+killed (SIGKILL, right after it started writing its last checkpoint) and re-run; it must end exactly as
+the session's uninterrupted local run (`trained_run`) did. Evaluation, export and embed_file then read
+it from the bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+import fsspec
+import h5py
+import numpy as np
+import pytest
+
+import elmo_jax
+from elmo_jax.data import text_files
+from elmo_jax.data.vocab_builder import build_vocab, count_tokens
+from elmo_jax.features.file_embedding import Options, embed_file
+from elmo_jax.formats import model_dir, storage
+from elmo_jax.formats.output_paths import check_output
+from elmo_jax.formats.vocab_file import VOCABULARY, Vocab
+from elmo_jax.training import bucket_lock, loop, start
+from elmo_jax.training.checkpoint import Checkpoints
+from elmo_jax.training.heldout import heldout_perplexity
+from elmo_jax.training.workdir import WorkdirInUseError, WorkdirLock
+from tests.support import gcs
+from tests.support.commands import REPO, command_argv, command_env, run_command
+from tests.support.compare import assert_trees_equal, read_metrics, restored, without_timing
+from tests.support.configs import TRAINED_STEPS, tiny_flags, with_overrides
+
+N, M = TRAINED_STEPS
+
+# train.py, killed by SIGKILL right after `Checkpoints.save` of the last step has started its
+# (asynchronous) write: the step may be half-written in the bucket.
+KILLED_AFTER_LAST_SAVE = f"""
+import os, runpy, signal, sys
+from elmo_jax.training import checkpoint
+save = checkpoint.Checkpoints.save
+def save_then_die(self, step, *args, **kwargs):
+    save(self, step, *args, **kwargs)
+    if step == {N + M}:
+        os.kill(os.getpid(), signal.SIGKILL)
+checkpoint.Checkpoints.save = save_then_die
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+@pytest.fixture(scope="module")
+def bucket(gcs_emulator):
+    """A fresh bucket ("gs://NAME") with every client of this process pointed at the emulator."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        gcs.point_clients_at(gcs_emulator, monkeypatch)
+        yield gcs.new_bucket(gcs_emulator)
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketRun:
+    workdir: str
+    config: object
+    final: dict
+    killed: subprocess.CompletedProcess
+
+
+@pytest.fixture(scope="module")
+def gs_run(bucket, gcs_emulator, corpus, trained_run) -> BucketRun:
+    """The trained run's config with workdir and corpus files in the bucket: killed once, then re-run."""
+    for key in ("train", "heldout"):
+        storage.upload_file(corpus[key], f"{bucket}/corpus/{key}/{os.path.basename(corpus[key])}")
+    data = {
+        "data.train_files": f"{bucket}/corpus/train/*.txt",
+        "data.heldout_files": f"{bucket}/corpus/heldout/*",
+        "data.cache_dir": "",  # prepared corpora in the workdir: in the bucket too
+    }
+    workdir = f"{bucket}/run"
+    flags = tiny_flags(corpus, workdir, num_train_steps=N + M, checkpoint_every_steps=N, **data)
+    env = command_env(XLA_FLAGS="--xla_force_host_platform_device_count=8", **gcs.client_env(gcs_emulator))
+    argv = [command_argv("train.py")[0], "-c", KILLED_AFTER_LAST_SAVE, *flags]
+    killed = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    config = with_overrides(trained_run.config, **data)
+    return BucketRun(workdir, config, loop.train_and_evaluate(config, workdir), killed)
+
+
+def bucket_metrics(workdir: str, kind: str = "train") -> list[dict]:
+    """The records of a metrics.jsonl in a bucket, the last one of each step (a resumed run logs the
+    steps after its checkpoint again)."""
+    records = [json.loads(line) for line in storage.read_bytes(f"{workdir}/metrics.jsonl").splitlines()]
+    last = {r["step"]: r for r in records if r["kind"] == kind}
+    return [last[step] for step in sorted(last)]
+
+
+@pytest.mark.slow
+def test_a_killed_gs_run_resumes_exactly_like_the_uninterrupted_local_run(gs_run, trained_run):
+    assert gs_run.killed.returncode == -signal.SIGKILL, gs_run.killed.stderr[-3000:]
+    records = [json.loads(line) for line in storage.read_bytes(f"{gs_run.workdir}/metrics.jsonl").splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "resume"] == [N], "expected one resume, from step N"
+    assert [without_timing(r) for r in bucket_metrics(gs_run.workdir)] == [
+        without_timing(r) for r in read_metrics(trained_run.workdir)
+    ]
+    assert bucket_metrics(gs_run.workdir, "eval") == read_metrics(trained_run.workdir, "eval")
+    assert gs_run.final == trained_run.final
+
+    state_gs, data_gs = restored(gs_run.workdir, step=N + M)
+    state_local, data_local = restored(trained_run.workdir, step=N + M)
+    assert_trees_equal(state_gs, state_local)
+    assert data_gs == data_local
+    exported = elmo_jax.load_hdf5(f"{gs_run.workdir}/export/options.json", f"{gs_run.workdir}/export/weights.hdf5")
+    assert_trees_equal(exported.weights, state_local.params["bilm"])
+    # What orbax and the trainer left: complete steps only, TensorBoard events, no lock.
+    assert storage.listdir(f"{gs_run.workdir}/checkpoints") == [str(N), str(N + M)]
+    assert storage.exists(f"{gs_run.workdir}/checkpoints/{N + M}/commit_success.txt")
+    assert storage.glob(f"{gs_run.workdir}/tensorboard/events.out.tfevents.*")
+    assert not storage.exists(f"{gs_run.workdir}/.elmo_jax.lock")
+
+
+@pytest.mark.slow
+def test_evaluate_and_export_read_the_gs_workdir(gs_run, trained_run, bucket, gcs_emulator):
+    """Evaluation reads the checkpoint and the prepared heldout corpus from the bucket (downloaded
+    afresh: the local mirror is removed first) and gives what the same evaluation of the local run gives;
+    `python -m elmo_jax.export` writes to the bucket; the export loads back, and the overwrite and
+    inside-a-workdir rules hold there."""
+    from elmo_jax.data import local_corpus
+    from elmo_jax.data.training_corpus import open_training_data
+
+    shutil.rmtree(local_corpus.local_mirror(f"{gs_run.workdir}/data"))
+    params, cfg, config, vocab_file, step = start.load_trained(gs_run.workdir)
+    data = open_training_data(config.data, gs_run.workdir, write_files=False)
+    assert step == N + M and vocab_file == f"{gs_run.workdir}/vocab.txt"
+    local_params, _, local_config, _, _ = start.load_trained(trained_run.workdir)
+    local = open_training_data(local_config.data, trained_run.workdir, write_files=False)
+    assert heldout_perplexity(params, cfg, data.heldout, data.vocab, config.batch_size) == heldout_perplexity(
+        local_params, cfg, local.heldout, local.vocab, config.batch_size
+    )
+
+    output = f"{bucket}/models/tiny"
+    env = command_env(**gcs.client_env(gcs_emulator))
+    result = run_command("elmo_jax.export", f"--workdir={gs_run.workdir}", f"--output={output}", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"wrote {output}" in result.stdout and f"{gs_run.workdir} step {N + M}" in result.stdout
+    assert_trees_equal(model_dir.load(output).weights, model_dir.load(f"{gs_run.workdir}/export").weights)
+    assert storage.read_bytes(f"{output}/vocab.txt") == storage.read_bytes(vocab_file)
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        model_dir.check_target(output, overwrite=False)
+    bilm = elmo_jax.BiLMParams(weights=params["bilm"], config=cfg.model)
+    model_dir.write_model_dir(bilm, output, vocab_file=vocab_file, overwrite=True)  # replaced whole
+    assert_trees_equal(model_dir.load(output).weights, bilm.weights)
+    with pytest.raises(ValueError, match="a training workdir"):
+        model_dir.check_target(f"{gs_run.workdir}/mine", overwrite=False)
+    with pytest.raises(ValueError, match="holds the input"):
+        model_dir.check_target(bucket + "/run", overwrite=True, inputs=[f"{gs_run.workdir}/vocab.txt"])
+
+
+@pytest.mark.slow
+def test_a_damaged_gs_checkpoint_is_reported_moved_aside_and_the_previous_one_restores(gs_run, bucket):
+    """A copy of the run's checkpoints with the array data of the newest step deleted: restoring falls back
+    to the older step and moves the damaged one to <step>.corrupt (a copy and a delete in a bucket)."""
+    copy = f"{bucket}/damaged"
+    fs, _ = fsspec.core.url_to_fs(copy)
+    fs.copy(f"{gs_run.workdir}/checkpoints", f"{copy}/checkpoints", recursive=True)
+    for data_file in storage.glob(f"{copy}/checkpoints/{N + M}/state/**/d/*"):  # the arrays' data
+        storage.remove(data_file)
+    checkpoints = Checkpoints(copy, async_save=False, writer=True)
+    try:
+        found = checkpoints.restore_newest(lambda meta: start.abstract_state(meta)[0], move_aside=True)
+    finally:
+        checkpoints.close()
+    assert found[0] == N
+    assert storage.listdir(f"{copy}/checkpoints") == [str(N), f"{N + M}.corrupt"]
+    assert storage.exists(f"{copy}/checkpoints/{N + M}.corrupt/commit_success.txt")
+
+
+@pytest.mark.slow
+def test_embed_file_command_from_a_gs_model_to_a_gs_output_matches_a_local_run(
+    gs_run, bucket, gcs_emulator, tmp_path, corpus
+):
+    """`python -m elmo_jax.embed_file` with --model, --input and --output in the bucket (the model's
+    vocab.txt read from there too: the token cache is on) writes what the library writes locally."""
+    text = "\n".join(corpus["heldout_sentences"][:12]) + "\n"
+    (tmp_path / "in.txt").write_text(text)
+    storage.write_bytes(f"{bucket}/text/in.txt", text.encode())
+    output = f"{bucket}/vectors/out.hdf5"
+    args = [f"--model={gs_run.workdir}/export", f"--input={bucket}/text/in.txt", f"--output={output}"]
+    env = command_env(XLA_FLAGS="--xla_force_host_platform_device_count=8", **gcs.client_env(gcs_emulator))
+    result = run_command("elmo_jax.embed_file", *args, "--batch_tokens=64", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "12 sentences" in result.stdout, result.stdout
+
+    params = model_dir.load(f"{gs_run.workdir}/export")
+    vocabulary = Vocab.load(f"{gs_run.workdir}/export/vocab.txt").words
+    local = tmp_path / "local.hdf5"
+    embed_file(params, str(tmp_path / "in.txt"), str(local), Options(batch_tokens=64), vocabulary=vocabulary)
+    with storage.local_copy(output) as downloaded, h5py.File(downloaded) as a, h5py.File(local) as b:
+        assert sorted(a) == sorted(b)
+        for name in a:
+            np.testing.assert_array_equal(a[name][()], b[name][()])
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        embed_file(params, f"{bucket}/text/in.txt", output, Options(batch_tokens=64))
+
+
+def test_the_workdir_lock_in_a_bucket_refuses_a_second_run_and_takes_over_a_dead_ones(bucket):
+    workdir = f"{bucket}/locked"
+    lock = f"{workdir}/.elmo_jax.lock"
+    with WorkdirLock(workdir):
+        with pytest.raises(WorkdirInUseError, match="in use by another training run"):
+            WorkdirLock(workdir).__enter__()
+    assert not storage.exists(lock)  # released on exit
+    finished = subprocess.Popen(["true"])
+    finished.wait()  # its pid no longer runs
+    left_behind = {
+        "a killed run on this host": {"pid": finished.pid, "host": socket.gethostname(), "heartbeat": time.time()},
+        "a run on a host gone silent": {
+            "pid": 1,
+            "host": "elsewhere",
+            "heartbeat": time.time() - bucket_lock.STALE_S - 1,
+        },
+    }
+    for holder in left_behind.values():
+        storage.write_bytes(lock, json.dumps(holder).encode())
+        with WorkdirLock(workdir):  # taken over
+            assert json.loads(storage.read_bytes(lock))["pid"] == os.getpid()
+    alive = {"pid": 1, "host": "elsewhere", "heartbeat": time.time()}
+    storage.write_bytes(lock, json.dumps(alive).encode())
+    with pytest.raises(WorkdirInUseError, match=f"gone {bucket_lock.STALE_S:.0f} s after"):
+        WorkdirLock(workdir).__enter__()
+    assert json.loads(storage.read_bytes(lock)) == alive
+    with pytest.raises(OSError, match="cannot lock the workdir gs://no-such-bucket/run .*NotFound"):
+        WorkdirLock("gs://no-such-bucket/run").__enter__()
+
+
+def test_an_uncommitted_step_is_not_a_checkpoint_and_the_writer_removes_it(bucket, caplog):
+    """In a bucket orbax writes a step in place and commit_success.txt last: a step without it (a run
+    killed mid-write) is never listed, and the training run's manager removes it on start."""
+    workdir = f"{bucket}/half_written"
+    storage.write_bytes(f"{workdir}/checkpoints/7/state/_METADATA", b"{}")
+    reader = Checkpoints(workdir, async_save=False)
+    assert reader.latest_step() is None
+    reader.close()
+    assert storage.exists(f"{workdir}/checkpoints/7")  # a reader leaves it: a run may be writing it
+    with caplog.at_level(logging.WARNING):
+        Checkpoints(workdir, async_save=False, writer=True).close()
+    assert not storage.exists(f"{workdir}/checkpoints/7")
+    assert "an incomplete checkpoint write" in caplog.text
+
+
+def test_corpus_globs_in_a_bucket_and_a_vocabulary_written_there(bucket):
+    """What `python -m elmo_jax.vocab` does, with --files and --output in the bucket."""
+    storage.write_bytes(f"{bucket}/texts/a.txt", b"one two\n")
+    storage.write_bytes(f"{bucket}/texts/sub/b.txt", b"three\n")
+    assert text_files.expand_glob(f"{bucket}/texts/**/*.txt") == [f"{bucket}/texts/a.txt", f"{bucket}/texts/sub/b.txt"]
+    with pytest.raises(FileNotFoundError, match="no file matches"):
+        text_files.expand_glob(f"{bucket}/texts/*.gz")
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        text_files.expand_glob(f"{bucket}/texts/*")
+
+    files, output = f"{bucket}/texts/**/*.txt", f"{bucket}/vocab.txt"
+    check_output(output, VOCABULARY, inputs=text_files.expand_glob(files))
+    build_vocab(count_tokens(files)[0]).save(output)
+    assert Vocab.load(output).words[3:] == ["one", "three", "two"]
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        check_output(output, VOCABULARY)
+    check_output(output, VOCABULARY, overwrite=True)  # it is a vocabulary: may be replaced
+    with pytest.raises(ValueError, match="is the input"):
+        check_output(f"{bucket}/texts/a.txt", VOCABULARY, overwrite=True, inputs=text_files.expand_glob(files))
