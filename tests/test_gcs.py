@@ -86,7 +86,7 @@ def gs_run(bucket, gcs_emulator, corpus, trained_run) -> BucketRun:
     }
     workdir = f"{bucket}/run"
     flags = tiny_flags(corpus, workdir, num_train_steps=N + M, checkpoint_every_steps=N, **data)
-    env = command_env(XLA_FLAGS="--xla_force_host_platform_device_count=8", **gcs.client_env(gcs_emulator))
+    env = command_env(devices=8, **gcs.client_env(gcs_emulator))
     argv = [command_argv("train.py")[0], "-c", KILLED_AFTER_LAST_SAVE, *flags]
     killed = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     config = with_overrides(trained_run.config, **data)
@@ -192,7 +192,7 @@ def test_embed_file_command_from_a_gs_model_to_a_gs_output_matches_a_local_run(
     storage.write_bytes(f"{bucket}/text/in.txt", text.encode())
     output = f"{bucket}/vectors/out.hdf5"
     args = [f"--model={gs_run.workdir}/export", f"--input={bucket}/text/in.txt", f"--output={output}"]
-    env = command_env(XLA_FLAGS="--xla_force_host_platform_device_count=8", **gcs.client_env(gcs_emulator))
+    env = command_env(devices=8, **gcs.client_env(gcs_emulator))
     result = run_command("elmo_jax.embed_file", *args, "--batch_tokens=64", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "12 sentences" in result.stdout, result.stdout
