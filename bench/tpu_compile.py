@@ -48,11 +48,18 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("cases", [], "TOPOLOGY/WORKLOAD/DTYPE/DATAxMODEL/BATCH[/VARIANT] cases (default: DEFAULT_CASES).")
 flags.DEFINE_string("results", "", "Append each case's result to this JSON-lines file as it finishes.")
 flags.DEFINE_string("table", "", "Print the markdown table of a results file (no compiling).")
+flags.DEFINE_string(
+    "reanalyse", "", "Recount the traffic of a results file's rows from their HLO files in --hlo_dir (no compiling)."
+)
 flags.DEFINE_string("hlo_dir", "", "Also write each case's optimised HLO here (CASE.hlo.txt).")
 flags.DEFINE_integer("top", 0, "Print each case's N largest instructions by HBM bytes.")
 flags.DEFINE_integer("timeout", 3600, "Seconds allowed per case.")
 flags.DEFINE_integer("positions", 24, "Char CNN positions compiled for (char ids of a typical 1B Word batch).")
+flags.DEFINE_string(
+    "revision", "", "Compile another commit's elmo_jax and configs (git archive into bench/out/src/REV): before/after."
+)
 flags.DEFINE_string("child", None, "Internal: compile one case in this process and print its result as JSON.")
+flags.DEFINE_string("source_dir", "", "Internal: import elmo_jax and configs from this directory.")
 
 GIB = 2**30
 LM1B_VOCAB_SIZE = 793_471
@@ -220,9 +227,54 @@ def lower_embed(case: Case, devices):
     return lowered, embed_flops(config, case.batch, EMBED_TOKENS), case.batch * EMBED_TOKENS
 
 
+def cost_fields(text: str) -> dict:
+    """A result's figures read from the compiled program's text (`hlo_cost`)."""
+    from bench import hlo_cost
+
+    cost = hlo_cost.analyse(text)
+    top = [
+        {
+            "name": i.name,
+            "opcode": i.opcode,
+            "where": i.where,
+            "op": i.op_name[-80:],
+            "count": i.count,
+            "hbm_bytes": i.hbm_bytes,
+            "flops": i.flops,
+        }
+        for i in cost.top(FLAGS.top or 12, "hbm_bytes")
+    ]
+    return {
+        "flops": cost.flops,
+        "mxu_flops": cost.mxu_flops,
+        "hbm_bytes": cost.hbm_bytes,
+        "operand_bytes": cost.bytes,
+        "collective_bytes": cost.collective_bytes,
+        "collective_bytes_in_loops": cost.collective_bytes_in_loops,
+        "loops": [[name, trips] for name, trips, _ in cost.loops],
+        "top": top,
+    }
+
+
+def hlo_path(case_name: str, revision: str) -> pathlib.Path:
+    """Where --hlo_dir keeps a case's optimised HLO (a --revision run's name carries the revision)."""
+    tail = f"@{revision}" if revision else ""
+    return pathlib.Path(FLAGS.hlo_dir) / (case_name.replace("/", "_") + tail + ".hlo.txt")
+
+
+def reanalyse(results: pathlib.Path, hlo_dir: pathlib.Path) -> None:
+    """Rewrites the traffic figures of every row whose HLO file is in `hlo_dir` (after a change of hlo_cost)."""
+    rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    for r in rows:
+        path = hlo_dir / pathlib.Path(r.get("hlo", "")).name if r.get("hlo") else None
+        if path and path.exists() and "error" not in r:
+            r.update(cost_fields(path.read_text()))
+            print(f"{r['case']} ({r.get('revision')}): HBM {r['hbm_bytes'] / 1e9:.2f} GB", flush=True)
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def compile_case(case: Case) -> dict:
     """Compiles one case in this process; see the module docstring for what is measured."""
-    from bench import hlo_cost
 
     devices = tpu_devices(case.topology)
     chips = case.data * case.model
@@ -238,26 +290,17 @@ def compile_case(case: Case) -> dict:
     xla = compiled.cost_analysis()
     xla = xla[0] if isinstance(xla, list) else xla
     text = compiled.as_text()
+    path = ""
     if FLAGS.hlo_dir:
-        path = pathlib.Path(FLAGS.hlo_dir) / (case.name.replace("/", "_") + ".hlo.txt")
+        path = hlo_path(case.name, FLAGS.revision)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    cost = hlo_cost.analyse(text)
     total = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
-    top = [
-        {
-            "name": i.name,
-            "opcode": i.opcode,
-            "where": i.where,
-            "op": i.op_name[-80:],
-            "count": i.count,
-            "hbm_bytes": i.hbm_bytes,
-            "flops": i.flops,
-        }
-        for i in cost.top(FLAGS.top or 12, "hbm_bytes")
-    ]
+    import elmo_jax
+
     return {
         "case": case.name,
+        "elmo_jax": str(pathlib.Path(elmo_jax.__file__).parent),
         "chips": chips,
         "device_kind": devices[0].device_kind,
         "arguments": m.argument_size_in_bytes,
@@ -269,16 +312,10 @@ def compile_case(case: Case) -> dict:
         "compile_s": round(compile_s, 1),
         "xla_flops": float(xla.get("flops", 0.0)),
         "xla_bytes": float(xla.get("bytes accessed", 0.0)),
-        "flops": cost.flops,
-        "mxu_flops": cost.mxu_flops,
-        "hbm_bytes": cost.hbm_bytes,
-        "operand_bytes": cost.bytes,
-        "collective_bytes": cost.collective_bytes,
-        "collective_bytes_in_loops": cost.collective_bytes_in_loops,
-        "loops": [[name, trips] for name, trips, _ in cost.loops],
+        **cost_fields(text),
+        "hlo": str(path),
         "model_flops_per_chip": model_flops / chips,
         "tokens": tokens,
-        "top": top,
     }
 
 
@@ -290,9 +327,11 @@ def run_case(case: Case) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
     argv = [sys.executable, __file__, f"--child={case.name}", f"--positions={FLAGS.positions}"]
     argv += [f"--hlo_dir={FLAGS.hlo_dir}"] if FLAGS.hlo_dir else []
+    argv += [f"--revision={FLAGS.revision}", f"--source_dir={_source(FLAGS.revision)}"] if FLAGS.revision else []
     argv += [f"--top={FLAGS.top}"] if FLAGS.top else []
     start = time.perf_counter()
-    base = {"case": case.name, "date": datetime.date.today().isoformat(), "revision": _revision()}
+    revision = FLAGS.revision or _revision()
+    base = {"case": case.name, "date": datetime.date.today().isoformat(), "revision": revision}
     try:
         result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=FLAGS.timeout)
     except subprocess.TimeoutExpired:
@@ -363,7 +402,12 @@ def print_top(r: dict) -> None:
 def main(argv):
     del argv
     if FLAGS.child:
+        if FLAGS.source_dir:  # before the first import of elmo_jax or configs
+            sys.path.insert(0, FLAGS.source_dir)
         print(json.dumps(compile_case(Case.parse(FLAGS.child))), flush=True)
+        return
+    if FLAGS.reanalyse:
+        reanalyse(pathlib.Path(FLAGS.reanalyse), pathlib.Path(FLAGS.hlo_dir))
         return
     if FLAGS.table:
         results = [json.loads(line) for line in pathlib.Path(FLAGS.table).read_text().splitlines() if line.strip()]
@@ -384,6 +428,20 @@ def main(argv):
         if FLAGS.top and "top" in r:
             print_top(r)
     print("\n".join(table(results)))
+
+
+def _source(revision: str) -> pathlib.Path:
+    """elmo_jax/ and configs/ of a commit, extracted once under bench/out/src/REVISION."""
+    target = REPO / "bench" / "out" / "src" / revision
+    if not target.exists():
+        staging = target.with_name(f".{revision}.{os.getpid()}.tmp")
+        staging.mkdir(parents=True)
+        archive = subprocess.run(
+            ["git", "archive", revision, "elmo_jax", "configs"], cwd=REPO, capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(staging)], input=archive.stdout, check=True)
+        staging.rename(target)
+    return target
 
 
 def _revision() -> str:
