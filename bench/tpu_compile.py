@@ -200,30 +200,28 @@ def lower_train(case: Case, devices):
 
 
 def lower_embed(case: Case, devices):
-    """The lowered feature extractor (embed's program) with the batch split over the chips."""
+    """The feature extractor as `embed_file` runs it (`batch_runner`'s char program: a one-axis mesh over
+    the chips, each embedding its own rows, every layer returned) on `EMBED_TOKENS` tokens per row."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    import numpy as np
 
     import elmo_jax
-    from elmo_jax.model.bilm import bilm_layers, remove_boundaries
+    from elmo_jax.features import batch_runner
     from elmo_jax.model.flops import embed_flops
-    from elmo_jax.model.lstm import zero_state
     from elmo_jax.model.precision import ComputeOptions
 
     config = elmo_jax.BiLMConfig.preset("original")
+    mesh = batch_runner.device_mesh(devices[: case.data * case.model])
+    rows, replicated = (jax.NamedSharding(mesh, jax.P(*spec)) for spec in ((batch_runner.AXIS,), ()))
+    weights = jax.eval_shape(lambda: elmo_jax.init_params(config, jax.random.key(0)).weights)
+    weights = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), weights)
+    C = config.max_characters_per_token
+    chars = jax.ShapeDtypeStruct((case.batch, EMBED_TOKENS, C), jnp.int32, sharding=rows)  # bilm_layers adds <S>, </S>
+    mix = jax.ShapeDtypeStruct((config.n_output_layers,), np.float32, sharding=replicated)
     compute = ComputeOptions(dtype=case.dtype, content_positions=FLAGS.positions)
-    mesh = Mesh(devices[: case.data * case.model], ("batch",))
-    rows, replicated = NamedSharding(mesh, PartitionSpec("batch")), NamedSharding(mesh, PartitionSpec())
-
-    def extract(params, chars):
-        layers, mask, _ = bilm_layers(params, chars, zero_state(config, chars.shape[0]), compute=compute)
-        return remove_boundaries(layers, mask)
-
-    params = jax.eval_shape(lambda: elmo_jax.init_params(config, jax.random.key(0)))
-    params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), params)
-    chars = jax.ShapeDtypeStruct((case.batch, EMBED_TOKENS, config.max_characters_per_token), jnp.int32, sharding=rows)
-    lowered = jax.jit(extract, out_shardings=(rows, rows)).lower(params, chars)
+    program = batch_runner._chars_program(mesh, "all", "float32")
+    lowered = program.lower(config, compute, weights, chars, mix)
     return lowered, embed_flops(config, case.batch, EMBED_TOKENS), case.batch * EMBED_TOKENS
 
 
