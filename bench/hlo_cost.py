@@ -33,6 +33,8 @@ import dataclasses
 import math
 import re
 
+import numpy as np
+
 DTYPE_BYTES = {
     "pred": 1,
     "s4": 0.5,
@@ -348,25 +350,37 @@ def _dot_flops(instr: Instr, shapes: dict[str, str]) -> float:
         dims = [int(d) for d in m.group(1).split(",") if d]
         return 2.0 * out_elems * math.prod(lhs[0][1][d] for d in dims)
     if instr.opcode == "convolution":
+        lhs = array_shapes(shapes.get(instr.operands[0], ""))
         rhs = array_shapes(shapes.get(instr.operands[1], ""))
-        m = re.search(r"dim_labels=\w+_(\w+)->", instr.attrs)
-        if not rhs or not m:
+        m = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", instr.attrs)
+        if not lhs or not rhs or not m:
             return 0.0
-        labels = m.group(1)
+        lhs_labels, labels, out_labels = m.groups()
         kernel = rhs[0][1]
-        o = labels.index("o")
-        per_output = math.prod(kernel) / kernel[o]  # kernel elements / output features (groups included)
-        # A window over an lhs-dilated dimension only meets real inputs at every lhs_dilate-th tap: the TPU
-        # compiler writes a batched matmul as a convolution with window size = lhs_dilate = batch.
+        per_output = math.prod(kernel) / kernel[labels.index("o")]  # kernel elements / output features
         window = re.search(r"window=\{([^}]*)\}", instr.attrs)
         if window:
-            sizes = re.search(r"size=([0-9x]+)", window.group(1))
-            dilation = re.search(r"lhs_dilate=([0-9x]+)", window.group(1))
-            if sizes and dilation:
-                for size, dil in zip(sizes.group(1).split("x"), dilation.group(1).split("x")):
-                    per_output *= -(-int(size) // int(dil)) / int(size)
+            # Only taps that meet a real input count: the TPU compiler writes batched matmuls and
+            # transposed products as convolutions with padded or lhs-dilated windows.
+            spec = dict(re.findall(r"(\w+)=([0-9_x\-]+)", window.group(1)))
+            for i, size in enumerate(int(k) for k in spec.get("size", "").split("x") if k):
+                n = lhs[0][1][lhs_labels.index(str(i))]
+                outputs = out[0][1][out_labels.index(str(i))]
+                per_output *= _live_taps(n, outputs, size, spec, i) / (outputs * size)
         return 2.0 * out_elems * per_output
     return 0.0
+
+
+def _live_taps(n: int, outputs: int, size: int, spec: dict, i: int) -> int:
+    """Window taps of spatial dimension i, over all outputs, that land on one of the n real inputs."""
+    pick = lambda key, default: int(spec[key].split("x")[i]) if key in spec else default  # noqa: E731
+    low = int(spec["pad"].split("x")[i].split("_")[0]) if "pad" in spec else 0
+    stride, lhs_dilate, rhs_dilate = pick("stride", 1), pick("lhs_dilate", 1), pick("rhs_dilate", 1)
+    o = np.arange(outputs)[:, None]
+    j = np.arange(size)[None, :]
+    position = o * stride + j * rhs_dilate - low  # in the dilated, padded input
+    live = (position >= 0) & (position % lhs_dilate == 0) & (position // lhs_dilate < n)
+    return int(live.sum())
 
 
 def _space(layout: str) -> int:
@@ -598,3 +612,28 @@ def analyse_once(text: str) -> Cost:
         return analyse(text)
     finally:
         _trip_count = saved
+
+
+def main(argv: list[str]) -> None:
+    """python bench/hlo_cost.py HLO_FILE [N]: totals, the N largest instructions by HBM bytes and the N
+    largest source locations (innermost project frames) by HBM bytes."""
+    text = open(argv[1]).read()
+    n = int(argv[2]) if len(argv) > 2 else 20
+    cost = analyse(text)
+    print(
+        f"FLOPs {cost.flops / 1e9:,.0f} G (MXU passes {cost.mxu_flops / 1e9:,.0f} G), "
+        f"HBM {cost.hbm_bytes / 1e9:.2f} GB, "
+        f"collectives {cost.collective_bytes / 1e9:.2f} GB ({cost.collective_bytes_in_loops / 1e9:.2f} GB inside loops)"
+    )
+    print("loops (trip counts):", ", ".join(f"{name} x{trips}" for name, trips, _ in cost.loops))
+    for i in cost.top(n, "hbm_bytes"):
+        print(f"{i.hbm_bytes / 1e9:7.3f} GB x{i.count:<4} {i.opcode:<12} {i.where[:80]:<80} {i.op_name[-50:]}")
+    print("by source location:")
+    for where, total in cost.by_where("hbm_bytes")[:n]:
+        print(f"{total / 1e9:7.3f} GB  {where}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv)
