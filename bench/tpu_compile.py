@@ -368,18 +368,19 @@ def roofline(r: dict) -> dict:
 
 def table(results: list[dict]) -> list[str]:
     head = (
-        "| case | plan GiB (args + temp) | of HBM | compile s | GFLOP | MXU GFLOP | HBM GB | collectives GB | "
-        "FLOP ms | HBM ms | step ms | tokens/s | util. | MFU |"
+        "| case | revision | plan GiB (args + temp) | of HBM | compile s | GFLOP | MXU GFLOP | HBM GB | "
+        "collectives GB | FLOP ms | HBM ms | step ms | tokens/s (slice) | util. | MFU |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['case']} | **{r['error']}** |" + " |" * (head.count("|") - 3))
+            lines.append(f"| {r['case']} | {r.get('revision', '')} | **{r['error']}** |" + " |" * (head.count("|") - 4))
             continue
         x = roofline(r)
         fits = "" if x["headroom"] >= 0.15 else " (under 15% headroom)"
         lines.append(
-            f"| {r['case']} | {r['total'] / GIB:.2f} ({r['arguments'] / GIB:.2f} + {r['temporaries'] / GIB:.2f}) | "
+            f"| {r['case']} | {r.get('revision', '')} "
+            f"| {r['total'] / GIB:.2f} ({r['arguments'] / GIB:.2f} + {r['temporaries'] / GIB:.2f}) | "
             f"{1 - x['headroom']:.0%}{fits} | {r['compile_s']:.0f} | {r['flops'] / 1e9:,.0f} | "
             f"{r['mxu_flops'] / 1e9:,.0f} | {r['hbm_bytes'] / 1e9:.2f} | {r['collective_bytes'] / 1e9:.2f} | "
             f"{x['flop_ms']:.1f} | {x['memory_ms']:.1f} | {x['step_ms']:.1f} | {x['tokens_per_s']:,.0f} | "
