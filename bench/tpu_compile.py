@@ -1,16 +1,22 @@
 """The TPU compiler's view of elmo-jax, without a TPU: memory plans, FLOPs, traffic and a roofline estimate.
 
-    python3 -m venv .venv-tpu && .venv-tpu/bin/pip install 'jax[tpu]==0.10.2' && .venv-tpu/bin/pip install -e .
+    python3 -m venv .venv-tpu && .venv-tpu/bin/pip install -e '.[tpu]'     # jax[tpu]: libtpu from PyPI
     .venv-tpu/bin/python bench/tpu_compile.py --results=bench/results_tpu_compile.jsonl   # every case, hours
-    .venv-tpu/bin/python bench/tpu_compile.py --cases=v5e-8/large/bfloat16/8x1/1024 --top=15
+    .venv-tpu/bin/python bench/tpu_compile.py --cases=v5e-8/large/bfloat16/8x1/1024 --top=15 --hlo_dir=bench/out/hlo
+    .venv-tpu/bin/python bench/tpu_compile.py --cases=v5e-8/large/bfloat16/4x2/512 --revision=e241cae  # before
     .venv-tpu/bin/python bench/tpu_compile.py --table=bench/results_tpu_compile.jsonl      # the markdown table
+
+A case is TOPOLOGY/WORKLOAD/DTYPE/DATAxMODEL/GLOBAL_BATCH[/VARIANT], e.g. v5e-8/large/bfloat16/8x1/1024;
+workloads: large (configs/bilm_large.py), small (configs/bilm_small.py), embed (embed_file's program);
+the variant "dense" turns the sparse softmax update off. Results (bench/RESULTS_tpu_compile.md) record the
+revision of elmo_jax compiled.
 
 `jax[tpu]` installs libtpu from PyPI; its compiler runs on any Linux x86-64 machine. For a named
 topology (`TOPOLOGIES`) `jax.experimental.topologies.get_topology_desc` gives compile-only TPU devices;
 the real jitted programs are lowered from ShapeDtypeStructs carrying their shardings and compiled
 (`.lower(...).compile()`, nothing allocated): the train step of a config (`jitted_steps.jit_steps`, the
 1B Word vocabulary of 793,471 words, the char CNN at 24 positions, a typical lm1b bucket) or the
-feature extractor (`embed`'s program: the original model, 40 tokens, batch split over the chips).
+feature extractor (`embed_file`'s program: the original model, 40 tokens, batch split over the chips).
 Each case runs in its own process with a timeout; one that fails or does not fit is a row saying so.
 
 Per case, per chip: the compiler's memory plan (`memory_analysis()`: arguments + outputs - aliased +
@@ -100,26 +106,20 @@ WORKLOADS = {"large": "configs.bilm_large", "small": "configs.bilm_small"}  # an
 VARIANTS: dict[str, dict] = {"dense": {"sparse_softmax_update": False}}
 
 DEFAULT_CASES = [
-    # bilm_large: the single chips Colab offers, the 8-chip hosts, one pod slice
-    *[f"{t}/large/{d}/1x1/{b}" for t in ("v5e-1", "v6e-1") for d in ("bfloat16", "float32") for b in (64, 128)],
-    *[f"v5e-8/large/{d}/{m}" for d in ("bfloat16", "float32") for m in ("8x1/1024", "4x2/512")],
-    *[f"v6e-8/large/{d}/8x1/{b}" for d in ("bfloat16", "float32") for b in (1024, 2048)],
-    *[f"v4-8/large/{d}/4x1/{b}" for d in ("bfloat16", "float32") for b in (512, 1024)],
-    *[f"v5p-8/large/{d}/4x1/{b}" for d in ("bfloat16", "float32") for b in (1024, 2048)],
+    # bilm_large at 128 rows per chip (configs/bilm_large.py:TPU_MESHES): Colab's single chips, the 8-chip
+    # hosts, a pod slice; float32 for comparison on v5e; the 4 x 2 mesh BUILD.md recommended before
+    *[f"{t}/large/bfloat16/1x1/128" for t in ("v5e-1", "v6e-1")],
+    "v5e-8/large/bfloat16/8x1/1024",
+    "v5e-8/large/bfloat16/4x2/512",
+    "v5e-8/large/float32/4x2/512",
+    "v6e-8/large/bfloat16/8x1/1024",
+    "v4-8/large/bfloat16/4x1/512",
+    "v5p-8/large/bfloat16/4x1/1024",
     "v5e-64/large/bfloat16/64x1/8192",
-    # bilm_small as the training notebook runs it: 64 rows per device
-    *[
-        f"{t}/small/{d}/{m}"
-        for t, m in (("v5e-1", "1x1/64"), ("v6e-1", "1x1/64"), ("v5e-8", "8x1/512"))
-        for d in ("bfloat16", "float32")
-    ],
-    # the feature extractor, per chip
-    *[
-        f"{t}/embed/{d}/{n}x1/{b * n}"
-        for t, n in (("v5e-1", 1), ("v6e-1", 1), ("v4-8", 4), ("v5p-8", 4))
-        for d in ("bfloat16", "float32")
-        for b in (64, 512)
-    ],
+    # bilm_small as the training notebook runs it on a TPU: 128 rows per chip (configs/notebooks.py)
+    *[f"{t}/small/{d}/1x1/128" for t in ("v5e-1", "v6e-1") for d in ("bfloat16", "float32")],
+    # the feature extractor (embed_file's program) on one chip
+    *[f"{t}/embed/{d}/1x1/{b}" for t in ("v5e-1", "v6e-1") for d in ("bfloat16", "float32") for b in (64, 512)],
 ]
 
 
@@ -444,9 +444,10 @@ def _source(revision: str) -> pathlib.Path:
 
 
 def _revision() -> str:
-    """The repository's commit, with "+dirty" when the working tree differs from it."""
+    """The last commit that changed elmo_jax/ or configs/, with "+dirty" when the working tree differs from it."""
     git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
-    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "--", "elmo_jax") else "")
+    last = git("log", "-1", "--format=%h", "--", "elmo_jax", "configs")  # the last commit that changed them
+    return last + ("+dirty" if git("status", "--porcelain", "--", "elmo_jax", "configs") else "")
 
 
 def _libtpu_version() -> str:
