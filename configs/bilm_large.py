@@ -27,7 +27,6 @@ TRAIN_TOKENS = 768_648_884
 # and --config.batch_size (and num_train_steps for 10 epochs: 10 * TRAIN_TOKENS // (batch_size * 20)).
 TPU_MESHES = {
     "v5e-1": (1, 1, 128),
-    "v6e-1": (1, 1, 128),
     "v5e-8": (8, 1, 1024),
 }
 
