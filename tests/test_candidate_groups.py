@@ -94,6 +94,15 @@ def test_bilm_large_is_bilm_tfs_recipe():
     assert (default.get_config().batch_size, default.get_config().negative_sample_group_rows) == (128, 0)
 
 
+def test_bilm_large_tpu_meshes_keep_128_rows_per_chip():
+    """configs/bilm_large.py:TPU_MESHES: data-parallel, 128 rows per chip (one candidate group each), and
+    the chip count the slice's name says (v4 and v5p names count TensorCores, two per chip)."""
+    for name, (data, model, batch) in bilm_large.TPU_MESHES.items():
+        assert model == 1 and batch == 128 * data, name
+        cores_per_chip = 2 if name.startswith(("v4-", "v5p-")) else 1
+        assert data == int(name.split("-")[1]) // cores_per_chip, name
+
+
 @pytest.mark.parametrize(
     "value,message",
     [

@@ -43,8 +43,7 @@ def _random_cell(rng, P, H, projected, scale):
 def _one_lstm_step(cell, config, x, c_prev, h_prev):
     """One time step of `lstm.lstm_layer` (its scan body) for one direction: (c, h) as float32 (B, H), (B, P)."""
     f32 = lambda a: jnp.asarray(a, jnp.float32)
-    P = x.shape[-1]
-    stacked = {"W_x": f32(cell["W_0"][:P])[None], "W_h": f32(cell["W_0"][P:])[None], "B": f32(cell["B"])[None]}
+    stacked = {"W_0": f32(cell["W_0"])[None], "B": f32(cell["B"])[None]}
     if "W_P_0" in cell:
         stacked["W_P"] = f32(cell["W_P_0"])[None]
     inputs = f32(x)[None, None]  # (T=1, D=1, B, P)

@@ -1,4 +1,4 @@
-"""LSTM with projection and clipping (TF `LSTMCell` semantics), as a pure step driven by `lax.scan`.
+"""LSTM with projection and clipping (TF `LSTMCell` semantics): layers of both directions over time.
 
 One step, with gates in the weight file's order i, j, f, o:
 
@@ -9,7 +9,8 @@ One step, with gates in the weight file's order i, j, f, o:
 Both directions of a layer run in the same scan with a leading direction axis D = 2: the backward
 direction's inputs arrive already reversed within each sentence's length, so one prefix mask serves
 both. The input half of `z` for all time steps is one large matrix product hoisted out of the scan;
-only `h_{t-1} W_h` and the projection stay inside. Past a row's length the state is held (so the
+only `h_{t-1} W_h` and the projection stay inside the time loop (`recurrence.recurrence`, whose
+backward pass is written out to save memory traffic). Past a row's length the state is held (so the
 final carry is the state after the row's last token) and the output is zero.
 """
 
@@ -19,13 +20,11 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.params import N_DIRECTIONS, get_path, lstm_cell_path
-from elmo_jax.model.precision import ComputeOptions, einsum
-
-FORGET_BIAS = 1.0  # TF LSTMCell's default, added at run time and never stored in weight files.
+from elmo_jax.model.precision import ComputeOptions
+from elmo_jax.model.recurrence import Settings, recurrence
 
 
 class LSTMState(NamedTuple):
@@ -49,32 +48,13 @@ def zero_state(config: BiLMConfig, batch_size: int) -> LSTMState:
     )
 
 
-def _update(z, c_prev, cell_clip, w_proj, proj_clip, compute_dtype):
-    """From gate pre-activations z (..., 4H) and c_prev (..., H) to (c, h). w_proj: None or (..., H, P)."""
-    i, j, f, o = jnp.split(z, 4, axis=-1)
-    c = jax.nn.sigmoid(f + FORGET_BIAS) * c_prev + jax.nn.sigmoid(i) * jnp.tanh(j)
-    if cell_clip is not None:
-        c = jnp.clip(c, -cell_clip, cell_clip)
-    h = jax.nn.sigmoid(o) * jnp.tanh(c)
-    if w_proj is not None:  # as TF's LSTMCell: proj_clip applies only to a projected output
-        h = einsum("...bh,...hp->...bp", h, w_proj, compute_dtype)
-        if proj_clip is not None:
-            h = jnp.clip(h, -proj_clip, proj_clip)
-    return c, h
-
-
 def stacked_cell(weights, config: BiLMConfig, layer: int) -> dict[str, jax.Array]:
     """One layer's weights of both directions, stacked on a leading D axis and split by input.
 
-    Returns: {"W_x": (D, P, 4H), "W_h": (D, P, 4H), "B": (D, 4H), "W_P": (D, H, P) or absent}.
+    Returns: {"W_0": (D, 2P, 4H) kernel of [x ; h_prev], "B": (D, 4H), "W_P": (D, H, P) or absent}.
     """
     cells = [get_path(weights, lstm_cell_path(d, layer)) for d in range(N_DIRECTIONS)]
-    P = config.projection_dim
-    stacked = {
-        "W_x": jnp.stack([c["W_0"][:P] for c in cells]),
-        "W_h": jnp.stack([c["W_0"][P:] for c in cells]),
-        "B": jnp.stack([c["B"] for c in cells]),
-    }
+    stacked = {"W_0": jnp.stack([c["W_0"] for c in cells]), "B": jnp.stack([c["B"] for c in cells])}
     if config.has_lstm_projection:
         stacked["W_P"] = jnp.stack([c["W_P_0"] for c in cells])
     return stacked
@@ -106,25 +86,10 @@ def lstm_layer(
     Returns:
       outputs (T, D, B, P) with zeros past each row's length, and the final (c, h).
     """
-    compute_dtype = compute.dtype
-    # Input-to-gate products of every time step at once: (D, T, B, 4H).
-    x_gates = einsum("tdbp,dpg->dtbg", inputs, cell["W_x"], compute_dtype) + cell["B"][:, None, None, :]
-    w_proj = cell.get("W_P")
-
-    def step(carry, t):
-        c_prev, h_prev = carry
-        if resets is not None:
-            fresh = resets[t][..., None]  # (D, B, 1)
-            c_prev, h_prev = jnp.where(fresh, 0.0, c_prev), jnp.where(fresh, 0.0, h_prev)
-        z = lax.dynamic_index_in_dim(x_gates, t, axis=1, keepdims=False)  # (D, B, 4H)
-        z = z + einsum("dbp,dpg->dbg", h_prev, cell["W_h"], compute_dtype)
-        c, h = _update(z, c_prev, config.cell_clip, w_proj, config.proj_clip, compute_dtype)
-        live = mask[t][..., None]  # (D, B, 1)
-        c = jnp.where(live, c, c_prev)
-        h_out = jnp.where(live, h, 0.0)
-        return (c, jnp.where(live, h, h_prev)), h_out
-
-    (c_final, h_final), outputs = lax.scan(step, (c0, h0), jnp.arange(inputs.shape[0]), unroll=compute.unroll)
+    settings = Settings(config.cell_clip, config.proj_clip, compute.dtype, compute.unroll)
+    outputs, c_final, h_final = recurrence(
+        settings, inputs, cell["W_0"], cell["B"], cell.get("W_P"), mask, resets, c0, h0
+    )
     return outputs, (c_final, h_final)
 
 

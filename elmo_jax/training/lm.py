@@ -18,7 +18,7 @@ from elmo_jax.model.char_cnn import token_embedding
 from elmo_jax.model.lstm import LSTMState, lstm_stack
 from elmo_jax.model.params import BiLMParams
 from elmo_jax.model.precision import ComputeOptions
-from elmo_jax.training.softmax import full_softmax_loss, group_candidates, sampled_softmax_loss
+from elmo_jax.training.softmax import full_softmax_loss, group_candidates, sampled_softmax_loss_rows
 
 
 def dropout(key: jax.Array, rate: float, x: jax.Array) -> jax.Array:
@@ -92,6 +92,7 @@ def lm_losses(
     key: jax.Array | None = None,
     chunk: int | None = None,
     group_rows: int = 0,
+    compute_dtype="float32",
 ) -> tuple[jax.Array, jax.Array]:
     """Summed cross-entropy of each direction over its unmasked tokens, and the token counts.
 
@@ -106,28 +107,93 @@ def lm_losses(
         candidate draw per direction (bilm-tf: one draw per GPU batch of 128 rows); 0 = one draw for
         all B rows. Must divide B. Direction d's group k draws with `fold_in(split(key, D)[d], k)`
         (`softmax.group_candidates`), so the draws do not depend on how the rows are sharded.
+      compute_dtype: the sampled softmax's logits matmul dtype (float32 or bfloat16, accumulated in
+        float32); the full softmax (evaluation) is always float32.
 
     Returns:
       float32 (D,) summed losses and float32 (D,) token counts; the mean loss of direction d is
       sums[d] / counts[d], and bilm-tf's training loss is the mean of the two directions' means.
     """
-    D, B = outputs.shape[:2]
+    if num_sampled is not None:
+        D, B = outputs.shape[:2]
+        candidates = draw_candidates(key, D, candidate_groups(B, group_rows), vocab_size, num_sampled)
+        rows = softmax_rows(softmax, candidates, targets)
+        return sampled_lm_losses(
+            rows,
+            candidates,
+            outputs,
+            targets,
+            mask,
+            vocab_size=vocab_size,
+            num_sampled=num_sampled,
+            compute_dtype=compute_dtype,
+        )
     P = outputs.shape[-1]
-    groups = candidate_groups(B, group_rows) if num_sampled is not None else 1
-    keys = jax.random.split(key, D) if num_sampled is not None else [None] * D
+    sums, counts = [], []
+    for d in range(outputs.shape[0]):
+        h, y, m = outputs[d].reshape(-1, P), targets[d].reshape(-1), mask[d].reshape(-1)
+        kwargs = {} if chunk is None else {"chunk": chunk}
+        token_losses = full_softmax_loss(softmax["W"], softmax["b"], h, y, vocab_size, **kwargs)
+        sums.append(jnp.sum(jnp.where(m, token_losses, 0.0)))
+        counts.append(jnp.sum(m).astype(jnp.float32))
+    return jnp.stack(sums), jnp.stack(counts)
+
+
+def draw_candidates(key: jax.Array, n_directions: int, groups: int, vocab_size: int, num_sampled: int) -> jax.Array:
+    """int32 (D, G, S): direction d's draws are `group_candidates(split(key, D)[d], G, ...)`."""
+    keys = jax.random.split(key, n_directions)
+    return jnp.stack([group_candidates(keys[d], groups, vocab_size, num_sampled) for d in range(n_directions)])
+
+
+def softmax_rows(softmax: dict[str, jax.Array], candidates: jax.Array, targets: jax.Array) -> dict[str, jax.Array]:
+    """The softmax rows a sampled-softmax step reads, gathered at candidates int (D, G, S) and targets int
+    (D, B, T): {"candidate_W": (D, G, S, P), "candidate_b": (D, G, S), "true_W": (D, B, T, P), "true_b": (D, B, T)}.
+
+    Differentiating the loss with respect to these rows instead of W and b gives one gradient row per
+    use, which `training.row_update` sums per word to update only the rows the step read.
+    """
+    W, b = softmax["W"], softmax["b"]
+    return {"candidate_W": W[candidates], "candidate_b": b[candidates], "true_W": W[targets], "true_b": b[targets]}
+
+
+def sampled_lm_losses(
+    rows: dict[str, jax.Array],
+    candidates: jax.Array,
+    outputs: jax.Array,
+    targets: jax.Array,
+    mask: jax.Array,
+    *,
+    vocab_size: int,
+    num_sampled: int,
+    compute_dtype="float32",
+) -> tuple[jax.Array, jax.Array]:
+    """`lm_losses` of the sampled softmax from `softmax_rows(softmax, candidates, targets)`.
+
+    Args:
+      rows: `softmax_rows`'s gathered rows; candidates int (D, G, S) (`draw_candidates`).
+      outputs, targets, mask, vocab_size, num_sampled, compute_dtype: as for `lm_losses`.
+
+    Returns:
+      float32 (D,) summed losses and float32 (D,) token counts, as `lm_losses`.
+    """
+    D, B, T, P = outputs.shape
+    G = candidates.shape[1]
     sums, counts = [], []
     for d in range(D):
         h, y, m = outputs[d].reshape(-1, P), targets[d].reshape(-1), mask[d].reshape(-1)
-        if num_sampled is None:
-            kwargs = {} if chunk is None else {"chunk": chunk}
-            token_losses = full_softmax_loss(softmax["W"], softmax["b"], h, y, vocab_size, **kwargs)
-        else:
-            candidates = group_candidates(keys[d], groups, vocab_size, num_sampled)  # (G, S)
-            loss = lambda h, y, c: sampled_softmax_loss(softmax["W"], softmax["b"], h, y, c, vocab_size, num_sampled)
-            if groups == 1:
-                token_losses = loss(h, y, candidates[0])
-            else:  # rows are batch-major in h, so group k's tokens are one contiguous block
-                token_losses = jax.vmap(loss)(h.reshape(groups, -1, P), y.reshape(groups, -1), candidates).reshape(-1)
+        true = {"true_W": rows["true_W"][d].reshape(-1, P), "true_b": rows["true_b"][d].reshape(-1)}
+        cand = {"candidate_W": rows["candidate_W"][d], "candidate_b": rows["candidate_b"][d]}  # (G, S, P), (G, S)
+
+        def loss(true, cand, h, y, c):
+            return sampled_softmax_loss_rows({**true, **cand}, h, y, c, vocab_size, num_sampled, compute_dtype)
+
+        if G == 1:
+            token_losses = loss(true, jax.tree.map(lambda x: x[0], cand), h, y, candidates[d, 0])
+        else:  # rows are batch-major in h, so group k's tokens are one contiguous block
+            grouped = lambda x: x.reshape(G, -1, *x.shape[1:])  # noqa: E731
+            token_losses = jax.vmap(loss)(
+                jax.tree.map(grouped, true), cand, grouped(h), grouped(y), candidates[d]
+            ).reshape(-1)
         sums.append(jnp.sum(jnp.where(m, token_losses, 0.0)))
         counts.append(jnp.sum(m).astype(jnp.float32))
     return jnp.stack(sums), jnp.stack(counts)

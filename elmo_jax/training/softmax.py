@@ -108,6 +108,7 @@ def sampled_softmax_loss(
     candidates: jax.Array,
     vocab_size: int,
     num_sampled: int,
+    compute_dtype="float32",
 ) -> jax.Array:
     """Per-token sampled softmax cross-entropy.
 
@@ -118,13 +119,41 @@ def sampled_softmax_loss(
       targets: int (N,) target ids < vocab_size.
       candidates: int (S,) distinct sampled ids (`sample_candidates`).
       vocab_size, num_sampled: the sampler's settings, for the log-Q correction.
+      compute_dtype: the (N, S) logits' matmul dtype (float32 or bfloat16; accumulated in float32).
 
     Returns:
       float32 (N,) losses.
     """
-    true_logits = jnp.sum(h * W[targets], axis=-1) + b[targets]  # (N,)
+    rows = {"true_W": W[targets], "true_b": b[targets], "candidate_W": W[candidates], "candidate_b": b[candidates]}
+    return sampled_softmax_loss_rows(rows, h, targets, candidates, vocab_size, num_sampled, compute_dtype)
+
+
+def sampled_softmax_loss_rows(
+    rows: dict[str, jax.Array],
+    h: jax.Array,
+    targets: jax.Array,
+    candidates: jax.Array,
+    vocab_size: int,
+    num_sampled: int,
+    compute_dtype="float32",
+) -> jax.Array:
+    """`sampled_softmax_loss` from the softmax rows it reads, gathered beforehand.
+
+    Differentiated with respect to `rows`, its gradient is one row per use, (N, P) and (S, P), instead of
+    a (V', P) matrix that is zero almost everywhere: what a sparse update of the softmax needs
+    (`training.row_update`).
+
+    Args:
+      rows: {"true_W": (N, P) W[targets], "true_b": (N,) b[targets], "candidate_W": (S, P) W[candidates],
+        "candidate_b": (S,) b[candidates]}.
+      h, targets, candidates, vocab_size, num_sampled, compute_dtype: as for `sampled_softmax_loss`.
+
+    Returns:
+      float32 (N,) losses.
+    """
+    true_logits = jnp.sum(h * rows["true_W"], axis=-1) + rows["true_b"]  # (N,)
     true_logits = true_logits - log_expected_count(targets, vocab_size, num_sampled)
-    sampled_logits = matmul(h, W[candidates].T) + b[candidates][None, :]  # (N, S)
+    sampled_logits = matmul(h, rows["candidate_W"].T, compute_dtype) + rows["candidate_b"][None, :]  # (N, S)
     sampled_logits = sampled_logits - log_expected_count(candidates, vocab_size, num_sampled)[None, :]
     hits = candidates[None, :] == targets[:, None]
     sampled_logits = jnp.where(hits, -jnp.inf, sampled_logits)

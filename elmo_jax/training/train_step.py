@@ -21,7 +21,16 @@ from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.lstm import LSTMState, zero_state
 from elmo_jax.model.params import BiLMParams, init_params
 from elmo_jax.model.precision import ComputeOptions
-from elmo_jax.training.lm import lm_losses, lm_outputs, reset_state
+from elmo_jax.training.lm import (
+    candidate_groups,
+    draw_candidates,
+    lm_losses,
+    lm_outputs,
+    reset_state,
+    sampled_lm_losses,
+    softmax_rows,
+)
+from elmo_jax.training.row_update import row_slots, sparse_update
 from elmo_jax.training.softmax import padded_vocab_size
 
 
@@ -39,6 +48,9 @@ class StepConfig:
     softmax_chunk: int = 8192
     loss_scale_by_unroll: bool = True
     compute: ComputeOptions = ComputeOptions()  # its content_positions is set per batch (`train_step_fn`)
+    # Update only the softmax rows the sampled softmax read (`row_update`): the dense update's numbers
+    # without a (V', P) gradient. Used when those rows are fewer than V'; ignored with full_softmax.
+    sparse_softmax_update: bool = True
 
 
 @flax.struct.dataclass
@@ -120,19 +132,25 @@ def step_keys(base_key: jax.Array, step: jax.Array | int) -> tuple[jax.Array, ja
     return k_dropout, k_sample
 
 
-def _lm_pass(params, cfg: StepConfig, batch, lstm: LSTMState, keys, *, train: bool, content_positions):
-    """Outputs and per-direction (loss sums, counts) of one window; keys: (dropout key, candidate key)."""
-    bilm = BiLMParams(weights=params["bilm"], config=cfg.model)
-    k_dropout, k_sample = keys
-    outputs, final = lm_outputs(
-        bilm,
+def _outputs(bilm_weights, cfg: StepConfig, batch, lstm: LSTMState, key, *, train: bool, content_positions):
+    """Top-layer outputs (D, B, T, P) and the final LSTM state of one window."""
+    return lm_outputs(
+        BiLMParams(weights=bilm_weights, config=cfg.model),
         batch["char_ids"],
         batch["mask"],
         reset_state(lstm, batch["carry"]),
-        key=k_dropout,
+        key=key,
         dropout_rate=cfg.dropout if train else 0.0,
         compute=cfg.compute.with_positions(content_positions),
         resets=batch.get("reset"),
+    )
+
+
+def _lm_pass(params, cfg: StepConfig, batch, lstm: LSTMState, keys, *, train: bool, content_positions):
+    """Outputs and per-direction (loss sums, counts) of one window; keys: (dropout key, candidate key)."""
+    k_dropout, k_sample = keys
+    outputs, final = _outputs(
+        params["bilm"], cfg, batch, lstm, k_dropout, train=train, content_positions=content_positions
     )
     sampled = train and not cfg.full_softmax
     sums, counts = lm_losses(
@@ -145,8 +163,66 @@ def _lm_pass(params, cfg: StepConfig, batch, lstm: LSTMState, keys, *, train: bo
         key=k_sample,
         chunk=cfg.softmax_chunk,
         group_rows=cfg.negative_sample_group_rows,
+        compute_dtype=cfg.compute.dtype,
     )
     return sums, counts, final
+
+
+def _scaled_loss(cfg: StepConfig, sums, counts, final):
+    """(the differentiated loss, (loss, per-direction losses, counts, final state))."""
+    per_direction = sums / jnp.maximum(counts, 1.0)
+    loss = jnp.mean(per_direction)
+    # bilm-tf differentiates loss * unroll_steps, which matters with clipping and Adagrad.
+    scaled = loss * cfg.unroll_steps if cfg.loss_scale_by_unroll else loss
+    return scaled, (loss, per_direction, counts, final)
+
+
+def softmax_row_slots(cfg: StepConfig, batch_size: int) -> int | None:
+    """U, the rows a sparse softmax update handles (`row_update.row_slots`), or None for a dense update:
+    with the full softmax, with `sparse_softmax_update` off, or when U would not be fewer than V'."""
+    if cfg.full_softmax or not cfg.sparse_softmax_update:
+        return None
+    groups = candidate_groups(batch_size, cfg.negative_sample_group_rows)
+    slots = row_slots(2, groups, cfg.n_negative_samples, batch_size, cfg.unroll_steps, cfg.vocab_size)
+    return slots if slots < padded_vocab_size(cfg.vocab_size) else None
+
+
+def _dense_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, content_positions):
+    """The gradient of every parameter (the softmax's a (V', P) matrix), then the optimiser on all of them."""
+
+    def loss_fn(params):
+        sums, counts, final = _lm_pass(
+            params, cfg, batch, state.lstm, keys, train=True, content_positions=content_positions
+        )
+        return _scaled_loss(cfg, sums, counts, final)
+
+    grads, aux = jax.grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    return optax.apply_updates(state.params, updates), opt_state, optax.tree.norm(grads), aux
+
+
+def _sparse_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, content_positions, slots):
+    """The gradient of the biLM and of the softmax rows the step reads, then `row_update.sparse_update`."""
+    k_dropout, k_sample = keys
+    D, B = batch["targets"].shape[:2]
+    sampler = {"vocab_size": cfg.vocab_size, "num_sampled": cfg.n_negative_samples}
+    candidates = draw_candidates(k_sample, D, candidate_groups(B, cfg.negative_sample_group_rows), **sampler)
+
+    def loss_fn(bilm, rows):
+        outputs, final = _outputs(
+            bilm, cfg, batch, state.lstm, k_dropout, train=True, content_positions=content_positions
+        )
+        sums, counts = sampled_lm_losses(
+            rows, candidates, outputs, batch["targets"], batch["mask"], compute_dtype=cfg.compute.dtype, **sampler
+        )
+        return _scaled_loss(cfg, sums, counts, final)
+
+    rows = softmax_rows(state.params["softmax"], candidates, batch["targets"])
+    (bilm_grads, row_grads), aux = jax.grad(loss_fn, argnums=(0, 1), has_aux=True)(state.params["bilm"], rows)
+    params, opt_state, grad_norm = sparse_update(
+        optimizer, state.params, state.opt_state, bilm_grads, row_grads, candidates, batch["targets"], slots
+    )
+    return params, opt_state, grad_norm, aux
 
 
 def train_step_fn(
@@ -160,6 +236,9 @@ def train_step_fn(
     """One optimisation step on one window of both directions (pure; `train_step` is it jitted on one
     device, `jitted_steps.jit_steps` jitted for a mesh).
 
+    With the sampled softmax the softmax is updated only at the rows the step read when they are fewer
+    than its V' rows (`softmax_row_slots`, `row_update`): the same numbers as the dense update.
+
     Args:
       state: donated; the new state replaces it.
       batch: {"char_ids": int (D, B, T, C) raw, "targets": int (D, B, T), "mask": bool (D, B, T),
@@ -170,20 +249,12 @@ def train_step_fn(
       backward_loss, grad_norm (before clipping), tokens (targets scored in both directions).
     """
     keys = step_keys(state.key, state.step)
-
-    def loss_fn(params):
-        sums, counts, final = _lm_pass(
-            params, cfg, batch, state.lstm, keys, train=True, content_positions=content_positions
-        )
-        per_direction = sums / jnp.maximum(counts, 1.0)
-        loss = jnp.mean(per_direction)
-        # bilm-tf differentiates loss * unroll_steps, which matters with clipping and Adagrad.
-        scaled = loss * cfg.unroll_steps if cfg.loss_scale_by_unroll else loss
-        return scaled, (loss, per_direction, counts, final)
-
-    grads, (loss, per_direction, counts, final) = jax.grad(loss_fn, has_aux=True)(state.params)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    slots = softmax_row_slots(cfg, batch["targets"].shape[1])
+    if slots is None:
+        step = _dense_step(state, batch, keys, cfg, optimizer, content_positions)
+    else:
+        step = _sparse_step(state, batch, keys, cfg, optimizer, content_positions, slots)
+    params, opt_state, grad_norm, (loss, per_direction, counts, final) = step
     new_state = state.replace(
         step=state.step + 1, params=params, opt_state=opt_state, lstm=jax.lax.stop_gradient(final)
     )
@@ -191,7 +262,7 @@ def train_step_fn(
         "loss": loss,
         "forward_loss": per_direction[0],
         "backward_loss": per_direction[1],
-        "grad_norm": optax.tree.norm(grads),
+        "grad_norm": grad_norm,
         "tokens": jnp.sum(counts),
     }
     return new_state, metrics

@@ -1,0 +1,639 @@
+"""FLOPs and memory traffic of a compiled XLA program, read from its HLO text, with loops counted.
+
+XLA's `compiled.cost_analysis()` counts the body of a `while` loop once, whatever its trip count (checked
+on the TPU compiler of jax 0.10.2: a 10-step `lax.scan` of a matmul reports the FLOPs of one step). The
+biLM's train step is mostly loops (the LSTM's time steps, forward and backward; the char CNN's token
+blocks), so its reported FLOPs and bytes are far from what one step does. This module reads the
+optimised HLO (`compiled.as_text()`) and counts every instruction as many times as it runs:
+
+- a `while` body times its trip count (`known_trip_count` in the backend config, else the constant
+  its condition compares the counter with, counting from 0), nested loops multiplied;
+- FLOPs: 2 per multiply-add of every `dot` and `convolution`, inside fusions too (elementwise work is
+  not counted, as for MFU);
+- bytes: what each top-level instruction reads and writes, the way XLA's cost analysis counts a fusion:
+  its operands and results, except that an operand only sliced (`slice`, `dynamic-slice`, `gather`)
+  inside the fusion counts the slices, an operand updated in place (`dynamic-update-slice`, `scatter`)
+  counts only the update, and so does such a result. Bookkeeping (parameters, tuples, bitcasts,
+  constants, asynchronous copy starts/dones, buffer allocations) moves nothing by itself.
+
+Every byte counted is assumed to cross HBM: values the compiler keeps in on-chip memory (`S(1)` in a
+TPU layout) are counted too, so the figure is an upper bound of HBM traffic, the same convention as
+XLA's own "bytes accessed". Collectives (all-reduce, all-gather, reduce-scatter, all-to-all,
+collective-permute) are also summed apart, by the bytes of their results, with whether they run
+inside a loop.
+
+`analyse(text)` returns a `Cost` with totals and every top-level instruction's share, each attributed
+to the innermost frames of the Python source that made it (the HLO's stack-frame tables).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import re
+
+import numpy as np
+
+DTYPE_BYTES = {
+    "pred": 1,
+    "s4": 0.5,
+    "u4": 0.5,
+    "s8": 1,
+    "u8": 1,
+    "f8e4m3fn": 1,
+    "f8e5m2": 1,
+    "bf16": 2,
+    "f16": 2,
+    "s16": 2,
+    "u16": 2,
+    "f32": 4,
+    "s32": 4,
+    "u32": 4,
+    "f64": 8,
+    "s64": 8,
+    "u64": 8,
+    "c64": 8,
+    "c128": 16,
+    "token": 0,
+}
+FREE_OPS = {
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "after-all",
+    "partition-id",
+    "replica-id",
+    "copy-start",
+    "copy-done",
+    "opt-barrier",
+    "add-dependency",
+    "iota",
+}
+CALLING_OPS = {"while", "call", "conditional", "async-start", "async-done", "async-update"}
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+SLICING = {"slice", "dynamic-slice"}
+NOT_ELEMENTWISE = {
+    "dot",
+    "convolution",
+    "reduce",
+    "reduce-window",
+    "select-and-scatter",
+    "transpose",
+    "slice",
+    "dynamic-slice",
+    "dynamic-update-slice",
+    "gather",
+    "scatter",
+    "sort",
+    "concatenate",
+    "pad",
+    "reverse",
+    "fusion",
+    "while",
+    "call",
+    "custom-call",
+    "all-reduce",
+    "all-gather",
+}
+
+_INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_COMP = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s+\(.*\)\s*->\s*.*\{\s*$")
+
+
+@dataclasses.dataclass
+class Instr:
+    name: str
+    shape: str  # the result type as written (an array or a tuple)
+    opcode: str
+    operands: list[str]
+    attrs: str
+    root: bool = False
+    inner: str = ""  # the text between the opcode's parentheses (a constant's value, a parameter's index)
+
+
+@dataclasses.dataclass
+class Item:
+    """One top-level instruction's totals over a run of the program."""
+
+    name: str
+    opcode: str
+    op_name: str
+    where: str
+    count: int  # times it runs (loop trip counts multiplied)
+    flops: float
+    mxu_flops: float  # flops x bfloat16 passes (float32 at HIGHEST: 6)
+    bytes: float  # every operand and result, wherever it lives (XLA's convention)
+    hbm_bytes: float  # only operands and results in HBM, plus copies between HBM and on-chip memory
+    collective_bytes: float
+    in_loop: bool
+
+
+@dataclasses.dataclass
+class Cost:
+    flops: float
+    mxu_flops: float
+    bytes: float
+    hbm_bytes: float
+    collective_bytes: float
+    collective_bytes_in_loops: float
+    items: list[Item]
+    loops: list[tuple[str, int, str]]  # (while instruction, trip count, op_name)
+
+    def top(self, n: int = 15, key: str = "bytes") -> list[Item]:
+        return sorted(self.items, key=lambda i: -getattr(i, key))[:n]
+
+    def by_where(self, key: str = "bytes") -> list[tuple[str, float]]:
+        totals = collections.Counter()
+        for item in self.items:
+            totals[item.where] += getattr(item, key)
+        return totals.most_common()
+
+
+_ARRAY_LAYOUT = re.compile(
+    r"\b(pred|token|[a-z]+\d+(?:e\d+m\d+(?:fn)?)?)\[([0-9,]*)\](\{[^{}]*(?:\([^()]*\)[^{}]*)*\})?"
+)
+
+
+def array_shapes(shape: str) -> list[tuple[str, tuple[int, ...]]]:
+    """Every array in a (possibly tuple) HLO type: [(dtype, dims), ...]."""
+    return [(dtype, dims) for dtype, dims, _ in _arrays(shape)]
+
+
+def _arrays(shape: str) -> list[tuple[str, tuple[int, ...], str]]:
+    out = []
+    for dtype, dims, layout in _ARRAY_LAYOUT.findall(shape):
+        out.append((dtype, tuple(int(d) for d in dims.split(",") if d), layout))
+    return out
+
+
+def _tiled_elements(dims: tuple[int, ...], layout: str) -> int:
+    """Elements of an array as stored: a TPU layout `{minor_to_major:T(a,b)...}` pads the minor dims
+    to whole tiles (a f32[2,16] in T(8,128) tiles occupies 8 x 128 elements)."""
+    m = re.match(r"\{([0-9,]*)(?::(.*))?\}", layout or "")
+    tile = re.search(r"T\(([0-9,]+)\)", m.group(2) or "") if m else None
+    if not dims or not m or not tile:
+        return math.prod(dims)
+    order = [int(d) for d in m.group(1).split(",") if d]
+    physical = [dims[d] for d in reversed(order)] if len(order) == len(dims) else list(dims)
+    sizes = [int(t) for t in tile.group(1).split(",")]
+    for k, t in enumerate(reversed(sizes)):
+        if k < len(physical):
+            physical[-1 - k] = -(-physical[-1 - k] // t) * t
+    return math.prod(physical)
+
+
+def nbytes(shape: str) -> float:
+    """Bytes of every array in an HLO type, as stored (tile padding included)."""
+    return sum(DTYPE_BYTES.get(dtype, 4) * _tiled_elements(dims, layout) for dtype, dims, layout in _arrays(shape))
+
+
+def _tuple_elements(shape: str) -> list[str]:
+    """The top-level elements of a tuple type '(a, (b, c), d)' -> ['a', '(b, c)', 'd']; an array -> [it]."""
+    shape = shape.strip()
+    if not shape.startswith("("):
+        return [shape]
+    out, depth, start = [], 0, 1
+    for k, ch in enumerate(shape):
+        if ch in "({[":
+            depth += 1
+        elif ch in ")}]":
+            depth -= 1
+        if (ch == "," and depth == 1) or depth == 0:
+            out.append(re.sub(r"/\*.*?\*/", "", shape[start:k]).strip())
+            start = k + 1
+        if depth == 0:
+            break
+    return [e for e in out if e]
+
+
+def _split_type(rest: str) -> tuple[str, str]:
+    """'TYPE opcode(...)...' -> (TYPE, 'opcode(...)...'); TYPE may be a tuple with nested parentheses."""
+    rest = rest.strip()
+    if rest.startswith("("):
+        depth = 0
+        for i, ch in enumerate(rest):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                return rest[: i + 1], rest[i + 1 :].strip()
+    head, _, tail = rest.partition(" ")
+    return head, tail.strip()
+
+
+def _call_parts(text: str) -> tuple[str, list[str], str, str]:
+    """'opcode(%a, %b), attrs' -> (opcode, [a, b], attrs, 'text inside the parentheses')."""
+    i = text.index("(")
+    opcode = text[:i].strip()
+    depth = 0
+    for j in range(i, len(text)):
+        depth += text[j] == "("
+        depth -= text[j] == ")"
+        if depth == 0:
+            break
+    inner, attrs = text[i + 1 : j], text[j + 1 :]
+    operands = re.findall(r"%([\w.\-]+)", inner)
+    return opcode, operands, attrs, inner
+
+
+def parse(text: str) -> tuple[dict[str, list[Instr]], str, dict]:
+    """HLO module text -> ({computation: [instructions]}, entry name, stack frame tables)."""
+    computations: dict[str, list[Instr]] = {}
+    entry = ""
+    current = None
+    tables = {"FileNames": {}, "FunctionNames": {}, "FileLocations": {}, "StackFrames": {}}
+    table = None
+    for line in text.splitlines():
+        if current is None:
+            if line.strip() in tables:
+                table = tables[line.strip()]
+                continue
+            m = _COMP.match(line)
+            if m:
+                current = m.group(2)
+                computations[current] = []
+                entry = current if m.group(1) else entry
+                table = None
+                continue
+            if table is not None and line.strip():
+                key, _, value = line.strip().partition(" ")
+                if key.isdigit():
+                    table[int(key)] = value
+            continue
+        if line.startswith("}"):
+            current = None
+            continue
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        shape, rest = _split_type(m.group(3))
+        if "(" not in rest:
+            continue
+        opcode, operands, attrs, inner = _call_parts(rest)
+        computations[current].append(Instr(m.group(2), shape, opcode, operands, attrs, bool(m.group(1)), inner))
+    return computations, entry, tables
+
+
+def _attr(attrs: str, key: str) -> str | None:
+    m = re.search(rf"\b{key}=%?([\w.\-]+)", attrs)
+    return m.group(1) if m else None
+
+
+def _frames(tables: dict):
+    """stack_frame_id -> 'module.function:line < ...' for the innermost project frames."""
+    files = {k: v.strip('"') for k, v in tables["FileNames"].items()}
+    functions = {k: v.strip('"') for k, v in tables["FunctionNames"].items()}
+    locations = {}
+    for k, v in tables["FileLocations"].items():
+        f = dict(re.findall(r"(\w+)=(\d+)", v))
+        path = files.get(int(f.get("file_name_id", 0)), "?")
+        module = path.rsplit("/", 1)[-1].removesuffix(".py")
+        function = functions.get(int(f.get("function_name_id", 0)), "?").split(".<locals>.")[-1]
+        locations[k] = (path, f"{module}.{function}:{f.get('line', '?')}")
+    frames = {}
+    for k, v in tables["StackFrames"].items():
+        f = dict(re.findall(r"(\w+)=(\d+)", v))
+        # parent_frame_id counts from 1 over the same table whose keys are printed from 1 as well, but
+        # shifted: the parent of the frame printed as k is the one printed as parent_frame_id - 1.
+        frames[k] = (int(f.get("file_location_id", 0)), int(f.get("parent_frame_id", 0)) - 1)
+
+    def where(frame_id: int, depth: int = 3) -> str:
+        names, seen = [], set()
+        while frame_id in frames and frame_id not in seen and len(names) < depth:
+            seen.add(frame_id)
+            location, parent = frames[frame_id]
+            path, name = locations.get(location, ("?", "?"))
+            if "elmo_jax" in path or "optax" in path:
+                names.append(name)
+            frame_id = parent
+        return " < ".join(names) or "-"
+
+    return where
+
+
+def _trip_count(instr: Instr, computations) -> int:
+    m = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', instr.attrs)
+    if m:
+        return int(m.group(1))
+    condition = computations.get(_attr(instr.attrs, "condition"), [])
+    constants = {i.name: i for i in condition if i.opcode == "constant"}
+    for i in condition:
+        if i.opcode == "compare" and "direction=LT" in i.attrs:
+            for operand in i.operands:
+                if operand in constants and re.fullmatch(r"-?\d+", constants[operand].inner.strip()):
+                    return int(constants[operand].inner)
+    return 1
+
+
+def mxu_passes(instr: Instr, shapes: dict[str, str]) -> int:
+    """bfloat16 passes a TPU matrix unit makes for one product: float32 operands at HIGHEST precision take
+    6, at HIGH 3 (the documented `jax.lax.Precision` behaviour on TPU), anything else 1."""
+    dtypes = {dtype for o in instr.operands[:2] for dtype, _ in array_shapes(shapes.get(o, ""))}
+    if "f32" not in dtypes:
+        return 1
+    m = re.search(r"operand_precision=\{(\w+)", instr.attrs)
+    return {"highest": 6, "high": 3}.get(m.group(1) if m else "", 1)
+
+
+def _dot_flops(instr: Instr, shapes: dict[str, str]) -> float:
+    out = array_shapes(instr.shape)
+    if not out:
+        return 0.0
+    out_elems = math.prod(out[0][1])
+    if instr.opcode == "dot":
+        lhs = array_shapes(shapes.get(instr.operands[0], ""))
+        m = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", instr.attrs)
+        if not lhs or not m:
+            return 0.0
+        dims = [int(d) for d in m.group(1).split(",") if d]
+        return 2.0 * out_elems * math.prod(lhs[0][1][d] for d in dims)
+    if instr.opcode == "convolution":
+        lhs = array_shapes(shapes.get(instr.operands[0], ""))
+        rhs = array_shapes(shapes.get(instr.operands[1], ""))
+        m = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", instr.attrs)
+        if not lhs or not rhs or not m:
+            return 0.0
+        lhs_labels, labels, out_labels = m.groups()
+        kernel = rhs[0][1]
+        per_output = math.prod(kernel) / kernel[labels.index("o")]  # kernel elements / output features
+        window = re.search(r"window=\{([^}]*)\}", instr.attrs)
+        if window:
+            # Only taps that meet a real input count: the TPU compiler writes batched matmuls and
+            # transposed products as convolutions with padded or lhs-dilated windows.
+            spec = dict(re.findall(r"(\w+)=([0-9_x\-]+)", window.group(1)))
+            for i, size in enumerate(int(k) for k in spec.get("size", "").split("x") if k):
+                n = lhs[0][1][lhs_labels.index(str(i))]
+                outputs = out[0][1][out_labels.index(str(i))]
+                per_output *= _live_taps(n, outputs, size, spec, i) / (outputs * size)
+        return 2.0 * out_elems * per_output
+    return 0.0
+
+
+def _live_taps(n: int, outputs: int, size: int, spec: dict, i: int) -> int:
+    """Window taps of spatial dimension i, over all outputs, that land on one of the n real inputs."""
+    pick = lambda key, default: int(spec[key].split("x")[i]) if key in spec else default  # noqa: E731
+    low = int(spec["pad"].split("x")[i].split("_")[0]) if "pad" in spec else 0
+    stride, lhs_dilate, rhs_dilate = pick("stride", 1), pick("lhs_dilate", 1), pick("rhs_dilate", 1)
+    o = np.arange(outputs)[:, None]
+    j = np.arange(size)[None, :]
+    position = o * stride + j * rhs_dilate - low  # in the dilated, padded input
+    live = (position >= 0) & (position % lhs_dilate == 0) & (position // lhs_dilate < n)
+    return int(live.sum())
+
+
+def _space(layout: str) -> int:
+    """The memory space of an array layout: 0 (HBM, the default), 1 (TPU VMEM), 2 (SMEM), ..."""
+    m = re.search(r"S\((\d+)\)", layout or "")
+    return int(m.group(1)) if m else 0
+
+
+def _bytes(shape: str, hbm: bool) -> float:
+    """Bytes of an HLO type's arrays: all of them, or (hbm) only those in memory space 0."""
+    return sum(
+        DTYPE_BYTES.get(dtype, 4) * _tiled_elements(dims, layout)
+        for dtype, dims, layout in _arrays(shape)
+        if not hbm or _space(layout) == 0
+    )
+
+
+class _Analyser:
+    def __init__(self, text: str):
+        self.computations, self.entry, tables = parse(text)
+        self.shapes = {i.name: i.shape for comp in self.computations.values() for i in comp}
+        self.where = _frames(tables)
+        self.items: list[Item] = []
+        self.loops: list[tuple[str, int, str]] = []
+        self._fusion_cache: dict = {}
+
+    def fused(self, name: str):
+        """A fused computation: (FLOPs, {parameter index: how it is read}, how the root is written).
+
+        A parameter is read "all", or as a list of slice shapes (only sliced inside), or "none" (only
+        updated in place); the root is written "all", or as a list of update shapes (in-place updates).
+        """
+        if name in self._fusion_cache:
+            return self._fusion_cache[name]
+        body = self.computations.get(name, [])
+        flops = mxu = 0.0
+        users = collections.defaultdict(list)
+        params = {}
+        by_name = {i.name: i for i in body}
+        for i in body:
+            if i.opcode == "parameter":
+                params[i.name] = int(i.inner)
+            for k, operand in enumerate(i.operands):
+                users[operand].append((i, k))
+            if i.opcode in ("dot", "convolution"):
+                f = _dot_flops(i, self.shapes)
+                flops += f
+                mxu += f * mxu_passes(i, self.shapes)
+            elif i.opcode == "fusion":
+                inner = self.fused(_attr(i.attrs, "calls"))
+                flops += inner[0]
+                mxu += inner[3]
+        root = next((i for i in body if i.root), None)
+        reads = {index: self._param_read(pname, users, root.name if root else "") for pname, index in params.items()}
+        written = self._root_written(root, by_name) if root else "all"
+        self._fusion_cache[name] = (flops, reads, written, mxu)
+        return self._fusion_cache[name]
+
+    def _param_read(self, name: str, users, root: str):
+        """How a fusion reads a value: "all", "none" or the shapes of its slices (see `fused`)."""
+        if name == root:  # the value itself is (part of) the fusion's result, so all of it is read
+            return "all"
+        slices = []
+        for user, k in users.get(name, []):
+            if user.opcode == "bitcast":
+                inner = self._param_read(user.name, users, root)
+                if inner == "all":
+                    return "all"
+                slices += [] if inner == "none" else inner
+            elif (user.opcode in SLICING or user.opcode == "gather") and k == 0:
+                slices.append(user.shape)
+            elif user.opcode in ("dynamic-update-slice", "scatter") and k == 0:
+                continue  # updated in place: the untouched part is neither read nor written
+            elif user.opcode == "fusion" and self.fused(_attr(user.attrs, "calls"))[1].get(k, "all") != "all":
+                inner = self.fused(_attr(user.attrs, "calls"))[1][k]  # a nested fusion that slices it
+                slices += [] if inner == "none" else inner
+            elif user.opcode == "fusion" and self._elementwise(_attr(user.attrs, "calls")):
+                # a nested elementwise fusion (a layout copy, a convert) reads what its own users read
+                inner = self._param_read(user.name, users, root)
+                if inner == "all":
+                    return "all"
+                slices += [] if inner == "none" else inner
+            else:
+                return "all"
+        return slices or "none"
+
+    def _elementwise(self, name: str) -> bool:
+        return all(i.opcode not in NOT_ELEMENTWISE for i in self.computations.get(name, [None]) if i is not None)
+
+    def _root_written(self, root: Instr, by_name):
+        """ "all", or per result (one, or each of a tuple's) the shape written: an update's if in place."""
+        parts = [by_name.get(o) for o in root.operands] if root.opcode == "tuple" else [root]
+        shapes, special = [], False
+        for part in parts:
+            if part is not None and part.opcode == "dynamic-update-slice":
+                shapes.append(self.shapes.get(part.operands[1], ""))
+                special = True
+            elif part is not None and part.opcode == "scatter":
+                shapes.append(self.shapes.get(part.operands[-1], ""))
+                special = True
+            elif part is not None and part.opcode == "fusion" and self.fused(_attr(part.attrs, "calls"))[2] != "all":
+                # a nested fusion that updates in place (the TPU compiler wraps scatters this way)
+                is_tuple, inner = self.fused(_attr(part.attrs, "calls"))[2]
+                shapes.append(None if is_tuple or inner[0] is None else inner[0])
+                special = shapes[-1] is not None or special
+            else:
+                shapes.append(None)  # all of the result
+        return (root.opcode == "tuple", shapes) if special else "all"
+
+    def _traffic(self, i: Instr, hbm: bool) -> tuple[float, float]:
+        """(bytes read, bytes written) by one top-level instruction; hbm: only arrays in HBM."""
+        if i.opcode in ("copy-start", "slice-start"):  # asynchronous moves between memory spaces
+            if not hbm:
+                return 0.0, 0.0
+            src = self.shapes.get(i.operands[0], "")
+            # copy-start: (destination, source, context); slice-start: ((operands), destination, context)
+            elements = _tuple_elements(i.shape)
+            dst_type = elements[0 if i.opcode == "copy-start" else 1] if len(elements) > 1 else i.shape
+            dst = _arrays(dst_type)[0] if _arrays(dst_type) else None
+            if dst is None:
+                return 0.0, 0.0
+            dst_bytes = DTYPE_BYTES.get(dst[0], 4) * _tiled_elements(dst[1], dst[2])
+            src_in_hbm = any(_space(layout) == 0 for _, _, layout in _arrays(src))
+            return (dst_bytes if src_in_hbm else 0.0), (dst_bytes if _space(dst[2]) == 0 else 0.0)
+        if i.opcode.endswith("-done") or i.opcode in FREE_OPS:
+            return 0.0, 0.0
+        written = _bytes(i.shape, hbm)
+        if i.opcode == "fusion":
+            _, reads, root_written, _ = self.fused(_attr(i.attrs, "calls"))
+            read = 0.0
+            for k, operand in enumerate(i.operands):
+                shape = self.shapes.get(operand, "")
+                how = reads.get(k, "all")
+                if how == "all" or (hbm and _bytes(shape, True) == 0):
+                    read += _bytes(shape, hbm)
+                elif how != "none":
+                    # slices of an operand stored in HBM (or any operand, when counting all)
+                    read += sum(_bytes(s, False) for s in how)
+            if root_written != "all":  # per result: the update of an in-place one, else all of it
+                is_tuple, parts = root_written
+                elements = _tuple_elements(i.shape) if is_tuple else [i.shape]
+                written = 0.0
+                for part, element in zip(parts, elements):
+                    if part is None:
+                        written += _bytes(element, hbm)
+                    elif _bytes(element, hbm) > 0:
+                        written += _bytes(part, False)
+            return read, written
+        read = sum(_bytes(self.shapes.get(o, ""), hbm) for o in i.operands)
+        if i.opcode == "dynamic-update-slice":
+            update = _bytes(self.shapes.get(i.operands[1], ""), False)
+            return (update if _bytes(i.shape, hbm) else 0.0), (update if _bytes(i.shape, hbm) else 0.0)
+        return read, written
+
+    def walk(self, computation: str, count: int, in_loop: bool) -> None:
+        for i in self.computations.get(computation, []):
+            if i.opcode in FREE_OPS - {"copy-start"} or (i.opcode == "custom-call" and "AllocateBuffer" in i.attrs):
+                continue
+            op_name = (re.search(r'op_name="([^"]*)"', i.attrs) or [None, ""])[1]
+            frame = re.search(r"stack_frame_id=(\d+)", i.attrs)
+            where = self.where(int(frame.group(1))) if frame else "-"
+            if i.opcode == "while":
+                trips = _trip_count(i, self.computations)
+                self.loops.append((i.name, trips, op_name))
+                self.walk(_attr(i.attrs, "body"), count * trips, True)
+                continue
+            if i.opcode in ("call", "async-start"):
+                self.walk(_attr(i.attrs, "calls") or _attr(i.attrs, "to_apply"), count, in_loop)
+                continue
+            if i.opcode == "conditional":
+                branches = re.search(r"branch_computations=\{([^}]*)\}", i.attrs)
+                names = re.findall(r"%?([\w.\-]+)", branches.group(1)) if branches else []
+                names += [n for n in (_attr(i.attrs, "true_computation"), _attr(i.attrs, "false_computation")) if n]
+                for n in names[:1]:  # the first branch stands for all
+                    self.walk(n, count, in_loop)
+                continue
+            if i.opcode in ("async-done", "async-update"):
+                continue
+            if i.opcode == "fusion":
+                flops, mxu = (lambda f: (f[0], f[3]))(self.fused(_attr(i.attrs, "calls")))
+            else:
+                flops = _dot_flops(i, self.shapes)
+                mxu = flops * mxu_passes(i, self.shapes)
+            all_read, all_written = self._traffic(i, hbm=False)
+            hbm_read, hbm_written = self._traffic(i, hbm=True)
+            is_collective = i.opcode.startswith(COLLECTIVES) and not i.opcode.endswith("-done")
+            collective = _bytes(i.shape, False) if is_collective else 0.0
+            if is_collective and i.opcode.endswith("-start"):  # (operands, results) tuples: the results
+                collective = _bytes(i.shape, False) / 2
+            self.items.append(
+                Item(
+                    name=i.name,
+                    opcode=i.opcode,
+                    op_name=op_name,
+                    where=where,
+                    count=count,
+                    flops=flops * count,
+                    mxu_flops=mxu * count,
+                    bytes=(all_read + all_written) * count,
+                    hbm_bytes=(hbm_read + hbm_written) * count,
+                    collective_bytes=collective * count,
+                    in_loop=in_loop,
+                )
+            )
+
+
+def analyse(text: str) -> Cost:
+    """The loop-counted FLOPs, bytes and collectives of an optimised HLO module (`compiled.as_text()`)."""
+    a = _Analyser(text)
+    a.walk(a.entry, 1, False)
+    return Cost(
+        flops=sum(i.flops for i in a.items),
+        mxu_flops=sum(i.mxu_flops for i in a.items),
+        bytes=sum(i.bytes for i in a.items),
+        hbm_bytes=sum(i.hbm_bytes for i in a.items),
+        collective_bytes=sum(i.collective_bytes for i in a.items),
+        collective_bytes_in_loops=sum(i.collective_bytes for i in a.items if i.in_loop),
+        items=a.items,
+        loops=a.loops,
+    )
+
+
+def analyse_once(text: str) -> Cost:
+    """As `analyse`, but every loop body counted once (what XLA's cost analysis does): for checking."""
+    global _trip_count
+    saved = _trip_count
+    _trip_count = lambda instr, computations: 1  # noqa: E731
+    try:
+        return analyse(text)
+    finally:
+        _trip_count = saved
+
+
+def main(argv: list[str]) -> None:
+    """python bench/hlo_cost.py HLO_FILE [N]: totals, the N largest instructions by HBM bytes and the N
+    largest source locations (innermost project frames) by HBM bytes."""
+    text = open(argv[1]).read()
+    n = int(argv[2]) if len(argv) > 2 else 20
+    cost = analyse(text)
+    print(
+        f"FLOPs {cost.flops / 1e9:,.0f} G (MXU passes {cost.mxu_flops / 1e9:,.0f} G), "
+        f"HBM {cost.hbm_bytes / 1e9:.2f} GB, "
+        f"collectives {cost.collective_bytes / 1e9:.2f} GB ({cost.collective_bytes_in_loops / 1e9:.2f} GB inside loops)"
+    )
+    print("loops (trip counts):", ", ".join(f"{name} x{trips}" for name, trips, _ in cost.loops))
+    for i in cost.top(n, "hbm_bytes"):
+        print(f"{i.hbm_bytes / 1e9:7.3f} GB x{i.count:<4} {i.opcode:<12} {i.where[:80]:<80} {i.op_name[-50:]}")
+    print("by source location:")
+    for where, total in cost.by_where("hbm_bytes")[:n]:
+        print(f"{total / 1e9:7.3f} GB  {where}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv)

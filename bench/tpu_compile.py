@@ -1,0 +1,463 @@
+"""The TPU compiler's view of elmo-jax, without a TPU: memory plans, FLOPs, traffic and a roofline estimate.
+
+    python3 -m venv .venv-tpu && .venv-tpu/bin/pip install -e '.[tpu]'     # jax[tpu]: libtpu from PyPI
+    .venv-tpu/bin/python bench/tpu_compile.py --results=bench/results_tpu_compile.jsonl   # every case, hours
+    .venv-tpu/bin/python bench/tpu_compile.py --cases=v5e-8/large/bfloat16/8x1/1024 --top=15 --hlo_dir=bench/out/hlo
+    .venv-tpu/bin/python bench/tpu_compile.py --cases=v5e-8/large/bfloat16/4x2/512 --revision=e241cae  # before
+    .venv-tpu/bin/python bench/tpu_compile.py --table=bench/results_tpu_compile.jsonl      # the markdown table
+
+A case is TOPOLOGY/WORKLOAD/DTYPE/DATAxMODEL/GLOBAL_BATCH[/VARIANT], e.g. v5e-8/large/bfloat16/8x1/1024;
+workloads: large (configs/bilm_large.py), small (configs/bilm_small.py), embed (embed_file's program);
+the variant "dense" turns the sparse softmax update off. Results (bench/RESULTS_tpu_compile.md) record the
+revision of elmo_jax compiled.
+
+`jax[tpu]` installs libtpu from PyPI; its compiler runs on any Linux x86-64 machine. For a named
+topology (`TOPOLOGIES`) `jax.experimental.topologies.get_topology_desc` gives compile-only TPU devices;
+the real jitted programs are lowered from ShapeDtypeStructs carrying their shardings and compiled
+(`.lower(...).compile()`, nothing allocated): the train step of a config (`jitted_steps.jit_steps`, the
+1B Word vocabulary of 793,471 words, the char CNN at 24 positions, a typical lm1b bucket) or the
+feature extractor (`embed_file`'s program: the original model, 40 tokens, batch split over the chips).
+Each case runs in its own process with a timeout; one that fails or does not fit is a row saying so.
+
+Per case, per chip: the compiler's memory plan (`memory_analysis()`: arguments + outputs - aliased +
+temporaries, against the chip's HBM), compile time, and from the optimised program (`as_text()`,
+read by `bench/hlo_cost.py`, which counts every loop body as often as it runs; XLA's own
+`cost_analysis()`, also recorded, counts a loop body once):
+
+- FLOPs: 2 per multiply-add of every matrix product; float32 products at `Precision.HIGHEST` take 6
+  bfloat16 passes on a TPU matrix unit (documented by `jax.lax.Precision`), so they cost 6x the time;
+- HBM bytes: what each instruction reads and writes in HBM (values the compiler keeps in on-chip
+  memory are not counted, copies between the two are);
+- the roofline: step time = max(FLOP time at the published bfloat16 peak, HBM bytes at the published
+  bandwidth), ignoring collectives (their bytes are listed) and the gaps between kernels, so it is a
+  lower bound of a real step; utilisation = FLOP time / step time; MFU = the model's FLOPs
+  (`elmo_jax.model.flops`, nominal, each chip's share) at the peak / step time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # bench/, configs/
+
+from absl import app, flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("cases", [], "TOPOLOGY/WORKLOAD/DTYPE/DATAxMODEL/BATCH[/VARIANT] cases (default: DEFAULT_CASES).")
+flags.DEFINE_string("results", "", "Append each case's result to this JSON-lines file as it finishes.")
+flags.DEFINE_string("table", "", "Print the markdown table of a results file (no compiling).")
+flags.DEFINE_string(
+    "reanalyse", "", "Recount the traffic of a results file's rows from their HLO files in --hlo_dir (no compiling)."
+)
+flags.DEFINE_string("hlo_dir", "", "Also write each case's optimised HLO here (CASE.hlo.txt).")
+flags.DEFINE_integer("top", 0, "Print each case's N largest instructions by HBM bytes.")
+flags.DEFINE_integer("timeout", 3600, "Seconds allowed per case.")
+flags.DEFINE_integer("positions", 24, "Char CNN positions compiled for (char ids of a typical 1B Word batch).")
+flags.DEFINE_string(
+    "revision", "", "Compile another commit's elmo_jax and configs (git archive into bench/out/src/REV): before/after."
+)
+flags.DEFINE_string("child", None, "Internal: compile one case in this process and print its result as JSON.")
+flags.DEFINE_string("source_dir", "", "Internal: import elmo_jax and configs from this directory.")
+
+GIB = 2**30
+LM1B_VOCAB_SIZE = 793_471
+EMBED_TOKENS = 40
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """Published per-chip figures: dense bfloat16 FLOP/s, HBM bytes and HBM bytes/s."""
+
+    kind: str
+    peak_flops: float
+    hbm_bytes: float
+    hbm_bandwidth: float
+    source: str
+
+
+CHIPS = {
+    "v4": Chip("TPU v4", 275e12, 32 * GIB, 1200e9, "https://cloud.google.com/tpu/docs/v4"),
+    "v5e": Chip("TPU v5 lite", 197e12, 16 * GIB, 819e9, "https://cloud.google.com/tpu/docs/v5e"),
+    "v5p": Chip("TPU v5", 459e12, 95 * GIB, 2765e9, "https://cloud.google.com/tpu/docs/v5p"),
+    "v6e": Chip("TPU v6 lite", 918e12, 32 * GIB, 1638e9, "https://cloud.google.com/tpu/docs/v6e"),
+}
+
+# Our name -> (chip, libtpu topology name, extra arguments of get_topology_desc). v4 and v5p chips have
+# two TensorCores; Cloud TPU VMs drive them as one device ("megacore"), so a v4-8 or v5p-8 is 4 devices.
+TOPOLOGIES = {
+    "v5e-1": ("v5e", "v5e:1x1", {"chips_per_host_bounds": [1, 1, 1]}),
+    "v6e-1": ("v6e", "v6e:1x1", {"chips_per_host_bounds": [1, 1, 1]}),
+    "v5e-8": ("v5e", "v5e:2x4", {}),
+    "v6e-8": ("v6e", "v6e:2x4", {}),
+    "v4-8": ("v4", "v4:2x2x1", {"chip_config_name": "megacore"}),
+    "v5p-8": ("v5p", "v5p:2x2x1", {"chip_config_name": "megacore"}),
+    "v5e-64": ("v5e", "v5e:8x8", {}),
+}
+WORKLOADS = {"large": "configs.bilm_large", "small": "configs.bilm_small"}  # and "embed"
+# Variants change StepConfig settings from the default, for before/after figures of an optimisation.
+VARIANTS: dict[str, dict] = {"dense": {"sparse_softmax_update": False}}
+
+DEFAULT_CASES = [
+    # bilm_large at 128 rows per chip (configs/bilm_large.py:TPU_MESHES): Colab's single chips, the 8-chip
+    # hosts, a pod slice; float32 for comparison on v5e; the 4 x 2 mesh BUILD.md recommended before
+    *[f"{t}/large/bfloat16/1x1/128" for t in ("v5e-1", "v6e-1")],
+    "v5e-8/large/bfloat16/8x1/1024",
+    "v5e-8/large/bfloat16/4x2/512",
+    "v5e-8/large/float32/4x2/512",
+    "v6e-8/large/bfloat16/8x1/1024",
+    "v4-8/large/bfloat16/4x1/512",
+    "v5p-8/large/bfloat16/4x1/1024",
+    "v5e-64/large/bfloat16/64x1/8192",
+    # bilm_small as the training notebook runs it on a TPU: 128 rows per chip (configs/notebooks.py)
+    *[f"{t}/small/{d}/1x1/128" for t in ("v5e-1", "v6e-1") for d in ("bfloat16", "float32")],
+    # the feature extractor (embed_file's program) on one chip
+    *[f"{t}/embed/{d}/1x1/{b}" for t in ("v5e-1", "v6e-1") for d in ("bfloat16", "float32") for b in (64, 512)],
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    topology: str
+    workload: str
+    dtype: str
+    data: int
+    model: int
+    batch: int  # global rows
+    variant: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> Case:
+        parts = text.split("/")
+        if len(parts) not in (5, 6):
+            raise ValueError(f"case {text!r}: expected TOPOLOGY/WORKLOAD/DTYPE/DATAxMODEL/BATCH[/VARIANT]")
+        topology, workload, dtype, mesh, batch = parts[:5]
+        data, model = (int(x) for x in mesh.split("x"))
+        case = cls(topology, workload, dtype, data, model, int(batch), parts[5] if len(parts) == 6 else "")
+        if (
+            topology not in TOPOLOGIES
+            or workload not in (*WORKLOADS, "embed")
+            or (case.variant and case.variant not in VARIANTS)
+        ):
+            raise ValueError(f"case {text!r}: unknown topology, workload or variant")
+        return case
+
+    @property
+    def name(self) -> str:
+        tail = f"/{self.variant}" if self.variant else ""
+        return f"{self.topology}/{self.workload}/{self.dtype}/{self.data}x{self.model}/{self.batch}{tail}"
+
+    @property
+    def chip(self) -> Chip:
+        return CHIPS[TOPOLOGIES[self.topology][0]]
+
+
+# ------------------------------------------------------------------------------------------------ child
+
+
+def tpu_devices(topology: str):
+    from jax.experimental import topologies
+
+    _, name, kwargs = TOPOLOGIES[topology]
+    return topologies.get_topology_desc(topology_name=name, platform="tpu", **kwargs).devices
+
+
+def lower_train(case: Case, devices):
+    """The lowered train step of the case's config on its mesh, and the model FLOPs of one step."""
+    import importlib
+
+    import jax
+    import numpy as np
+
+    from elmo_jax.model.flops import train_flops
+    from elmo_jax.training import jitted_steps, settings, sharding
+
+    config = importlib.import_module(WORKLOADS[case.workload]).get_config()
+    config.compute_dtype = case.dtype
+    cfg = dataclasses.replace(settings.step_config(config, LM1B_VOCAB_SIZE), **VARIANTS.get(case.variant, {}))
+    mesh = sharding.make_mesh(case.data, case.model, devices)
+    sharding.check_training_mesh(mesh, case.batch, 1)
+    steps = jitted_steps.jit_steps(mesh, cfg, settings.optimizer(config), case.batch)
+    D, B, T, C = 2, case.batch, cfg.unroll_steps, cfg.model.max_characters_per_token
+    shapes = {
+        "char_ids": ((D, B, T, C), np.int32),
+        "targets": ((D, B, T), np.int32),
+        "mask": ((D, B, T), np.bool_),
+        "carry": ((D, B), np.bool_),
+        "reset": ((D, B, T), np.bool_),
+    }
+    batch = {k: jax.ShapeDtypeStruct(s, d, sharding=steps.batch) for k, (s, d) in shapes.items()}
+    lowered = steps.train.lower(steps.abstract_state, batch, FLAGS.positions)
+    flops = train_flops(cfg.model, B, T, vocab_size=LM1B_VOCAB_SIZE, n_negative_samples=cfg.n_negative_samples)
+    return lowered, flops, 2 * B * T
+
+
+def lower_embed(case: Case, devices):
+    """The feature extractor as `embed_file` runs it (`batch_runner`'s char program: a one-axis mesh over
+    the chips, each embedding its own rows, every layer returned) on `EMBED_TOKENS` tokens per row."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import elmo_jax
+    from elmo_jax.features import batch_runner
+    from elmo_jax.model.flops import embed_flops
+    from elmo_jax.model.precision import ComputeOptions
+
+    config = elmo_jax.BiLMConfig.preset("original")
+    mesh = batch_runner.device_mesh(devices[: case.data * case.model])
+    rows, replicated = (jax.NamedSharding(mesh, jax.P(*spec)) for spec in ((batch_runner.AXIS,), ()))
+    weights = jax.eval_shape(lambda: elmo_jax.init_params(config, jax.random.key(0)).weights)
+    weights = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), weights)
+    C = config.max_characters_per_token
+    chars = jax.ShapeDtypeStruct((case.batch, EMBED_TOKENS, C), jnp.int32, sharding=rows)  # bilm_layers adds <S>, </S>
+    mix = jax.ShapeDtypeStruct((config.n_output_layers,), np.float32, sharding=replicated)
+    compute = ComputeOptions(dtype=case.dtype, content_positions=FLAGS.positions)
+    program = batch_runner._chars_program(mesh, "all", "float32")
+    lowered = program.lower(config, compute, weights, chars, mix)
+    return lowered, embed_flops(config, case.batch, EMBED_TOKENS), case.batch * EMBED_TOKENS
+
+
+def cost_fields(text: str) -> dict:
+    """A result's figures read from the compiled program's text (`hlo_cost`)."""
+    from bench import hlo_cost
+
+    cost = hlo_cost.analyse(text)
+    top = [
+        {
+            "name": i.name,
+            "opcode": i.opcode,
+            "where": i.where,
+            "op": i.op_name[-80:],
+            "count": i.count,
+            "hbm_bytes": i.hbm_bytes,
+            "flops": i.flops,
+        }
+        for i in cost.top(FLAGS.top or 12, "hbm_bytes")
+    ]
+    return {
+        "flops": cost.flops,
+        "mxu_flops": cost.mxu_flops,
+        "hbm_bytes": cost.hbm_bytes,
+        "operand_bytes": cost.bytes,
+        "collective_bytes": cost.collective_bytes,
+        "collective_bytes_in_loops": cost.collective_bytes_in_loops,
+        "loops": [[name, trips] for name, trips, _ in cost.loops],
+        "top": top,
+    }
+
+
+def hlo_path(case_name: str, revision: str) -> pathlib.Path:
+    """Where --hlo_dir keeps a case's optimised HLO (a --revision run's name carries the revision)."""
+    tail = f"@{revision}" if revision else ""
+    return pathlib.Path(FLAGS.hlo_dir) / (case_name.replace("/", "_") + tail + ".hlo.txt")
+
+
+def reanalyse(results: pathlib.Path, hlo_dir: pathlib.Path) -> None:
+    """Rewrites the traffic figures of every row whose HLO file is in `hlo_dir` (after a change of hlo_cost)."""
+    rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    for r in rows:
+        path = hlo_dir / pathlib.Path(r.get("hlo", "")).name if r.get("hlo") else None
+        if path and path.exists() and "error" not in r:
+            r.update(cost_fields(path.read_text()))
+            print(f"{r['case']} ({r.get('revision')}): HBM {r['hbm_bytes'] / 1e9:.2f} GB", flush=True)
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def compile_case(case: Case) -> dict:
+    """Compiles one case in this process; see the module docstring for what is measured."""
+
+    devices = tpu_devices(case.topology)
+    chips = case.data * case.model
+    if chips > len(devices):
+        raise ValueError(f"{case.name}: the mesh needs {chips} chips, {case.topology} has {len(devices)}")
+    start = time.perf_counter()
+    lower = lower_embed if case.workload == "embed" else lower_train
+    lowered, model_flops, tokens = lower(case, devices[:chips] if case.workload != "embed" else devices)
+    lower_s = time.perf_counter() - start
+    compiled = lowered.compile()
+    compile_s = time.perf_counter() - start - lower_s
+    m = compiled.memory_analysis()
+    xla = compiled.cost_analysis()
+    xla = xla[0] if isinstance(xla, list) else xla
+    text = compiled.as_text()
+    path = ""
+    if FLAGS.hlo_dir:
+        path = hlo_path(case.name, FLAGS.revision)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    total = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+    import elmo_jax
+
+    return {
+        "case": case.name,
+        "elmo_jax": str(pathlib.Path(elmo_jax.__file__).parent),
+        "chips": chips,
+        "device_kind": devices[0].device_kind,
+        "arguments": m.argument_size_in_bytes,
+        "outputs": m.output_size_in_bytes,
+        "aliased": m.alias_size_in_bytes,
+        "temporaries": m.temp_size_in_bytes,
+        "total": total,
+        "lower_s": round(lower_s, 1),
+        "compile_s": round(compile_s, 1),
+        "xla_flops": float(xla.get("flops", 0.0)),
+        "xla_bytes": float(xla.get("bytes accessed", 0.0)),
+        **cost_fields(text),
+        "hlo": str(path),
+        "model_flops_per_chip": model_flops / chips,
+        "tokens": tokens,
+    }
+
+
+# ----------------------------------------------------------------------------------------------- parent
+
+
+def run_case(case: Case) -> dict:
+    """`compile_case` in a child process (libtpu and the compiler's memory are the child's alone)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    argv = [sys.executable, __file__, f"--child={case.name}", f"--positions={FLAGS.positions}"]
+    argv += [f"--hlo_dir={FLAGS.hlo_dir}"] if FLAGS.hlo_dir else []
+    argv += [f"--revision={FLAGS.revision}", f"--source_dir={_source(FLAGS.revision)}"] if FLAGS.revision else []
+    argv += [f"--top={FLAGS.top}"] if FLAGS.top else []
+    start = time.perf_counter()
+    revision = FLAGS.revision or _revision()
+    base = {"case": case.name, "date": datetime.date.today().isoformat(), "revision": revision}
+    try:
+        result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=FLAGS.timeout)
+    except subprocess.TimeoutExpired:
+        return {**base, "error": f"timed out after {FLAGS.timeout} s"}
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode or not lines:
+        return {**base, "error": _error_line(result.stderr)}
+    return {**base, **json.loads(lines[-1]), "wall_s": round(time.perf_counter() - start, 1)}
+
+
+def _error_line(stderr: str) -> str:
+    """The compiler's or Python's last error line, e.g. RESOURCE_EXHAUSTED for a plan that does not fit."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "RESOURCE_EXHAUSTED" in line or "Error" in line or "error" in line:
+            return line[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+def roofline(r: dict) -> dict:
+    """Step time, tokens/s, utilisation and MFU of a result, from its chip's published peaks."""
+    chip = Case.parse(r["case"]).chip
+    flop_s = r["mxu_flops"] / chip.peak_flops
+    memory_s = r["hbm_bytes"] / chip.hbm_bandwidth
+    step_s = max(flop_s, memory_s)
+    return {
+        "flop_ms": 1e3 * flop_s,
+        "memory_ms": 1e3 * memory_s,
+        "step_ms": 1e3 * step_s,
+        "tokens_per_s": r["tokens"] / step_s,
+        "utilisation": flop_s / step_s,
+        "mfu": r["model_flops_per_chip"] / chip.peak_flops / step_s,
+        "headroom": 1.0 - r["total"] / chip.hbm_bytes,
+    }
+
+
+def table(results: list[dict]) -> list[str]:
+    head = (
+        "| case | revision | plan GiB (args + temp) | of HBM | compile s | GFLOP | MXU GFLOP | HBM GB | "
+        "collectives GB | FLOP ms | HBM ms | step ms | tokens/s (slice) | util. | MFU |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['case']} | {r.get('revision', '')} | **{r['error']}** |" + " |" * (head.count("|") - 4))
+            continue
+        x = roofline(r)
+        fits = "" if x["headroom"] >= 0.15 else " (under 15% headroom)"
+        lines.append(
+            f"| {r['case']} | {r.get('revision', '')} "
+            f"| {r['total'] / GIB:.2f} ({r['arguments'] / GIB:.2f} + {r['temporaries'] / GIB:.2f}) | "
+            f"{1 - x['headroom']:.0%}{fits} | {r['compile_s']:.0f} | {r['flops'] / 1e9:,.0f} | "
+            f"{r['mxu_flops'] / 1e9:,.0f} | {r['hbm_bytes'] / 1e9:.2f} | {r['collective_bytes'] / 1e9:.2f} | "
+            f"{x['flop_ms']:.1f} | {x['memory_ms']:.1f} | {x['step_ms']:.1f} | {x['tokens_per_s']:,.0f} | "
+            f"{x['utilisation']:.0%} | {x['mfu']:.0%} |"
+        )
+    return lines
+
+
+def print_top(r: dict) -> None:
+    print(f"  largest HBM traffic of {r['case']} (bytes per step, all executions of the instruction):")
+    for i in r["top"]:
+        print(
+            f"    {i['hbm_bytes'] / 1e9:7.3f} GB x{i['count']:<4} {i['opcode']:<12} "
+            f"{i['where'][:70]:<70} {i['op'][-50:]}"
+        )
+
+
+def main(argv):
+    del argv
+    if FLAGS.child:
+        if FLAGS.source_dir:  # before the first import of elmo_jax or configs
+            sys.path.insert(0, FLAGS.source_dir)
+        print(json.dumps(compile_case(Case.parse(FLAGS.child))), flush=True)
+        return
+    if FLAGS.reanalyse:
+        reanalyse(pathlib.Path(FLAGS.reanalyse), pathlib.Path(FLAGS.hlo_dir))
+        return
+    if FLAGS.table:
+        results = [json.loads(line) for line in pathlib.Path(FLAGS.table).read_text().splitlines() if line.strip()]
+        print("\n".join(table(results)))
+        return
+    import jax
+
+    cases = [Case.parse(c) for c in (FLAGS.cases or DEFAULT_CASES)]
+    print(f"jax {jax.__version__}, libtpu {_libtpu_version()}; {len(cases)} cases, one process each", flush=True)
+    results = []
+    for case in cases:
+        r = run_case(case)
+        results.append(r)
+        if FLAGS.results:
+            with open(FLAGS.results, "a") as f:
+                f.write(json.dumps({**r, "jax": jax.__version__, "libtpu": _libtpu_version()}) + "\n")
+        print(table([r])[-1], flush=True)
+        if FLAGS.top and "top" in r:
+            print_top(r)
+    print("\n".join(table(results)))
+
+
+def _source(revision: str) -> pathlib.Path:
+    """elmo_jax/ and configs/ of a commit, extracted once under bench/out/src/REVISION."""
+    target = REPO / "bench" / "out" / "src" / revision
+    if not target.exists():
+        staging = target.with_name(f".{revision}.{os.getpid()}.tmp")
+        staging.mkdir(parents=True)
+        archive = subprocess.run(
+            ["git", "archive", revision, "elmo_jax", "configs"], cwd=REPO, capture_output=True, check=True
+        )
+        subprocess.run(["tar", "-x", "-C", str(staging)], input=archive.stdout, check=True)
+        staging.rename(target)
+    return target
+
+
+def _revision() -> str:
+    """The last commit that changed elmo_jax/ or configs/, with "+dirty" when the working tree differs from it."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    last = git("log", "-1", "--format=%h", "--", "elmo_jax", "configs")  # the last commit that changed them
+    return last + ("+dirty" if git("status", "--porcelain", "--", "elmo_jax", "configs") else "")
+
+
+def _libtpu_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("libtpu")
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,185 @@
+"""The LSTM's time loop, with a backward pass written out to keep a TPU's memory traffic low.
+
+`recurrence` runs one layer of both directions over time: the input-to-gate products of every step
+at once, then the loop. Its gradient is the autodiff gradient of the same computation, organised
+differently. Autodiff of a `lax.scan` saves every intermediate of every step (the four
+activations, the cell, its tanh, masks: ~8 arrays of (D, B, H) per step), zero-fills a stacked buffer
+for each, and accumulates the gradients of the recurrent and projection kernels inside the reverse
+loop, reading and writing a kernel-sized accumulator at every step. The TPU compiler's plan for the
+`bilm_large` step spent ~10 GB of its ~24 GB of HBM traffic there (bench/tpu_compile.py). Here:
+
+- the forward loop saves only the gate pre-activations z (D, B, 4H), the cell and output state it read
+  (after resets) and the projection before its clip, per step;
+- the reverse loop recomputes the activations from z (elementwise, the same function as the forward,
+  differentiated by `jax.vjp`), carries only the state's and the bias's gradients, and emits each
+  step's dz and projection gradient;
+- the kernel's gradient (input and recurrent halves together) and the inputs' are then one product
+  each over all steps and rows (T·B rows): dz is read twice, instead of once for each of the input
+  kernel, the recurrent kernel, the inputs and the bias. (Computing the inputs' gradient inside the
+  loop instead reads the input kernel at every step, more than dz's step for 128 or 256 rows.)
+
+The forward values are the same operations as before; gradients equal autodiff's up to the order of
+float32 sums (tests/test_recurrence.py). Shapes: T steps, D = 2 directions, B rows, H cell, P projection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from elmo_jax.model.precision import einsum
+
+FORGET_BIAS = 1.0  # TF LSTMCell's default, added at run time and never stored in weight files.
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Static settings of one layer's loop: clips (None: no clip), matmul dtype, scan unroll."""
+
+    cell_clip: float | None
+    proj_clip: float | None
+    dtype: str = "float32"
+    unroll: int = 1
+
+
+def cell(z: jax.Array, c_prev: jax.Array, cell_clip: float | None) -> tuple[jax.Array, jax.Array]:
+    """The elementwise half of a step: gate pre-activations z (..., 4H) (i, j, f, o) and c_prev (..., H)
+    to the new cell c and sigmoid(o) * tanh(c), both (..., H)."""
+    i, j, f, o = jnp.split(z, 4, axis=-1)
+    c = jax.nn.sigmoid(f + FORGET_BIAS) * c_prev + jax.nn.sigmoid(i) * jnp.tanh(j)
+    if cell_clip is not None:
+        c = jnp.clip(c, -cell_clip, cell_clip)
+    return c, jax.nn.sigmoid(o) * jnp.tanh(c)
+
+
+def _clip_projection(h: jax.Array, s: Settings) -> jax.Array:
+    return h if s.proj_clip is None else jnp.clip(h, -s.proj_clip, s.proj_clip)
+
+
+def _step(s: Settings, W_h, W_P, carry, z_x, live, fresh):
+    """One step: (new carry, output, residuals (z, c_prev, h_prev, projection before its clip))."""
+    c_prev, h_prev = carry
+    if fresh is not None:
+        c_prev = jnp.where(fresh[..., None], 0.0, c_prev)
+        h_prev = jnp.where(fresh[..., None], 0.0, h_prev)
+    z = z_x + einsum("dbp,dpg->dbg", h_prev, W_h, s.dtype)
+    c, h = cell(z, c_prev, s.cell_clip)
+    h_projected = h
+    if W_P is not None:  # as TF's LSTMCell: proj_clip applies only to a projected output
+        h_projected = einsum("dbh,dhp->dbp", h, W_P, s.dtype)
+        h = _clip_projection(h_projected, s)
+    live = live[..., None]
+    new = (jnp.where(live, c, c_prev), jnp.where(live, h, h_prev))
+    return new, jnp.where(live, h, 0.0), (z, c_prev, h_prev, h_projected)
+
+
+def stacked_scan(step, carry, length: int, *, unroll: int = 1, reverse: bool = False):
+    """`lax.scan` over t = 0 .. length - 1 (or back) of `step(carry, t) -> (carry, y)`, the ys stacked (T, ...).
+
+    The stacks are carried buffers allocated with `lax.empty` and written step by step, where
+    `lax.scan` fills its output buffers with zeros first: on a TPU `lax.empty` is an uninitialised
+    allocation, and the zero fill of the residual stacks was ~1.3 GB of the `bilm_large` step's traffic
+    (elsewhere `lax.empty` is zeros, as before).
+    """
+    y_shapes = jax.eval_shape(lambda c: step(c, jnp.int32(0))[1], carry)
+    stacks = jax.tree.map(lambda a: lax.empty((length, *a.shape), a.dtype), y_shapes)
+
+    def body(state, i):
+        carry, stacks = state
+        t = length - 1 - i if reverse else i
+        carry, y = step(carry, t)
+        stacks = jax.tree.map(lambda buffer, v: lax.dynamic_update_index_in_dim(buffer, v, t, 0), stacks, y)
+        return (carry, stacks), None
+
+    (carry, stacks), _ = lax.scan(body, (carry, stacks), jnp.arange(length), unroll=unroll)
+    return carry, stacks
+
+
+def _scan(s: Settings, x_gates, W_h, W_P, mask, resets, c0, h0, keep_residuals: bool):
+    def body(carry, t):
+        z_x = lax.dynamic_index_in_dim(x_gates, t, axis=1, keepdims=False)  # (D, B, 4H)
+        fresh = None if resets is None else resets[t]
+        new, out, residuals = _step(s, W_h, W_P, carry, z_x, mask[t], fresh)
+        return new, (out, residuals) if keep_residuals else out
+
+    if keep_residuals:
+        return stacked_scan(body, (c0, h0), mask.shape[0], unroll=s.unroll)
+    return lax.scan(body, (c0, h0), jnp.arange(mask.shape[0]), unroll=s.unroll)
+
+
+def input_gates(s: Settings, inputs: jax.Array, W_0: jax.Array, bias: jax.Array) -> jax.Array:
+    """The input half of z for every step at once: (T, D, B, P_in) -> (D, T, B, 4H), bias added."""
+    P_in = inputs.shape[-1]
+    return einsum("tdbp,dpg->dtbg", inputs, W_0[:, :P_in], s.dtype) + bias[:, None, None, :]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def recurrence(s: Settings, inputs, W_0, bias, W_P, mask, resets, c0, h0):
+    """One LSTM layer of both directions over time.
+
+    Args:
+      s: the layer's static `Settings`.
+      inputs: (T, D, B, P_in) the layer's inputs, time-major.
+      W_0: (D, P_in + P, 4H) kernel of [x ; h_prev]; bias: (D, 4H).
+      W_P: (D, H, P) projection, or None (then P == H).
+      mask: bool (T, D, B): where a row has a token; elsewhere the state is held and the output is 0.
+      resets: None or bool (T, D, B): zero the state before the token at that position.
+      c0, h0: (D, B, H), (D, B, P) initial state.
+
+    Returns:
+      (outputs (T, D, B, P), final c, final h).
+    """
+    x_gates = input_gates(s, inputs, W_0, bias)
+    W_h = W_0[:, inputs.shape[-1] :]
+    (c, h), outputs = _scan(s, x_gates, W_h, W_P, mask, resets, c0, h0, keep_residuals=False)
+    return outputs, c, h
+
+
+def _forward(s: Settings, inputs, W_0, bias, W_P, mask, resets, c0, h0):
+    x_gates = input_gates(s, inputs, W_0, bias)
+    W_h = W_0[:, inputs.shape[-1] :]
+    (c, h), (outputs, residuals) = _scan(s, x_gates, W_h, W_P, mask, resets, c0, h0, keep_residuals=True)
+    return (outputs, c, h), (residuals, inputs, W_0, W_P, mask, resets)
+
+
+def _backward(s: Settings, saved, cotangents):
+    (z, c_prev, h_prev, h_projected), inputs, W_0, W_P, mask, resets = saved  # residuals (T, D, B, ·)
+    d_outputs, dc_final, dh_final = cotangents
+    P_in = inputs.shape[-1]
+
+    def body(carry, t):
+        dc, dh, d_bias = carry  # gradients of the state this step hands on; of the bias so far
+        z_t, c_prev_t, h_projected_t, d_out, live = z[t], c_prev[t], h_projected[t], d_outputs[t], mask[t]
+        fresh = None if resets is None else resets[t]
+        live = live[..., None]
+        d_h = jnp.where(live, dh + d_out, 0.0)  # of the step's (clipped, projected) output
+        d_c = jnp.where(live, dc, 0.0)
+        (_, h_t), cell_vjp = jax.vjp(lambda zz, cc: cell(zz, cc, s.cell_clip), z_t, c_prev_t)
+        d_projected = d_h
+        if W_P is not None:
+            d_projected = jax.vjp(lambda x: _clip_projection(x, s), h_projected_t)[1](d_h)[0]
+            d_h = einsum("dbp,dhp->dbh", d_projected, W_P, s.dtype)
+        dz, dc_cell = cell_vjp((d_c, d_h))
+        dc_prev = jnp.where(live, 0.0, dc) + dc_cell
+        dh_prev = jnp.where(live, 0.0, dh) + einsum("dbg,dpg->dbp", dz, W_h, s.dtype)
+        if fresh is not None:
+            dc_prev = jnp.where(fresh[..., None], 0.0, dc_prev)
+            dh_prev = jnp.where(fresh[..., None], 0.0, dh_prev)
+        return (dc_prev, dh_prev, d_bias + jnp.sum(dz, axis=1)), (dz, d_projected, h_t)
+
+    W_h = W_0[:, P_in:]
+    init = (dc_final, dh_final, jnp.zeros((z.shape[1], z.shape[-1]), jnp.float32))
+    (dc0, dh0, d_bias), (dz, d_projected, h) = stacked_scan(body, init, z.shape[0], unroll=s.unroll, reverse=True)
+    # One product over every step and row for each gradient that needs dz, instead of per-step
+    # accumulators: the kernel's (inputs and state together) and the inputs'.
+    dW_0 = einsum("tdbp,tdbg->dpg", jnp.concatenate([inputs, h_prev], axis=-1), dz, s.dtype)
+    d_inputs = einsum("tdbg,dpg->tdbp", dz, W_0[:, :P_in], s.dtype)
+    dW_P = None if W_P is None else einsum("tdbh,tdbp->dhp", h, d_projected, s.dtype)
+    return d_inputs, dW_0, d_bias, dW_P, None, None, dc0, dh0
+
+
+recurrence.defvjp(_forward, _backward)
