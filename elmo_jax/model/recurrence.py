@@ -33,6 +33,9 @@ from jax import lax
 
 from elmo_jax.model.precision import einsum
 
+# `lax.empty` came after jax 0.6, the dependency floor; there, zeros (what it gives off TPU anyway).
+_empty = getattr(lax, "empty", jnp.zeros)
+
 FORGET_BIAS = 1.0  # TF LSTMCell's default, added at run time and never stored in weight files.
 
 
@@ -86,7 +89,7 @@ def stacked_scan(step, carry, length: int, *, unroll: int = 1, reverse: bool = F
     (elsewhere `lax.empty` is zeros, as before).
     """
     y_shapes = jax.eval_shape(lambda c: step(c, jnp.int32(0))[1], carry)
-    stacks = jax.tree.map(lambda a: lax.empty((length, *a.shape), a.dtype), y_shapes)
+    stacks = jax.tree.map(lambda a: _empty((length, *a.shape), a.dtype), y_shapes)
 
     def body(state, i):
         carry, stacks = state
