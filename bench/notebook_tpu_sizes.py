@@ -48,7 +48,6 @@ flags.DEFINE_string("child", None, "Internal: compile one TOPOLOGY/CASE in this 
 def compile_case(topology: str, case: str) -> dict:
     """Compiles one case's train step for `topology` in this process; returns its memory plan."""
     import jax
-    import numpy as np
     from jax.experimental import topologies
 
     from configs import notebooks
@@ -64,15 +63,7 @@ def compile_case(topology: str, case: str) -> dict:
     cfg = settings.step_config(config, vocab_size)
     start = time.perf_counter()
     steps = jitted_steps.jit_steps(mesh, cfg, settings.optimizer(config), config.batch_size)
-    D, B, T, C = 2, config.batch_size, cfg.unroll_steps, cfg.model.max_characters_per_token
-    shapes = {
-        "char_ids": ((D, B, T, C), np.int32),
-        "targets": ((D, B, T), np.int32),
-        "mask": ((D, B, T), np.bool_),
-        "carry": ((D, B), np.bool_),
-        "reset": ((D, B, T), np.bool_),
-    }
-    batch = {k: jax.ShapeDtypeStruct(s, d, sharding=steps.batch) for k, (s, d) in shapes.items()}
+    batch = steps.abstract_batch(cfg)
     compiled = steps.train.lower(steps.abstract_state, batch, None).compile()
     m = compiled.memory_analysis()
     total = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
@@ -82,8 +73,8 @@ def compile_case(topology: str, case: str) -> dict:
         "device_kind": devices[0].device_kind,
         "chips": len(devices),
         "mesh": dict(mesh.shape),
-        "batch_size": B,
-        "unroll_steps": T,
+        "batch_size": config.batch_size,
+        "unroll_steps": cfg.unroll_steps,
         "vocab_size": vocab_size,
         "negatives": config.n_negative_samples,
         "model": {"lstm_dim": cfg.model.lstm_dim, "projection_dim": cfg.model.projection_dim},

@@ -173,9 +173,6 @@ def lower_train(case: Case, devices):
     """The lowered train step of the case's config on its mesh, and the model FLOPs of one step."""
     import importlib
 
-    import jax
-    import numpy as np
-
     from elmo_jax.model.flops import train_flops
     from elmo_jax.training import jitted_steps, settings, sharding
 
@@ -185,15 +182,8 @@ def lower_train(case: Case, devices):
     mesh = sharding.make_mesh(case.data, case.model, devices)
     sharding.check_training_mesh(mesh, case.batch, 1)
     steps = jitted_steps.jit_steps(mesh, cfg, settings.optimizer(config), case.batch)
-    D, B, T, C = 2, case.batch, cfg.unroll_steps, cfg.model.max_characters_per_token
-    shapes = {
-        "char_ids": ((D, B, T, C), np.int32),
-        "targets": ((D, B, T), np.int32),
-        "mask": ((D, B, T), np.bool_),
-        "carry": ((D, B), np.bool_),
-        "reset": ((D, B, T), np.bool_),
-    }
-    batch = {k: jax.ShapeDtypeStruct(s, d, sharding=steps.batch) for k, (s, d) in shapes.items()}
+    B, T = case.batch, cfg.unroll_steps
+    batch = steps.abstract_batch(cfg)
     lowered = steps.train.lower(steps.abstract_state, batch, FLAGS.positions)
     flops = train_flops(cfg.model, B, T, vocab_size=LM1B_VOCAB_SIZE, n_negative_samples=cfg.n_negative_samples)
     return lowered, flops, 2 * B * T

@@ -18,7 +18,6 @@ pytest.importorskip(
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 
 from configs import tiny  # noqa: E402
@@ -46,15 +45,7 @@ def test_the_train_step_compiles_for_a_v5e_2x4_slice(v5e_8):
     cfg = settings.step_config(config, VOCAB)
     mesh = sharding.make_mesh(4, 2, v5e_8)
     steps = jitted_steps.jit_steps(mesh, cfg, settings.optimizer(config), config.batch_size)
-    D, B, T, C = 2, config.batch_size, config.unroll_steps, cfg.model.max_characters_per_token
-    shapes = {
-        "char_ids": ((D, B, T, C), np.int32),
-        "targets": ((D, B, T), np.int32),
-        "mask": ((D, B, T), np.bool_),
-        "carry": ((D, B), np.bool_),
-        "reset": ((D, B, T), np.bool_),
-    }
-    batch = {k: jax.ShapeDtypeStruct(s, d, sharding=steps.batch) for k, (s, d) in shapes.items()}
+    batch = steps.abstract_batch(cfg)
     compiled = steps.train.lower(steps.abstract_state, batch, 8).compile()
     memory = compiled.memory_analysis()
     assert 0 < memory.argument_size_in_bytes < 2**30 and memory.temp_size_in_bytes < 2**30

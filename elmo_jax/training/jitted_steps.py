@@ -47,6 +47,20 @@ class Steps:
     zero_lstm: Any
     finite: Any
 
+    def abstract_batch(self, cfg: StepConfig) -> dict[str, jax.ShapeDtypeStruct]:
+        """A training batch as ShapeDtypeStructs sharded like `batch`, for `train.lower(...)` without data
+        (ahead-of-time compiles, e.g. for a TPU topology): char_ids int32 (D, B, T, C), targets int32
+        (D, B, T), mask, reset bool (D, B, T), carry bool (D, B)."""
+        D, B, T, C = 2, self.batch_size, cfg.unroll_steps, cfg.model.max_characters_per_token
+        shapes = {
+            "char_ids": ((D, B, T, C), jnp.int32),
+            "targets": ((D, B, T), jnp.int32),
+            "mask": ((D, B, T), jnp.bool_),
+            "carry": ((D, B), jnp.bool_),
+            "reset": ((D, B, T), jnp.bool_),
+        }
+        return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=self.batch) for k, (shape, dtype) in shapes.items()}
+
 
 @functools.lru_cache(maxsize=16)  # the same jitted functions (and their compile cache) for the same run
 def jit_steps(
