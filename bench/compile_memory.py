@@ -68,15 +68,7 @@ def compile_case(case: str) -> dict:
     sharding.check_training_mesh(mesh, batch_size, jax.process_count())
     start = time.perf_counter()
     steps = jitted_steps.jit_steps(mesh, cfg, optimizer, batch_size)
-    D, T, C = 2, cfg.unroll_steps, cfg.model.max_characters_per_token
-    shapes = {
-        "char_ids": ((D, batch_size, T, C), np.int32),
-        "targets": ((D, batch_size, T), np.int32),
-        "mask": ((D, batch_size, T), np.bool_),
-        "carry": ((D, batch_size), np.bool_),
-        "reset": ((D, batch_size, T), np.bool_),
-    }
-    batch = {k: jax.ShapeDtypeStruct(s, d, sharding=steps.batch) for k, (s, d) in shapes.items()}
+    batch = steps.abstract_batch(cfg)
     lowered = steps.train.lower(steps.abstract_state, batch, FLAGS.content_positions or None)
     lowered_s = time.perf_counter() - start
     compiled = lowered.compile()
