@@ -288,7 +288,8 @@ def compile_case(case: Case) -> dict:
 
     return {
         "case": case.name,
-        "elmo_jax": str(pathlib.Path(elmo_jax.__file__).parent),
+        # Relative to the repository (a results file must not name this machine's paths).
+        "elmo_jax": os.path.relpath(pathlib.Path(elmo_jax.__file__).parent, REPO),
         "chips": chips,
         "device_kind": devices[0].device_kind,
         "arguments": m.argument_size_in_bytes,
