@@ -5,10 +5,12 @@ and speed as the corpus grows, on synthetic text written to disk.
 
 For each size: a corpus of that many GB of 1B-Word-like text (`bench/synthetic_corpus.py`: one block of
 --block_sentences sentences, generated once, written again and again into 512 MB files), prepared in a
-fresh process; its peak RSS (the child's ru_maxrss from wait4), wall and CPU time, and MB of text per
-second of each. Two baselines on the largest file set, in fresh processes too, say what limits the
-rate: reading the bytes (the disk, or the page cache when the files fit in it) and reading, decoding
-and splitting every line the way the preparation does, without writing (Python and UTF-8 decoding).
+fresh process once per --writer_processes value (0: every shard written by the preparing process; N:
+by N helper processes while it reads on); its peak RSS (VmHWM) and its largest helper's, wall and CPU
+time (its own and its helpers'), and MB of text per second of each. Three baselines on the largest file
+set, in fresh processes too, say what limits the rate: reading the bytes (the disk, or the page cache
+when the files fit in it), decoding them as UTF-8 in bulk, and reading them into records the way the
+preparation does (`text_files.iter_record_blocks`), without writing.
 Everything written under --dir is deleted at the end (--keep to keep it).
 """
 
@@ -33,19 +35,26 @@ flags.DEFINE_string("dir", "/tmp/elmo_prepare_bench", "Scratch directory (create
 flags.DEFINE_integer("block_sentences", 2_000_000, "Sentences of the synthetic block the files repeat.")
 flags.DEFINE_integer("file_mb", 512, "Size of each text file, MB.")
 flags.DEFINE_bool("keep", False, "Keep the text and the prepared shards.")
-flags.DEFINE_bool("baselines", True, "Also time the two baselines on the largest corpus.")
+flags.DEFINE_bool("baselines", True, "Also time the baselines on the largest corpus.")
+flags.DEFINE_list("writer_processes", ["0", "2"], "Preparations per size, with these many shard-writing helpers.")
 
 PREPARE = """
-import json, sys, time
+import json, os, resource, sys, time
 from elmo_jax.data import local_corpus
 start, cpu = time.perf_counter(), time.process_time()
-corpus = local_corpus.prepare_local_corpus(sys.argv[1], None, sys.argv[2], name="bench")
+corpus = local_corpus.prepare_local_corpus(sys.argv[1], None, sys.argv[2], name="bench",
+                                           writer_processes=int(sys.argv[3]))
 stats = local_corpus.read_stats(corpus)["train"]
+helpers = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"wall": time.perf_counter() - start, "cpu": time.process_time() - cpu,
+                  "helpers_cpu": helpers.ru_utime + helpers.ru_stime,
+                  # the largest helper's peak; Linux counts the parent's resident set at the fork in it,
+                  # so this is an upper bound
+                  "helper_peak_rss_mb": helpers.ru_maxrss / 1024 if int(sys.argv[3]) else 0.0,
                   "sentences": stats.sentences, "shards": len(corpus.splits["train"]),
                   "bytes_written": sum(os.path.getsize(os.path.join(corpus.directory, s.file))
                                        for s in corpus.splits["train"])}))
-""".replace("import json, sys, time", "import json, os, sys, time")
+"""
 
 READ_BYTES = """
 import glob, json, sys, time
@@ -57,12 +66,22 @@ for path in sorted(glob.glob(sys.argv[1])):
 print(json.dumps({"wall": time.perf_counter() - start, "cpu": time.process_time() - cpu, "bytes": n}))
 """
 
-DECODE_SPLIT = """
+DECODE = """
+import glob, json, sys, time
+start, cpu, n = time.perf_counter(), time.process_time(), 0
+for path in sorted(glob.glob(sys.argv[1])):
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            n += len(chunk.decode("utf-8", "replace"))
+print(json.dumps({"wall": time.perf_counter() - start, "cpu": time.process_time() - cpu, "chars": n}))
+"""
+
+READ_RECORDS = """
 import json, sys, time
 from elmo_jax.data import text_files
 start, cpu, n = time.perf_counter(), time.process_time(), 0
-for tokens in text_files.iter_sentences(sys.argv[1]):
-    n += 1
+for block in text_files.iter_record_blocks(sys.argv[1]):
+    n += block.count(b"\\n")
 print(json.dumps({"wall": time.perf_counter() - start, "cpu": time.process_time() - cpu, "sentences": n}))
 """
 
@@ -121,37 +140,44 @@ def main(argv):
             text_bytes = sum(
                 os.path.getsize(os.path.join(os.path.dirname(text), p)) for p in os.listdir(os.path.dirname(text))
             )
-            result = run_child(PREPARE, text, os.path.join(root, f"prepared_{size_gb:g}"))
-            result.update(size_gb=size_gb, text_bytes=text_bytes)
-            rows.append(result)
-            print(json.dumps(result), flush=True)
+            for processes in FLAGS.writer_processes:
+                prepared = os.path.join(root, f"prepared_{size_gb:g}")
+                result = run_child(PREPARE, text, prepared, processes)
+                result.update(size_gb=size_gb, text_bytes=text_bytes, writer_processes=int(processes))
+                rows.append(result)
+                print(json.dumps(result), flush=True)
+                shutil.rmtree(prepared)
             if not FLAGS.keep and size_gb != max(map(float, FLAGS.sizes_gb)):
                 shutil.rmtree(os.path.dirname(text))
-                shutil.rmtree(os.path.join(root, f"prepared_{size_gb:g}"))
         largest = rows[-1]
         text = os.path.join(root, f"text_{largest['size_gb']:g}", "part-*.txt")
         baselines = {}
         if FLAGS.baselines:
             baselines = {
-                "read bytes": run_child(READ_BYTES, text),
-                "read + decode + split": run_child(DECODE_SPLIT, text),
+                "read the bytes": run_child(READ_BYTES, text),
+                "read and decode UTF-8 in bulk": run_child(DECODE, text),
+                "read as records (text_blocks), no writing": run_child(READ_RECORDS, text),
             }
             print(json.dumps(baselines), flush=True)
 
         print(f"\n{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at the end\n")
-        print("| text | sentences | shards | peak RSS | wall | CPU | MB/s (wall) | MB/s (CPU) | written / text |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print(
+            "| text | sentences | shards | writer processes | peak RSS: main + largest helper | wall | CPU: main + "
+            "helpers | MB/s (wall) | MB/s (CPU) | written / text |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
-            mb = r["text_bytes"] / 1e6
+            mb, cpu = r["text_bytes"] / 1e6, r["cpu"] + r["helpers_cpu"]
             print(
-                f"| {mb / 1e3:.2f} GB | {r['sentences']:,} | {r['shards']} | {r['peak_rss_mb']:.0f} MB "
-                f"| {r['wall']:.0f} s | {r['cpu']:.0f} s | {mb / r['wall']:.1f} | {mb / r['cpu']:.1f} "
+                f"| {mb / 1e3:.2f} GB | {r['sentences']:,} | {r['shards']} | {r['writer_processes']} "
+                f"| {r['peak_rss_mb']:.0f} + {r['helper_peak_rss_mb']:.0f} MB | {r['wall']:.0f} s "
+                f"| {r['cpu']:.0f} + {r['helpers_cpu']:.0f} s | {mb / r['wall']:.1f} | {mb / cpu:.1f} "
                 f"| {r['bytes_written'] / r['text_bytes']:.2f} |"
             )
         mb = largest["text_bytes"] / 1e6
         for name, r in baselines.items():
             print(
-                f"| baseline: {name} ({mb / 1e3:.2f} GB) | | | {r['peak_rss_mb']:.0f} MB | {r['wall']:.0f} s | "
+                f"| baseline: {name} ({mb / 1e3:.2f} GB) | | | | {r['peak_rss_mb']:.0f} MB | {r['wall']:.0f} s | "
                 f"{r['cpu']:.0f} s | {mb / r['wall']:.1f} | {mb / max(r['cpu'], 1e-9):.1f} | |"
             )
     finally:

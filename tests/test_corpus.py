@@ -11,7 +11,7 @@ import sys
 import pytest
 import tensorflow_datasets as tfds
 
-from elmo_jax.data import default_corpus, local_corpus, text_files, tfds_corpus
+from elmo_jax.data import default_corpus, local_corpus, shard_writer, text_files, tfds_corpus
 
 TRAIN_A = "The  cat sat .\n\n  on the\tmat  \nbad \xff byte\n"
 TRAIN_B = "second file , first line\n" + "x" * 50 + "\nlast line without newline"
@@ -86,12 +86,16 @@ def test_prepare_is_idempotent_and_never_stale(prepared, files, tmp_path, monkey
     assert "bad \ufffd byte" not in list(local_corpus.open_split(other_options, "train"))
 
 
-def test_shards_follow_the_text_in_order(files, tmp_path):
+@pytest.mark.parametrize("writer_processes", [0, 2])
+def test_shards_follow_the_text_in_order(files, tmp_path, writer_processes):
     """With shards of at most ~20 bytes of text, the five sentences spread over several files and read
-    back in file order, also through ArrayRecord's own reader given the manifest's shard list."""
+    back in file order, also through ArrayRecord's own reader given the manifest's shard list; the same
+    whether this process writes the shards or helper processes do."""
     from array_record.python.array_record_data_source import ArrayRecordDataSource
 
-    corpus = local_corpus.prepare_local_corpus(files["train"], None, tmp_path, max_line_chars=40, shard_bytes=20)
+    corpus = local_corpus.prepare_local_corpus(
+        files["train"], None, tmp_path, max_line_chars=40, shard_bytes=20, writer_processes=writer_processes
+    )
     shards = corpus.splits["train"]
     assert len(shards) == 3 and [s.records for s in shards] == [2, 2, 1]
     assert sum(s.bytes for s in shards) == sum(len(t.encode()) for t in TRAIN_EXPECTED)
@@ -100,10 +104,22 @@ def test_shards_follow_the_text_in_order(files, tmp_path):
     assert [plain[i].decode() for i in range(len(plain))] == TRAIN_EXPECTED
 
 
+def test_a_failing_writer_process_is_reported_with_its_shard(tmp_path):
+    """A helper that cannot write its shard (here: its directory is missing) makes `close` raise OSError
+    naming the shard and the helper's reason; the helpers are stopped either way."""
+    helpers = shard_writer.ShardProcesses(2)
+    good, bad = str(tmp_path / "good.array_record"), str(tmp_path / "missing" / "bad.array_record")
+    helpers.submit(good, b"one two\nthree\n", 2)
+    helpers.submit(bad, b"four\n", 1)
+    with pytest.raises(OSError, match=r"writing .*missing/bad\.array_record failed: .+"):
+        helpers.close()
+    assert helpers.errors == {} and os.path.getsize(good) > 0
+
+
 def test_an_interrupted_preparation_leaves_nothing_prepared(files, tmp_path, monkeypatch):
     """A failure while writing (here: the third record) leaves no corpus under its name and no staging;
     the next call prepares it whole. A corpus damaged later (a shard deleted) is prepared again."""
-    real_writer = local_corpus.array_record_module.ArrayRecordWriter
+    real_writer = shard_writer.array_record_module.ArrayRecordWriter
 
     class FailingWriter:
         written = 0
@@ -121,7 +137,7 @@ def test_an_interrupted_preparation_leaves_nothing_prepared(files, tmp_path, mon
             self._writer.close()
 
     with monkeypatch.context() as patch:
-        patch.setattr(local_corpus.array_record_module, "ArrayRecordWriter", FailingWriter)
+        patch.setattr(shard_writer.array_record_module, "ArrayRecordWriter", FailingWriter)
         with pytest.raises(OSError, match="No space left"):
             local_corpus.prepare_local_corpus(files["train"], None, tmp_path, max_line_chars=40)
     assert os.listdir(tmp_path / local_corpus.DIRECTORY) == []

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -47,9 +48,9 @@ import time
 from collections.abc import Sequence
 
 from absl import logging
-from array_record.python import array_record_data_source, array_record_module
+from array_record.python import array_record_data_source
 
-from elmo_jax.data import text_files
+from elmo_jax.data import shard_writer, text_files
 from elmo_jax.data.sentence_source import SentenceSource
 from elmo_jax.formats import atomic_write, storage
 
@@ -57,9 +58,10 @@ FORMAT = "elmo_jax local text corpus, ArrayRecord, version 1"
 DIRECTORY = "local_text_corpus"
 SPLITS = ("train", "test")  # the split names of the stock lm1b dataset: training and heldout text
 SHARD_BYTES = 64 << 20  # text per shard (the 1B Word Benchmark's 4 GB then make ~64 shards, as TFDS writes)
-# One record per chunk (random access reads one chunk per record) and no compression: writing runs at
-# ~4x the speed of the default (brotli) and reading needs no decompression, for ~55 bytes per record.
-WRITER_OPTIONS = "group_size:1,uncompressed"
+WRITER_OPTIONS = shard_writer.WRITER_OPTIONS
+# Helper processes writing shards while the text is read (shard_writer): each holds up to two shards'
+# text (~150 MB at SHARD_BYTES), and past 4 the reading, not the writing, is the limit.
+DEFAULT_WRITER_PROCESSES = min(4, os.cpu_count() or 1)
 _NAME_RE = re.compile(r"[A-Za-z0-9_]+")
 
 
@@ -125,6 +127,7 @@ def prepare_local_corpus(
     invalid_utf8: str = "replace",
     shard_bytes: int = SHARD_BYTES,
     log_every_bytes: int = 1 << 30,
+    writer_processes: int = DEFAULT_WRITER_PROCESSES,
 ) -> PreparedCorpus:
     """Writes (once) the ArrayRecord shards of local text files and returns the prepared corpus.
 
@@ -136,6 +139,8 @@ def prepare_local_corpus(
       max_line_chars, invalid_utf8: how lines are read (see `text_files.iter_sentences`).
       shard_bytes: start a new shard after this much text.
       log_every_bytes: log progress (MB read, MB/s) every this many bytes of text written.
+      writer_processes: helper processes writing full shards while the text is read (`shard_writer`);
+        0 writes every shard in this process. The shards are the same either way.
 
     Returns:
       The `PreparedCorpus`; an earlier preparation of the same files and options is reused.
@@ -153,6 +158,8 @@ def prepare_local_corpus(
     text_files.check_read_options(max_line_chars, invalid_utf8)
     if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, int) or shard_bytes < 1:
         raise ValueError(f"shard_bytes={shard_bytes!r}: expected a positive int")
+    if isinstance(writer_processes, bool) or not isinstance(writer_processes, int) or writer_processes < 0:
+        raise ValueError(f"writer_processes={writer_processes!r}: expected an int >= 0")
     train = tuple(map(storage.absolute, text_files.expand_glob(train_files)))
     test = tuple(map(storage.absolute, text_files.expand_glob(heldout_files))) if heldout_files else ()
     real = lambda p: p if storage.is_remote(p) else os.path.realpath(p)
@@ -161,7 +168,13 @@ def prepare_local_corpus(
         raise ValueError(f"{len(both)} file(s) are in both the train and the heldout files: {', '.join(both[:5])}")
     digest = fingerprint(train, test, max_line_chars, invalid_utf8)
     if storage.is_remote(data_dir):
-        options = dict(name=name, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8, shard_bytes=shard_bytes)
+        options = dict(
+            name=name,
+            max_line_chars=max_line_chars,
+            invalid_utf8=invalid_utf8,
+            shard_bytes=shard_bytes,
+            writer_processes=writer_processes,
+        )
         return _prepare_in_bucket(train_files, heldout_files, os.fspath(data_dir), digest, **options)
     directory = os.path.join(os.fspath(data_dir), DIRECTORY, f"{name}_{digest[:16]}")
     corpus = _reusable(directory, digest)
@@ -182,7 +195,7 @@ def prepare_local_corpus(
         for split, files in (("train", train), ("test", test)):
             if files:
                 manifest["splits"][split] = _write_split(
-                    staging, split, files, max_line_chars, invalid_utf8, shard_bytes, log_every_bytes
+                    staging, split, files, max_line_chars, invalid_utf8, shard_bytes, log_every_bytes, writer_processes
                 )
         atomic_write.write_text(os.path.join(staging, "manifest.json"), json.dumps(manifest, indent=1) + "\n")
         _fsync_directory(staging)
@@ -256,28 +269,38 @@ def _write_split(
     invalid_utf8: str,
     shard_bytes: int,
     log_every_bytes: int,
+    writer_processes: int,
 ) -> dict:
-    """Streams the sentences of `files` into shards `<split>-NNNNN.array_record`; returns the manifest entry."""
+    """Streams the sentences of `files` into shards `<split>-NNNNN.array_record`; returns the manifest entry.
+
+    A shard ends after the record that brings its text to `shard_bytes` or more, so the shards depend on
+    the text and `shard_bytes` only. Full shards go to `writer_processes` helper processes (started once
+    a first shard is full, so a small split never starts one) while the text is read on; the last shard,
+    or every shard with `writer_processes=0`, is written here.
+    """
     stats = text_files.ReadStats()
-    sentences = text_files.iter_sentences(files, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8, stats=stats)
+    blocks = text_files.iter_record_blocks(files, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8, stats=stats)
     shards: list[dict] = []
-    writer, records, written = None, 0, 0
+    shard = _Shard()
     total, next_log, start = 0, log_every_bytes, time.perf_counter()
-    try:
-        for tokens in sentences:
-            if writer is None:
-                shard = f"{split}-{len(shards):05d}.array_record"
-                writer = array_record_module.ArrayRecordWriter(os.path.join(staging, shard), WRITER_OPTIONS)
-                records, written = 0, 0
-            record = " ".join(tokens).encode("utf-8")
-            writer.write(record)
-            records += 1
-            written += len(record)
-            if written >= shard_bytes:
-                writer.close()
-                writer = None
-                shards.append({"file": shard, "records": records, "bytes": written})
-                total += written
+    with shard_writer.ShardProcesses(writer_processes) as helpers:
+        for block in blocks:
+            # Most blocks fit in the current shard whole; a block where the shard fills is cut at the record.
+            while block:
+                block = shard.add(block, shard_bytes)
+                if shard.written < shard_bytes:
+                    continue
+                entry = _shard_entry(split, len(shards), shard)
+                text = b"".join(shard.blocks)
+                shard = _Shard()
+                path = os.path.join(staging, entry["file"])
+                if writer_processes > 0:
+                    helpers.submit(path, text, entry["records"])
+                else:
+                    shard_writer.write_shard(path, text)
+                del text
+                shards.append(entry)
+                total += entry["bytes"]
                 if total >= next_log:
                     elapsed = time.perf_counter() - start
                     logging.info(
@@ -288,16 +311,43 @@ def _write_split(
                         total / 1e6 / elapsed,
                     )
                     next_log += log_every_bytes
-        if writer is not None:
-            writer.close()
-            writer = None
-            shards.append({"file": shard, "records": records, "bytes": written})
-    finally:
-        if writer is not None:
-            writer.close()
+        if shard.records:
+            entry = _shard_entry(split, len(shards), shard)
+            shard_writer.write_shard(os.path.join(staging, entry["file"]), b"".join(shard.blocks))
+            shards.append(entry)
     if stats.sentences == 0:
         raise ValueError(f"split {split!r} has no sentences: {stats.summary()}")
     return {"shards": shards, "sentences": stats.sentences, "read_stats": stats.to_dict()}
+
+
+class _Shard:
+    """The text of the shard being filled: blocks of records (`text_files.iter_record_blocks`)."""
+
+    def __init__(self):
+        self.blocks: list[bytes] = []
+        self.records = self.written = 0  # records, and their bytes without the b"\n"s
+
+    def add(self, block: bytes, shard_bytes: int) -> bytes:
+        """Takes the records of `block` until the shard holds `shard_bytes` of text; returns the rest."""
+        records = block.count(b"\n")
+        size = len(block) - records
+        if self.written + size >= shard_bytes:  # the shard fills within this block: find the record
+            lines = block.split(b"\n")
+            lengths = itertools.accumulate(map(len, lines), initial=self.written)
+            records = next(i for i, written in enumerate(lengths) if written >= shard_bytes)
+            cut = sum(map(len, lines[:records])) + records  # the bytes of those records and their b"\n"s
+            block, rest = block[:cut], block[cut:]
+            size = cut - records
+        else:
+            rest = b""
+        self.blocks.append(block)
+        self.records += records
+        self.written += size
+        return rest
+
+
+def _shard_entry(split: str, index: int, shard: _Shard) -> dict:
+    return {"file": f"{split}-{index:05d}.array_record", "records": shard.records, "bytes": shard.written}
 
 
 def _fsync_directory(directory: str) -> None:
