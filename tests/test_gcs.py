@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 import h5py
@@ -45,6 +46,7 @@ from tests.support import gcs
 from tests.support.commands import REPO, command_argv, command_env, run_command
 from tests.support.compare import assert_trees_equal, read_metrics, restored, without_timing
 from tests.support.configs import TRAINED_STEPS, tiny_flags, with_overrides
+from tests.support.tfds_datasets import Lm1bStandIn
 
 N, M = TRAINED_STEPS
 
@@ -279,3 +281,40 @@ def test_corpus_globs_in_a_bucket_and_a_vocabulary_written_there(bucket):
     check_output(output, VOCABULARY, overwrite=True)  # it is a vocabulary: may be replaced
     with pytest.raises(ValueError, match="is the input"):
         check_output(f"{bucket}/texts/a.txt", VOCABULARY, overwrite=True, inputs=text_files.expand_glob(files))
+
+
+def test_a_tfds_dataset_in_a_bucket_is_read_from_a_local_copy(bucket, tmp_path, monkeypatch):
+    """`data.tfds_data_dir=gs://...` (evaluate's --tfds_data_dir takes the same path): the sentences and the
+    vocabulary are those of the same dataset in a local directory. They are read from a local copy made
+    once: a second open downloads nothing, and reading goes on with the dataset deleted from the bucket.
+    An upload that lacks a shard is refused."""
+    from configs import default
+    from elmo_jax.data.training_corpus import open_training_data
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the local copies go under tmp_path
+    local_dir, remote = tmp_path / "tfds", f"{bucket}/tfds"
+    Lm1bStandIn(data_dir=local_dir, file_format="array_record").download_and_prepare()
+    storage.upload_tree(local_dir, remote)
+
+    def data(tfds_data_dir):
+        return with_overrides(
+            default.get_config(), **{"data.tfds_name": "lm1b", "data.tfds_data_dir": tfds_data_dir}
+        ).data
+
+    (tmp_path / "local_run").mkdir()
+    expected = open_training_data(data(str(local_dir)), str(tmp_path / "local_run"))
+    found = open_training_data(data(remote), f"{bucket}/tfds_run")
+    assert found.vocab == expected.vocab and list(found.train) == list(expected.train)
+    with monkeypatch.context() as m:
+        m.setattr(storage, "download_tree", lambda *a: pytest.fail("downloaded again"))
+        again = open_training_data(data(remote), f"{bucket}/tfds_run")
+    storage.rmtree(remote)
+    assert list(again.heldout) == list(expected.heldout)  # read from the local copy
+    assert sorted(expected.heldout) == ["last", "the test line"]
+
+    version_dir = local_dir / "lm1b" / "1.1.0"
+    (shard,) = version_dir.glob("lm1b-test.array_record-*")
+    storage.upload_tree(local_dir, remote)
+    storage.remove(f"{remote}/lm1b/1.1.0/{shard.name}")  # an upload cut short
+    with pytest.raises(FileNotFoundError, match=f"split 'test' lacks its shard {shard.name}"):
+        open_training_data(data(remote), f"{bucket}/tfds_run")

@@ -196,6 +196,19 @@ def download_tree(source: str, local: str | os.PathLike) -> None:
         fs.get_file(found, destination)
 
 
+def listing(url: str) -> dict[str, tuple[int, str]]:
+    """{name relative to `url`: (size, generation)} of every object under the URL `url`: what changes
+    whenever any of them is rewritten, added or removed (one listing request per 1000 objects)."""
+    fs, name = _fs(url)
+    prefix = name.rstrip("/") + "/"
+    found = fs.find(name, detail=True)
+    return {
+        path[len(prefix) :]: (int(info.get("size") or 0), str(info.get("generation") or info.get("updated") or ""))
+        for path, info in sorted(found.items())
+        if path.startswith(prefix)
+    }
+
+
 def glob(pattern: str | os.PathLike) -> list[str]:
     """The paths a glob matches, files and directories, sorted (`**` matches any depth, also under a URL)."""
     pattern = os.fspath(pattern)
