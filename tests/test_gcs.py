@@ -318,3 +318,47 @@ def test_a_tfds_dataset_in_a_bucket_is_read_from_a_local_copy(bucket, tmp_path, 
     storage.remove(f"{remote}/lm1b/1.1.0/{shard.name}")  # an upload cut short
     with pytest.raises(FileNotFoundError, match=f"split 'test' lacks its shard {shard.name}"):
         open_training_data(data(remote), f"{bucket}/tfds_run")
+
+
+def test_embed_text_and_probe_read_and_write_in_the_bucket(bucket, tmp_path):
+    """embed_text's --output and probe's --output, --plot, --train and --test in the bucket: the outputs are
+    written there (a local file uploaded whole) and read back as written; the overwrite rules hold on the
+    URLs; the probe files read as the same files do locally."""
+    from elmo_jax import probe
+    from elmo_jax.features.probe_data import read_probe_file
+    from elmo_jax.formats import layers_npz
+
+    layers = np.arange(2 * 3 * 4 * 6, dtype=np.float32).reshape(2, 3, 4, 6)  # (B, L+1, T, 2P)
+    mask = np.array([[True] * 4, [True, True, False, False]])
+    npz = f"{bucket}/outputs/x.npz"
+    check_output(npz, layers_npz.LAYERS_NPZ)
+    layers_npz.write_npz(npz, layers, mask)
+    with storage.open_file(npz) as f, np.load(f) as saved:
+        np.testing.assert_array_equal(saved["layers"], layers)
+        np.testing.assert_array_equal(saved["mask"], mask)
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        check_output(npz, layers_npz.LAYERS_NPZ)
+    check_output(npz, layers_npz.LAYERS_NPZ, overwrite=True)  # recognised in the bucket: replaceable
+
+    text = "".join(json.dumps({"tokens": ["a", "x", w], "target": 1, "label": "A"}) + "\n" for w in ("cat", "dog"))
+    (tmp_path / "train.jsonl").write_text(text, encoding="utf-8")
+    storage.write_bytes(f"{bucket}/probe/train.jsonl", text.encode())
+    assert read_probe_file(f"{bucket}/probe/train.jsonl") == read_probe_file(tmp_path / "train.jsonl")
+    results = {
+        "layers": {
+            "token": {"nearest_neighbour": 0.5, "linear": 0.25},
+            "lstm_1": {"nearest_neighbour": 1, "linear": 1},
+        },
+        "baselines": {"majority": 0.5, "per_word": 0.75},
+        "counts": {"train": 2, "test": 2},
+    }
+    output, plot = f"{bucket}/outputs/r.json", f"{bucket}/outputs/r.png"
+    for path, artifact in ((output, probe._JSON_RESULTS), (plot, probe._PLOT)):
+        check_output(path, artifact)
+    probe.write_outputs(results, output, plot)
+    assert json.loads(storage.read_bytes(output)) == results
+    assert storage.read_bytes(plot)[:8] == b"\x89PNG\r\n\x1a\n"
+    for path, artifact in ((output, probe._JSON_RESULTS), (plot, probe._PLOT)):
+        check_output(path, artifact, overwrite=True)  # recognised in the bucket: replaceable
+    with pytest.raises(FileExistsError, match="is not a probe results JSON file"):
+        check_output(npz, probe._JSON_RESULTS, overwrite=True)

@@ -12,7 +12,8 @@ docs/CLOUD_STORAGE.md describes what each guarantee becomes in a bucket:
   (`upload_tree`): a reader that finds the manifest finds every file it lists;
 - there is no rename: `rename` copies, then deletes the source.
 
-Writers that need a local file (h5py, array_record) write into a local temporary directory and upload it.
+Writers that need a local file (h5py, array_record, np.savez) write into a local temporary file or
+directory and upload it (`write_file`, `upload_file`, `upload_tree`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import posixpath
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -159,6 +161,24 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
         atomic_write.write(path, lambda f: f.write(data))
         return
     epath(path).write_bytes(data)
+
+
+def write_file(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
+    """Calls `write(file)` and publishes what it wrote at `path`, so that a reader sees the old content or
+    all of the new: locally through a staged file renamed when complete (`atomic_write.write`); under a
+    URL through a local temporary file (seekable, as `np.savez` and h5py need) uploaded in one piece once
+    `write` has returned (an object appears whole or not). A `write` that raises leaves `path` untouched."""
+    if not is_remote(path):
+        from elmo_jax.formats import atomic_write
+
+        atomic_write.write(path, write)
+        return
+    _check_client(path)
+    with tempfile.TemporaryDirectory(prefix="elmo_jax_upload_") as tmp:
+        local = os.path.join(tmp, basename(path))
+        with open(local, "w+b") as f:
+            write(f)
+        upload_file(local, path)
 
 
 def upload_file(local: str | os.PathLike, target: str | os.PathLike) -> None:
