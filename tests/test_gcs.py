@@ -46,6 +46,7 @@ from tests.support import gcs
 from tests.support.commands import REPO, command_argv, command_env, run_command
 from tests.support.compare import assert_trees_equal, read_metrics, restored, without_timing
 from tests.support.configs import TRAINED_STEPS, tiny_flags, with_overrides
+from tests.support.lm1b_archive import expected_train, heldout_lines, write_archive
 from tests.support.tfds_datasets import Lm1bStandIn
 
 N, M = TRAINED_STEPS
@@ -362,3 +363,38 @@ def test_embed_text_and_probe_read_and_write_in_the_bucket(bucket, tmp_path):
         check_output(path, artifact, overwrite=True)  # recognised in the bucket: replaceable
     with pytest.raises(FileExistsError, match="is not a probe results JSON file"):
         check_output(npz, probe._JSON_RESULTS, overwrite=True)
+
+
+def test_prepare_lm1b_into_a_bucket_then_train_from_it_on_another_machine(bucket, tmp_path, monkeypatch):
+    """`prepare_lm1b --data_dir=gs://...` uploads the text files and the prepared corpus (manifest last); run
+    again it does nothing; a training config for that directory (configs/bilm_large.py:gs://...) on
+    another machine (an empty local mirror) downloads the corpus without preparing it again."""
+    from configs import bilm_large
+    from elmo_jax.data import lm1b, local_corpus
+    from elmo_jax.data.training_corpus import open_training_data
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "machine_a"))  # where the local mirrors go
+    archive, data_dir = write_archive(tmp_path / "lm1b.tar.gz"), f"{bucket}/lm1b"
+    corpus = lm1b.prepare_lm1b(data_dir, source=archive)
+    assert list(local_corpus.open_split(corpus, "train")) == expected_train()
+    assert list(local_corpus.open_split(corpus, "test")) == [line for i in range(50) for line in heldout_lines(i)]
+    train_glob, heldout_glob = lm1b.text_globs(data_dir)
+    assert (len(storage.glob(train_glob)), len(storage.glob(heldout_glob))) == (99, 50)
+    assert storage.exists(f"{data_dir}/{local_corpus.DIRECTORY}/{corpus.name}/manifest.json")
+    assert not storage.exists(f"{data_dir}/downloads")  # the archive stays on the machine that prepared
+
+    def never(*args, **kwargs):
+        raise AssertionError("done again")
+
+    with monkeypatch.context() as m:
+        for module, name in ((lm1b, "download"), (lm1b, "extract"), (storage, "upload_file")):
+            m.setattr(module, name, never)
+        m.setattr(local_corpus, "_write_split", never)
+        assert lm1b.prepare_lm1b(data_dir, source=archive) == corpus
+
+        m.setattr(tempfile, "tempdir", str(tmp_path / "machine_b"))
+        (tmp_path / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nsentence\n", encoding="utf-8")
+        config = bilm_large.get_config(data_dir)
+        config.data.vocab_file = str(tmp_path / "vocab.txt")
+        data = open_training_data(config.data, f"{bucket}/lm1b_run")
+    assert data.train.name == f"{corpus.name}[train]" and list(data.train) == expected_train()

@@ -44,7 +44,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from absl import logging
 from array_record.python import array_record_data_source, array_record_module
@@ -99,9 +99,12 @@ def fingerprint(
 ) -> str:
     """Hex digest of everything that decides a prepared corpus's content."""
 
+    # An object's generation changes whenever it is rewritten; one listing per directory of objects.
+    remote = storage.stat_many([p for p in (*train_files, *test_files) if storage.is_remote(p)])
+
     def describe(path: str) -> list:
-        if storage.is_remote(path):  # an object's generation changes whenever it is rewritten
-            return [path, storage.getsize(path), storage.generation(path)]
+        if storage.is_remote(path):
+            return [path, *remote[path][:2]]
         info = os.stat(path)
         return [os.path.abspath(path), info.st_size, info.st_mtime_ns]
 
@@ -125,6 +128,7 @@ def prepare_local_corpus(
     invalid_utf8: str = "replace",
     shard_bytes: int = SHARD_BYTES,
     log_every_bytes: int = 1 << 30,
+    local_copies: Mapping[str, str] | None = None,
 ) -> PreparedCorpus:
     """Writes (once) the ArrayRecord shards of local text files and returns the prepared corpus.
 
@@ -136,6 +140,9 @@ def prepare_local_corpus(
       max_line_chars, invalid_utf8: how lines are read (see `text_files.iter_sentences`).
       shard_bytes: start a new shard after this much text.
       log_every_bytes: log progress (MB read, MB/s) every this many bytes of text written.
+      local_copies: {input URL: a local file with the same bytes}, read instead of the URL (a caller that
+        has just uploaded the text, `lm1b.prepare_lm1b`); the corpus is still that of the URLs (its
+        fingerprint and manifest name them).
 
     Returns:
       The `PreparedCorpus`; an earlier preparation of the same files and options is reused.
@@ -161,7 +168,13 @@ def prepare_local_corpus(
         raise ValueError(f"{len(both)} file(s) are in both the train and the heldout files: {', '.join(both[:5])}")
     digest = fingerprint(train, test, max_line_chars, invalid_utf8)
     if storage.is_remote(data_dir):
-        options = dict(name=name, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8, shard_bytes=shard_bytes)
+        options = dict(
+            name=name,
+            max_line_chars=max_line_chars,
+            invalid_utf8=invalid_utf8,
+            shard_bytes=shard_bytes,
+            local_copies=local_copies,
+        )
         return _prepare_in_bucket(train_files, heldout_files, os.fspath(data_dir), digest, **options)
     directory = os.path.join(os.fspath(data_dir), DIRECTORY, f"{name}_{digest[:16]}")
     corpus = _reusable(directory, digest)
@@ -181,8 +194,9 @@ def prepare_local_corpus(
         }
         for split, files in (("train", train), ("test", test)):
             if files:
+                readable = [(local_copies or {}).get(path, path) for path in files]
                 manifest["splits"][split] = _write_split(
-                    staging, split, files, max_line_chars, invalid_utf8, shard_bytes, log_every_bytes
+                    staging, split, readable, max_line_chars, invalid_utf8, shard_bytes, log_every_bytes
                 )
         atomic_write.write_text(os.path.join(staging, "manifest.json"), json.dumps(manifest, indent=1) + "\n")
         _fsync_directory(staging)

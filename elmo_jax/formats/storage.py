@@ -26,7 +26,7 @@ import posixpath
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -97,8 +97,32 @@ def getsize(path: str | os.PathLike) -> int:
 def generation(path: str | os.PathLike) -> str:
     """What changes whenever the object at a URL is rewritten (its generation, else its update time)."""
     fs, name = _fs(path)
-    info = fs.info(name)
+    return _generation(fs.info(name))
+
+
+def _generation(info: dict) -> str:
     return str(info.get("generation") or info.get("updated") or info.get("mtime") or "")
+
+
+def stat_many(urls: Sequence[str]) -> dict[str, tuple[int, str, bool]]:
+    """{url: (size, `generation`, whether it is a directory)} of URLs that exist, from one listing per
+    directory they are in rather than a request per object (a corpus has hundreds of files).
+
+    Raises FileNotFoundError naming a URL that does not exist."""
+    by_directory: dict[str, list[str]] = {}
+    for url in urls:
+        by_directory.setdefault(dirname(url), []).append(url)
+    found = {}
+    for directory, members in by_directory.items():
+        fs, name = _fs(directory)
+        try:
+            entries = {posixpath.basename(e["name"].rstrip("/")): e for e in fs.ls(name, detail=True)}
+        except FileNotFoundError:
+            entries = {}
+        for url in members:
+            info = entries.get(basename(url)) or fs.info(_fs(url)[1])  # not listed: ask for it alone
+            found[url] = (int(info.get("size") or 0), _generation(info), info.get("type") == "directory")
+    return found
 
 
 def listdir(path: str | os.PathLike) -> list[str]:
