@@ -398,3 +398,12 @@ def test_prepare_lm1b_into_a_bucket_then_train_from_it_on_another_machine(bucket
         config.data.vocab_file = str(tmp_path / "vocab.txt")
         data = open_training_data(config.data, f"{bucket}/lm1b_run")
     assert data.train.name == f"{corpus.name}[train]" and list(data.train) == expected_train()
+
+
+def test_several_embed_file_processes_are_refused_a_gs_output(bucket, monkeypatch):
+    """Process 0 reads every process's spool, which a bucket cannot hold: refused before any work."""
+    from elmo_jax.features import processes
+
+    monkeypatch.setattr(processes, "share", lambda: (0, 2))
+    with pytest.raises(ValueError, match=r"--output=gs://.*every process sees .*or run one process"):
+        embed_file(None, f"{bucket}/in.txt", f"{bucket}/vectors.hdf5", Options())
