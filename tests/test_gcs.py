@@ -4,7 +4,8 @@
 One run (`gs_run`) is shared: configs/tiny.py trained with its workdir and its corpus files in a bucket,
 killed (SIGKILL, right after it started writing its last checkpoint) and re-run; it must end exactly as
 the session's uninterrupted local run (`trained_run`) did. Evaluation, export and embed_file then read
-it from the bucket.
+it from the bucket. The other tests are cheap and stand alone: the workdir lock, corpus globs, a TFDS
+dataset, prepare_lm1b, and the outputs of embed_text and probe, each in the bucket.
 """
 
 # ruff: noqa: E402  (the imports after the test-gcs extra's importorskip below)
