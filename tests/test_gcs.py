@@ -320,6 +320,13 @@ def test_a_tfds_dataset_in_a_bucket_is_read_from_a_local_copy(bucket, tmp_path, 
     storage.remove(f"{remote}/lm1b/1.1.0/{shard.name}")  # an upload cut short
     with pytest.raises(FileNotFoundError, match=f"split 'test' lacks its shard {shard.name}"):
         open_training_data(data(remote), f"{bucket}/tfds_run")
+    storage.upload_file(shard, f"{remote}/lm1b/1.1.0/{shard.name}")  # the upload completed: a new listing
+    (mirrors,) = os.listdir(tmp_path / "elmo_jax_tfds")  # one per dataset URL, holding one copy per listing
+    (before,) = os.listdir(tmp_path / "elmo_jax_tfds" / mirrors)
+    rewritten = open_training_data(data(remote), f"{bucket}/tfds_run")
+    assert list(rewritten.heldout) == list(expected.heldout)
+    (after,) = os.listdir(tmp_path / "elmo_jax_tfds" / mirrors)  # downloaded again, the old copy removed
+    assert after != before
 
 
 def test_embed_text_and_probe_read_and_write_in_the_bucket(bucket, tmp_path):
