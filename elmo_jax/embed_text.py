@@ -8,7 +8,7 @@
 Tokens are split on whitespace. Prints each sentence's tokens with the L2 norm of every layer's vector,
 and with --output writes `layers` (B, L+1, T, 2P) float32 and `mask` (B, T) to an .npz file (written to a
 temporary name and renamed; an existing file is replaced only with --overwrite, and only if it is such
-an .npz).
+an .npz). --model and --output may be gs://BUCKET/PATH (the output is written locally, then uploaded).
 For whole files (AllenNLP-style HDF5 output, length bucketing), use `python -m elmo_jax.embed_file`.
 """
 
@@ -41,30 +41,14 @@ def read_sentences(argv: list[str]) -> list[list[str]]:
     return sentences
 
 
-def is_layers_npz(path: str) -> bool:
-    """Whether `path` is what --output writes: an .npz holding exactly `layers` and `mask`."""
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            return sorted(archive.files) == ["layers", "mask"]
-    except (OSError, ValueError, EOFError):
-        return False
-
-
-def write_npz(path: str, **arrays) -> None:
-    from elmo_jax.formats import atomic_write
-
-    atomic_write.write(path, lambda f: np.savez(f, **arrays))
-
-
 def run(argv: list[str]) -> None:
     import elmo_jax  # after flag parsing, so --help is fast
-    from elmo_jax.formats import output_paths
+    from elmo_jax.formats import layers_npz, output_paths
     from elmo_jax.formats.model_source import load_model
 
     if FLAGS.output:  # checked before the model is loaded
         model_files = [p for p in (FLAGS.model, FLAGS.options, FLAGS.weights) if p]
-        artifact = output_paths.Artifact("an .npz of layers and mask", is_directory=False, recognizes=is_layers_npz)
-        output_paths.check_output(FLAGS.output, artifact, overwrite=FLAGS.overwrite, inputs=model_files)
+        output_paths.check_output(FLAGS.output, layers_npz.LAYERS_NPZ, overwrite=FLAGS.overwrite, inputs=model_files)
     sentences = read_sentences(argv[1:])
     params = load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
     layers, mask = elmo_jax.embed(
@@ -80,7 +64,7 @@ def run(argv: list[str]) -> None:
             norms = " ".join(f"{np.linalg.norm(layers[b, j, t]):8.3f}" for j in range(layers.shape[1]))
             print(f"    {token[:24]:24} |layer norms| {norms}")
     if FLAGS.output:
-        write_npz(FLAGS.output, layers=layers, mask=mask)
+        layers_npz.write_npz(FLAGS.output, layers, mask)
         print(f"wrote {FLAGS.output}")
 
 

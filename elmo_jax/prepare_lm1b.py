@@ -6,7 +6,9 @@
 Downloads the archive from statmt.org (~1.7 GB; `--source` takes a downloaded copy or another URL),
 extracts its 99 training and 50 heldout files (~4.2 GB) and writes them as ArrayRecord shards (~5.5 GB)
 in bounded memory (`elmo_jax.data.lm1b`), then prints the training flags that read them. Each step is
-skipped when already complete, so re-running after an interruption continues.
+skipped when already complete, so re-running after an interruption continues. `--data_dir` may be
+gs://BUCKET/DIR: the work is done on local disk ($TMPDIR) and the text and the shards uploaded
+(`elmo_jax.data.lm1b`); train once the command has finished.
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ from collections.abc import Sequence
 from absl import app, flags
 
 from elmo_jax import cli
-from elmo_jax.data import lm1b, text_files
+from elmo_jax.data import lm1b, local_corpus, text_files
+from elmo_jax.formats import storage
 
 FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    flags.DEFINE_string("data_dir", None, "Directory for the archive, the text files and the prepared shards.")
+    flags.DEFINE_string(
+        "data_dir", None, "Directory (or gs://BUCKET/DIR) for the archive, the text files and the prepared shards."
+    )
     flags.DEFINE_string("source", lm1b.URL, "URL of the archive, or the path of a downloaded copy.")
     flags.DEFINE_integer(
         "max_line_chars", 100_000, "Skip (and count) longer lines; as config.data.max_line_chars of the training run."
@@ -45,7 +50,11 @@ def run() -> None:
         invalid_utf8=FLAGS.invalid_utf8,
     )
     print(lm1b.summary(corpus))
-    print(f"prepared in {corpus.directory}")
+    if storage.is_remote(FLAGS.data_dir):
+        remote = storage.join(storage.absolute(FLAGS.data_dir), local_corpus.DIRECTORY, corpus.name)
+        print(f"prepared in {remote} (and its local copy {corpus.directory})")
+    else:
+        print(f"prepared in {corpus.directory}")
     train, heldout = lm1b.text_globs(FLAGS.data_dir)
     print(
         "train with: python train.py --config=configs/bilm_large.py:" + FLAGS.data_dir + " --workdir=WORKDIR\n"

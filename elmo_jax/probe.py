@@ -9,6 +9,7 @@ Inputs are JSON lines (`{"tokens": [...], "target": i or [start, end), "label": 
 a learned mix, prints a table of the test accuracy of a 1-nearest-neighbour classifier (cosine, among
 training items of the same word) and of a linear classifier, with the majority-class and per-word
 baselines; `--output` writes the same as JSON (`elmo_jax.features.probing.probe`), `--plot` a bar chart.
+Every path may be gs://BUCKET/PATH; the outputs are written complete or not at all (`storage`).
 """
 
 from __future__ import annotations
@@ -53,26 +54,35 @@ def run() -> dict:
     params = load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
     results = probing.probe(params, train, test, seed=FLAGS.seed, batch_tokens=FLAGS.batch_tokens)
     print(table(results))
-    if FLAGS.output:
-        from elmo_jax.formats import atomic_write
-
-        atomic_write.write_text(FLAGS.output, json.dumps(results, indent=1) + "\n")
-    if FLAGS.plot:
-        plot(results, FLAGS.plot)
+    write_outputs(results, FLAGS.output, FLAGS.plot)
     return results
 
 
+def write_outputs(results: dict, output: str | None, plot_path: str | None) -> None:
+    """The results as JSON at `output` and their bar chart at `plot_path` (each optional; local or gs://,
+    each written complete or not at all)."""
+    from elmo_jax.formats import storage
+
+    if output:
+        storage.write_bytes(output, (json.dumps(results, indent=1) + "\n").encode("utf-8"))
+    if plot_path:
+        plot(results, plot_path)
+
+
 def _is_results_json(path: str) -> bool:
+    from elmo_jax.formats import storage
+
     try:
-        with open(path, encoding="utf-8") as f:
-            return {"layers", "baselines", "counts"} <= set(json.load(f))
+        return {"layers", "baselines", "counts"} <= set(json.loads(storage.read_bytes(path)))
     except (OSError, ValueError, TypeError):
         return False
 
 
 def _is_png(path: str) -> bool:
+    from elmo_jax.formats import storage
+
     try:
-        with open(path, "rb") as f:
+        with storage.open_file(path, "rb") as f:
             return f.read(8) == b"\x89PNG\r\n\x1a\n"
     except OSError:
         return False
@@ -97,7 +107,8 @@ def table(results: dict) -> str:
 
 
 def plot(results: dict, path: str) -> None:
-    """A grouped bar chart: 1-NN and linear accuracy per layer, the baselines as lines (written atomically)."""
+    """A grouped bar chart: 1-NN and linear accuracy per layer, the baselines as lines (written complete or
+    not at all, locally or to gs://)."""
     import io
 
     import matplotlib
@@ -105,7 +116,7 @@ def plot(results: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from elmo_jax.formats import atomic_write
+    from elmo_jax.formats import storage
 
     names = list(results["layers"])
     x = range(len(names))
@@ -125,7 +136,7 @@ def plot(results: dict, path: str) -> None:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=120)
     plt.close(figure)
-    atomic_write.write(path, lambda f: f.write(buffer.getvalue()))
+    storage.write_file(path, lambda f: f.write(buffer.getvalue()))
 
 
 _JSON_RESULTS = Artifact("a probe results JSON file", is_directory=False, recognizes=_is_results_json)

@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
-import tensorflow_datasets as tfds
 
 from elmo_jax.data import default_corpus, local_corpus, shard_writer, text_files, tfds_corpus
+from tests.support.tfds_datasets import Lm1bStandIn
 
 TRAIN_A = "The  cat sat .\n\n  on the\tmat  \nbad \xff byte\n"
 TRAIN_B = "second file , first line\n" + "x" * 50 + "\nlast line without newline"
@@ -160,31 +160,6 @@ def test_open_sentences_from_files_and_from_a_corpus(files, tmp_path):
     ]  # default line limit
     corpus = local_corpus.load_prepared(os.path.join(data_dir, local_corpus.DIRECTORY, train.name.split("[")[0]))
     assert list(tfds_corpus.open_sentences("test", corpus=corpus)) == ["a heldout sentence .", "another one"]
-
-
-class Lm1bStandIn(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """Writes a dataset where the stock `lm1b` builder looks for it (its download cannot run here)."""
-
-    name = "lm1b"
-    VERSION = tfds.core.Version("1.1.0")  # the stock builder's version
-    # TFDS looks for a checksums file next to a builder's code, which for a builder defined outside a
-    # package imports `importlib_resources`, not installed with TFDS 4.9.10; nothing is downloaded here.
-    code_path = None
-    LINES = {"train": ["a  train line", "another"], "test": ["  the test line ", "last"]}
-
-    def _info(self):
-        return tfds.core.DatasetInfo(
-            builder=self,
-            features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
-            supervised_keys=("text", "text"),
-        )
-
-    def _split_generators(self, dl_manager):
-        return {split: self._generate_examples(split) for split in self.LINES}
-
-    def _generate_examples(self, split):
-        for index, line in enumerate(self.LINES[split]):
-            yield f"line_{index}", {"text": line.strip()}  # as the stock builder stores them
 
 
 def test_a_stock_dataset_by_name(tmp_path):

@@ -4,7 +4,8 @@
 One run (`gs_run`) is shared: configs/tiny.py trained with its workdir and its corpus files in a bucket,
 killed (SIGKILL, right after it started writing its last checkpoint) and re-run; it must end exactly as
 the session's uninterrupted local run (`trained_run`) did. Evaluation, export and embed_file then read
-it from the bucket.
+it from the bucket. The other tests are cheap and stand alone: the workdir lock, corpus globs, a TFDS
+dataset, prepare_lm1b, and the outputs of embed_text and probe, each in the bucket.
 """
 
 # ruff: noqa: E402  (the imports after the test-gcs extra's importorskip below)
@@ -18,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 import h5py
@@ -45,6 +47,8 @@ from tests.support import gcs
 from tests.support.commands import REPO, command_argv, command_env, run_command
 from tests.support.compare import assert_trees_equal, read_metrics, restored, without_timing
 from tests.support.configs import TRAINED_STEPS, tiny_flags, with_overrides
+from tests.support.lm1b_archive import expected_train, heldout_lines, write_archive
+from tests.support.tfds_datasets import Lm1bStandIn
 
 N, M = TRAINED_STEPS
 
@@ -279,3 +283,135 @@ def test_corpus_globs_in_a_bucket_and_a_vocabulary_written_there(bucket):
     check_output(output, VOCABULARY, overwrite=True)  # it is a vocabulary: may be replaced
     with pytest.raises(ValueError, match="is the input"):
         check_output(f"{bucket}/texts/a.txt", VOCABULARY, overwrite=True, inputs=text_files.expand_glob(files))
+
+
+def test_a_tfds_dataset_in_a_bucket_is_read_from_a_local_copy(bucket, tmp_path, monkeypatch):
+    """`data.tfds_data_dir=gs://...` (evaluate's --tfds_data_dir takes the same path): the sentences and the
+    vocabulary are those of the same dataset in a local directory. They are read from a local copy made
+    once: a second open downloads nothing, and reading goes on with the dataset deleted from the bucket.
+    An upload that lacks a shard is refused."""
+    from configs import default
+    from elmo_jax.data.training_corpus import open_training_data
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the local copies go under tmp_path
+    local_dir, remote = tmp_path / "tfds", f"{bucket}/tfds"
+    Lm1bStandIn(data_dir=local_dir, file_format="array_record").download_and_prepare()
+    storage.upload_tree(local_dir, remote)
+
+    def data(tfds_data_dir):
+        return with_overrides(
+            default.get_config(), **{"data.tfds_name": "lm1b", "data.tfds_data_dir": tfds_data_dir}
+        ).data
+
+    (tmp_path / "local_run").mkdir()
+    expected = open_training_data(data(str(local_dir)), str(tmp_path / "local_run"))
+    found = open_training_data(data(remote), f"{bucket}/tfds_run")
+    assert found.vocab == expected.vocab and list(found.train) == list(expected.train)
+    with monkeypatch.context() as m:
+        m.setattr(storage, "download_tree", lambda *a: pytest.fail("downloaded again"))
+        again = open_training_data(data(remote), f"{bucket}/tfds_run")
+    storage.rmtree(remote)
+    assert list(again.heldout) == list(expected.heldout)  # read from the local copy
+    assert sorted(expected.heldout) == ["last", "the test line"]
+
+    version_dir = local_dir / "lm1b" / "1.1.0"
+    (shard,) = version_dir.glob("lm1b-test.array_record-*")
+    storage.upload_tree(local_dir, remote)
+    storage.remove(f"{remote}/lm1b/1.1.0/{shard.name}")  # an upload cut short
+    with pytest.raises(FileNotFoundError, match=f"split 'test' lacks its shard {shard.name}"):
+        open_training_data(data(remote), f"{bucket}/tfds_run")
+    storage.upload_file(shard, f"{remote}/lm1b/1.1.0/{shard.name}")  # the upload completed: a new listing
+    (mirrors,) = os.listdir(tmp_path / "elmo_jax_tfds")  # one per dataset URL, holding one copy per listing
+    (before,) = os.listdir(tmp_path / "elmo_jax_tfds" / mirrors)
+    rewritten = open_training_data(data(remote), f"{bucket}/tfds_run")
+    assert list(rewritten.heldout) == list(expected.heldout)
+    (after,) = os.listdir(tmp_path / "elmo_jax_tfds" / mirrors)  # downloaded again, the old copy removed
+    assert after != before
+
+
+def test_embed_text_and_probe_read_and_write_in_the_bucket(bucket, tmp_path):
+    """embed_text's --output and probe's --output, --plot, --train and --test in the bucket: the outputs are
+    written there (a local file uploaded whole) and read back as written; the overwrite rules hold on the
+    URLs; the probe files read as the same files do locally."""
+    from elmo_jax import probe
+    from elmo_jax.features.probe_data import read_probe_file
+    from elmo_jax.formats import layers_npz
+
+    layers = np.arange(2 * 3 * 4 * 6, dtype=np.float32).reshape(2, 3, 4, 6)  # (B, L+1, T, 2P)
+    mask = np.array([[True] * 4, [True, True, False, False]])
+    npz = f"{bucket}/outputs/x.npz"
+    check_output(npz, layers_npz.LAYERS_NPZ)
+    layers_npz.write_npz(npz, layers, mask)
+    with storage.open_file(npz) as f, np.load(f) as saved:
+        np.testing.assert_array_equal(saved["layers"], layers)
+        np.testing.assert_array_equal(saved["mask"], mask)
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        check_output(npz, layers_npz.LAYERS_NPZ)
+    check_output(npz, layers_npz.LAYERS_NPZ, overwrite=True)  # recognised in the bucket: replaceable
+
+    text = "".join(json.dumps({"tokens": ["a", "x", w], "target": 1, "label": "A"}) + "\n" for w in ("cat", "dog"))
+    (tmp_path / "train.jsonl").write_text(text, encoding="utf-8")
+    storage.write_bytes(f"{bucket}/probe/train.jsonl", text.encode())
+    assert read_probe_file(f"{bucket}/probe/train.jsonl") == read_probe_file(tmp_path / "train.jsonl")
+    results = {
+        "layers": {
+            "token": {"nearest_neighbour": 0.5, "linear": 0.25},
+            "lstm_1": {"nearest_neighbour": 1, "linear": 1},
+        },
+        "baselines": {"majority": 0.5, "per_word": 0.75},
+        "counts": {"train": 2, "test": 2},
+    }
+    output, plot = f"{bucket}/outputs/r.json", f"{bucket}/outputs/r.png"
+    for path, artifact in ((output, probe._JSON_RESULTS), (plot, probe._PLOT)):
+        check_output(path, artifact)
+    probe.write_outputs(results, output, plot)
+    assert json.loads(storage.read_bytes(output)) == results
+    assert storage.read_bytes(plot)[:8] == b"\x89PNG\r\n\x1a\n"
+    for path, artifact in ((output, probe._JSON_RESULTS), (plot, probe._PLOT)):
+        check_output(path, artifact, overwrite=True)  # recognised in the bucket: replaceable
+    with pytest.raises(FileExistsError, match="is not a probe results JSON file"):
+        check_output(npz, probe._JSON_RESULTS, overwrite=True)
+
+
+def test_prepare_lm1b_into_a_bucket_then_train_from_it_on_another_machine(bucket, tmp_path, monkeypatch):
+    """`prepare_lm1b --data_dir=gs://...` uploads the text files and the prepared corpus (manifest last); run
+    again it does nothing; a training config for that directory (configs/bilm_large.py:gs://...) on
+    another machine (an empty local mirror) downloads the corpus without preparing it again."""
+    from configs import bilm_large
+    from elmo_jax.data import lm1b, local_corpus
+    from elmo_jax.data.training_corpus import open_training_data
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "machine_a"))  # where the local mirrors go
+    archive, data_dir = write_archive(tmp_path / "lm1b.tar.gz"), f"{bucket}/lm1b"
+    corpus = lm1b.prepare_lm1b(data_dir, source=archive)
+    assert list(local_corpus.open_split(corpus, "train")) == expected_train()
+    assert list(local_corpus.open_split(corpus, "test")) == [line for i in range(50) for line in heldout_lines(i)]
+    train_glob, heldout_glob = lm1b.text_globs(data_dir)
+    assert (len(storage.glob(train_glob)), len(storage.glob(heldout_glob))) == (99, 50)
+    assert storage.exists(f"{data_dir}/{local_corpus.DIRECTORY}/{corpus.name}/manifest.json")
+    assert not storage.exists(f"{data_dir}/downloads")  # the archive stays on the machine that prepared
+
+    def never(*args, **kwargs):
+        raise AssertionError("done again")
+
+    with monkeypatch.context() as m:
+        for module, name in ((lm1b, "download"), (lm1b, "extract"), (storage, "upload_file")):
+            m.setattr(module, name, never)
+        m.setattr(local_corpus, "_write_split", never)
+        assert lm1b.prepare_lm1b(data_dir, source=archive) == corpus
+
+        m.setattr(tempfile, "tempdir", str(tmp_path / "machine_b"))
+        (tmp_path / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nsentence\n", encoding="utf-8")
+        config = bilm_large.get_config(data_dir)
+        config.data.vocab_file = str(tmp_path / "vocab.txt")
+        data = open_training_data(config.data, f"{bucket}/lm1b_run")
+    assert data.train.name == f"{corpus.name}[train]" and list(data.train) == expected_train()
+
+
+def test_several_embed_file_processes_are_refused_a_gs_output(bucket, monkeypatch):
+    """Process 0 reads every process's spool, which a bucket cannot hold: refused before any work."""
+    from elmo_jax.features import processes
+
+    monkeypatch.setattr(processes, "share", lambda: (0, 2))
+    with pytest.raises(ValueError, match=r"--output=gs://.*every process sees .*or run one process"):
+        embed_file(None, f"{bucket}/in.txt", f"{bucket}/vectors.hdf5", Options())

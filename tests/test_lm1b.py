@@ -4,9 +4,7 @@ extracted), read back by a training config (`configs/bilm_large.py:DATA_DIR`).""
 
 from __future__ import annotations
 
-import io
 import os
-import tarfile
 
 import pytest
 
@@ -14,41 +12,12 @@ from configs import bilm_large
 from elmo_jax.data import lm1b, local_corpus
 from elmo_jax.data.training_corpus import open_training_data
 from tests.support.commands import error_line, run_command
-
-TOP = lm1b.TOP_DIR
-MTIME = 1_300_000_000  # the archive's files are from 2011
-
-
-def train_lines(i: int) -> list[str]:
-    return [f"sentence {i} of the  training file .", f"another {i} ."]
-
-
-def heldout_lines(i: int) -> list[str]:
-    return [f"heldout {i} ."]
-
-
-def write_archive(path, train_files: int = 99, heldout_files: int = 50) -> str:
-    members = {f"{TOP}/README": "not a split\n", "evil/../../outside.txt": "never extracted\n"}
-    for i in range(1, train_files + 1):
-        members[f"{TOP}/{lm1b.TRAIN_DIR}/news.en-{i:05d}-of-00100"] = "\n".join(train_lines(i)) + "\n"
-    for i in range(heldout_files):
-        members[f"{TOP}/{lm1b.HELDOUT_DIR}/news.en.heldout-{i:05d}-of-00050"] = "\n".join(heldout_lines(i)) + "\n"
-    with tarfile.open(path, "w:gz") as tar:
-        for name, text in members.items():
-            info = tarfile.TarInfo(name)
-            data = text.encode("utf-8")
-            info.size, info.mtime = len(data), MTIME
-            tar.addfile(info, io.BytesIO(data))
-    return str(path)
+from tests.support.lm1b_archive import MTIME, expected_train, heldout_lines, write_archive
 
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory):
     return write_archive(tmp_path_factory.mktemp("archive") / "lm1b.tar.gz")
-
-
-def expected_train() -> list[str]:
-    return [" ".join(line.split()) for i in range(1, 100) for line in train_lines(i)]
 
 
 def test_prepare_from_a_downloaded_archive_and_reuse(archive, tmp_path, monkeypatch):

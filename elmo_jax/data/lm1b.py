@@ -17,6 +17,12 @@ Each step is skipped when its result is already complete, and each appears under
 complete (staged under a hidden name, then renamed). A training run finds the prepared shards when
 its `data.train_files`, `data.heldout_files` and `data.cache_dir` are `text_globs(data_dir)` and
 `data_dir` and its reading options are the same (`configs/bilm_large.py:DATA_DIR` sets them).
+
+A `data_dir` in Cloud Storage (`gs://BUCKET/DIR`) gets the same layout but the archive: the work is done
+on local disk, in the local mirror of the bucket directory's prepared corpora (`local_corpus.local_mirror`,
+under $TMPDIR), and the text files and the prepared corpus are uploaded, the corpus's manifest last (it
+is complete once that is there). The text files are not one object: until the command has finished, the
+bucket may hold some of them, so start training only after it (re-running completes an interrupted one).
 """
 
 from __future__ import annotations
@@ -73,6 +79,10 @@ def prepare_lm1b(
       OSError: a download, extraction or write failed (nothing partial is left under a final name).
       ValueError: the archive lacks some of the expected text files.
     """
+    if storage.is_remote(data_dir):
+        return _prepare_in_bucket(
+            storage.absolute(data_dir), source=source, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8
+        )
     data_dir = os.path.abspath(os.fspath(data_dir))
     os.makedirs(data_dir, exist_ok=True)
     train, heldout = text_globs(data_dir)
@@ -83,6 +93,41 @@ def prepare_lm1b(
     return local_corpus.prepare_local_corpus(
         train, heldout, data_dir, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8
     )
+
+
+def _prepare_in_bucket(data_dir: str, *, source: str, **read_options) -> local_corpus.PreparedCorpus:
+    """`prepare_lm1b` into the bucket directory `data_dir`: the archive downloaded and extracted on this
+    machine, into the local mirror where the prepared corpora of `data_dir` are kept
+    (`local_corpus.local_mirror`); the text files uploaded (those not there yet, each one upload); then the
+    corpus of the uploaded files prepared from their local copies and uploaded, its manifest last. With
+    all the text files in the bucket already, nothing is downloaded but the prepared corpus (when this
+    machine lacks it)."""
+    mirror = local_corpus.local_mirror(data_dir)
+    train, heldout = text_globs(data_dir)
+    top = storage.dirname(storage.dirname(train))
+    uploaded = storage.listing(top)
+    local_copies = None
+    if not set(_text_file_names()) <= set(uploaded):
+        local_train, _ = text_globs(mirror)
+        local_top = os.path.dirname(os.path.dirname(local_train))
+        if not os.path.isdir(local_top):
+            os.makedirs(mirror, exist_ok=True)
+            archive = source if os.path.exists(source) else download(source, os.path.join(mirror, "downloads"))
+            extract(archive, os.path.dirname(local_top))
+        local_copies = {}
+        for name in _text_file_names():
+            local, url = os.path.join(local_top, *name.split("/")), storage.join(top, name)
+            if uploaded.get(name, (None,))[0] != os.path.getsize(local):  # an object is complete or absent
+                storage.upload_file(local, url)
+            local_copies[url] = local
+        logging.info("uploaded the text files to %s", top)
+    return local_corpus.prepare_local_corpus(train, heldout, data_dir, local_copies=local_copies, **read_options)
+
+
+def _text_file_names() -> list[str]:
+    """The split files' names relative to TOP_DIR, "<split directory>/<file>"."""
+    train = [f"{TRAIN_DIR}/news.en-{i:05d}-of-00100" for i in range(1, TRAIN_FILES + 1)]
+    return train + [f"{HELDOUT_DIR}/news.en.heldout-{i:05d}-of-00050" for i in range(HELDOUT_FILES)]
 
 
 def download(url: str, directory: str) -> str:

@@ -45,7 +45,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from absl import logging
 from array_record.python import array_record_data_source
@@ -101,9 +101,12 @@ def fingerprint(
 ) -> str:
     """Hex digest of everything that decides a prepared corpus's content."""
 
+    # An object's generation changes whenever it is rewritten; one listing per directory of objects.
+    remote = storage.stat_many([p for p in (*train_files, *test_files) if storage.is_remote(p)])
+
     def describe(path: str) -> list:
-        if storage.is_remote(path):  # an object's generation changes whenever it is rewritten
-            return [path, storage.getsize(path), storage.generation(path)]
+        if storage.is_remote(path):
+            return [path, *remote[path][:2]]
         info = os.stat(path)
         return [os.path.abspath(path), info.st_size, info.st_mtime_ns]
 
@@ -128,6 +131,7 @@ def prepare_local_corpus(
     shard_bytes: int = SHARD_BYTES,
     log_every_bytes: int = 1 << 30,
     writer_processes: int = DEFAULT_WRITER_PROCESSES,
+    local_copies: Mapping[str, str] | None = None,
 ) -> PreparedCorpus:
     """Writes (once) the ArrayRecord shards of local text files and returns the prepared corpus.
 
@@ -141,6 +145,9 @@ def prepare_local_corpus(
       log_every_bytes: log progress (MB read, MB/s) every this many bytes of text written.
       writer_processes: helper processes writing full shards while the text is read (`shard_writer`);
         0 writes every shard in this process. The shards are the same either way.
+      local_copies: {input URL: a local file with the same bytes}, read instead of the URL (a caller that
+        has just uploaded the text, `lm1b.prepare_lm1b`); the corpus is still that of the URLs (its
+        fingerprint and manifest name them).
 
     Returns:
       The `PreparedCorpus`; an earlier preparation of the same files and options is reused.
@@ -174,6 +181,7 @@ def prepare_local_corpus(
             invalid_utf8=invalid_utf8,
             shard_bytes=shard_bytes,
             writer_processes=writer_processes,
+            local_copies=local_copies,
         )
         return _prepare_in_bucket(train_files, heldout_files, os.fspath(data_dir), digest, **options)
     directory = os.path.join(os.fspath(data_dir), DIRECTORY, f"{name}_{digest[:16]}")
@@ -194,8 +202,16 @@ def prepare_local_corpus(
         }
         for split, files in (("train", train), ("test", test)):
             if files:
+                readable = [(local_copies or {}).get(path, path) for path in files]
                 manifest["splits"][split] = _write_split(
-                    staging, split, files, max_line_chars, invalid_utf8, shard_bytes, log_every_bytes, writer_processes
+                    staging,
+                    split,
+                    readable,
+                    max_line_chars,
+                    invalid_utf8,
+                    shard_bytes,
+                    log_every_bytes,
+                    writer_processes,
                 )
         atomic_write.write_text(os.path.join(staging, "manifest.json"), json.dumps(manifest, indent=1) + "\n")
         _fsync_directory(staging)

@@ -68,13 +68,20 @@ def expand_glob(patterns: Files) -> list[str]:
         raise ValueError("no file patterns given: expected a glob such as 'corpus/news.en-*'")
     files: list[str] = []
     matched_by: dict[str, str] = {}
+    sizes: dict[str, int] = {}
     for pattern in map(os.fspath, patterns):
         expanded = pattern if storage.is_remote(pattern) else os.path.expanduser(pattern)
         matches = [expanded] if storage.exists(expanded) else storage.glob(expanded)
         if not matches:
             raise FileNotFoundError(f"no file matches {pattern!r}")
+        if storage.is_remote(expanded):  # one listing per directory, not requests per object
+            stats = storage.stat_many(matches)
+            is_dir = {path: stats[path][2] for path in matches}
+            sizes.update((path, stats[path][0]) for path in matches)
+        else:
+            is_dir = {path: os.path.isdir(path) for path in matches}
         for path in matches:
-            if storage.isdir(path):
+            if is_dir[path]:
                 raise IsADirectoryError(f"{path} (matched by {pattern!r}) is a directory, expected a text file")
             key = path if storage.is_remote(path) else os.path.realpath(path)
             if key in matched_by:
@@ -83,7 +90,7 @@ def expand_glob(patterns: Files) -> list[str]:
                 )
             matched_by[key] = pattern
             files.append(path)
-    if all(storage.getsize(path) == 0 for path in files):
+    if all((sizes[path] if path in sizes else os.path.getsize(path)) == 0 for path in files):
         raise ValueError(
             f"all {len(files)} file(s) matched by {list(map(os.fspath, patterns))} are empty "
             f"(0 bytes): {', '.join(files[:MAX_EXAMPLES])}"

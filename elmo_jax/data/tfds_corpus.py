@@ -11,6 +11,7 @@ prepared in the ArrayRecord format (`download_and_prepare(file_format="array_rec
 access requires; nothing is downloaded here. Preparing lm1b with TFDS without TensorFlow needs more
 memory than its 4 GB split (TFDS spills larger splits through TensorFlow): `python -m
 elmo_jax.prepare_lm1b` prepares the same text as a local corpus in bounded memory instead.
+A `data_dir` in Cloud Storage (`gs://...`) is read from a local copy of the dataset (`tfds_mirror`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import os
 import re
 from collections.abc import Mapping
 
-from elmo_jax.data import local_corpus, text_files
+from elmo_jax.data import local_corpus, text_files, tfds_mirror
 from elmo_jax.data.sentence_source import SentenceSource
+from elmo_jax.formats import storage
 
 SPLITS = local_corpus.SPLITS  # "train" and "test", the split names of the stock lm1b dataset
 _PLAIN_SPLIT_RE = re.compile(r"\w+")
@@ -70,19 +72,15 @@ def open_sentences(
 
 
 def _open_tfds(name: str, split: str, data_dir, text_key: str) -> SentenceSource:
-    import tensorflow_datasets as tfds  # only here: importing TFDS takes seconds
-
-    try:
-        builder = tfds.builder(name, data_dir=data_dir)
-    except Exception as e:  # TFDS raises assorted types; a person needs the name and the directory
-        first_line = str(e).strip().split("\n", 1)[0]  # TFDS appends a list of every dataset it knows
-        raise ValueError(f"cannot open TFDS dataset {name!r} in data_dir={data_dir}: {first_line}") from e
+    builder = _builder(name, data_dir)
     if not builder.is_prepared():
         raise FileNotFoundError(
             f"TFDS dataset {name!r} is not prepared in {builder.data_dir}; prepare it first with "
             "download_and_prepare(file_format='array_record') (it is never downloaded here)"
             + ("; for lm1b, `python -m elmo_jax.prepare_lm1b` prepares it without TFDS" if name == "lm1b" else "")
         )
+    if storage.is_remote(builder.data_dir):  # read from a local copy: one network request per record otherwise
+        builder = _builder(name, tfds_mirror.local_data_dir(builder))
     available = sorted(builder.info.splits.keys())
     if _PLAIN_SPLIT_RE.fullmatch(split) and split not in available:  # "train[:1%]" etc. are left to TFDS
         raise ValueError(f"{name} has no split {split!r}; it has {available}")
@@ -92,3 +90,13 @@ def _open_tfds(name: str, split: str, data_dir, text_key: str) -> SentenceSource
         raise ValueError(f"cannot read {name} split {split!r} at random: {e}") from e
     full_name = f"{builder.name}/{builder.builder_config.name}" if builder.builder_config else builder.name
     return SentenceSource(source, name=f"{full_name}[{split}]", text_key=text_key)
+
+
+def _builder(name: str, data_dir):
+    import tensorflow_datasets as tfds  # only here: importing TFDS takes seconds
+
+    try:
+        return tfds.builder(name, data_dir=data_dir)
+    except Exception as e:  # TFDS raises assorted types; a person needs the name and the directory
+        first_line = str(e).strip().split("\n", 1)[0]  # TFDS appends a list of every dataset it knows
+        raise ValueError(f"cannot open TFDS dataset {name!r} in data_dir={data_dir}: {first_line}") from e

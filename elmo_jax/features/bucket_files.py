@@ -10,7 +10,9 @@ object store cannot take; so the work happens on local disk and only whole files
   upload, which Cloud Storage makes visible complete or not at all; the local file is then removed.
 
 The output rules (`output_paths.check_output`) are checked on the URL itself. With several processes the
-spools must be on a file system every process sees, so a gs:// output takes one process.
+spools must be on a file system every process sees (process 0 reads them all to write the file), which a
+bucket is not and each host's temporary directory is not, so a gs:// output takes one process
+(docs/CLOUD_STORAGE.md says what supporting more would take).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def embed_file_in_bucket(params, input_path: str, output_path: str, options, *, 
         if processes.share()[1] > 1:
             raise ValueError(
                 f"--output={output_path}: with several processes the output must be on a file system every "
-                "process sees (the processes' spools are read by process 0); write it there, then upload it"
+                "process sees (process 0 reads every process's spool, which a bucket cannot hold; "
+                "docs/CLOUD_STORAGE.md); write it there, then upload it, or run one process"
             )
         check_output_path(output_path, options.overwrite, inputs=[input_path], remove_stale=False)
     with storage.local_copy(input_path) as local_input:

@@ -20,6 +20,8 @@ import dataclasses
 import json
 import os
 
+from elmo_jax.formats import storage
+
 
 @dataclasses.dataclass(frozen=True)
 class ProbeItem:
@@ -43,15 +45,14 @@ def read_probe_file(path: str | os.PathLike) -> list[ProbeItem]:
     """The items of a probe file (format by name: `.jsonl` or CoNLL). Raises ValueError / OSError naming
     the file (and line) for a missing, empty or malformed file."""
     path = os.fspath(path)
-    if os.path.isdir(path):
+    if storage.isdir(path):
         raise IsADirectoryError(f"{path}: is a directory, expected a probe file (.jsonl or CoNLL)")
-    if not os.path.exists(path):
+    if not storage.exists(path):
         raise FileNotFoundError(f"{path}: probe file not found")
-    with open(path, encoding="utf-8") as f:
-        try:
-            lines = f.read().splitlines()
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    try:
+        lines = storage.read_bytes(path).decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     items = _read_jsonl(path, lines) if path.endswith(".jsonl") else _read_conll(path, lines)
     if not items:
         raise ValueError(f"{path}: no probe items (an empty file?)")

@@ -12,7 +12,8 @@ docs/CLOUD_STORAGE.md describes what each guarantee becomes in a bucket:
   (`upload_tree`): a reader that finds the manifest finds every file it lists;
 - there is no rename: `rename` copies, then deletes the source.
 
-Writers that need a local file (h5py, array_record) write into a local temporary directory and upload it.
+Writers that need a local file (h5py, array_record, np.savez) write into a local temporary file or
+directory and upload it (`write_file`, `upload_file`, `upload_tree`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import posixpath
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import BinaryIO
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -95,8 +97,32 @@ def getsize(path: str | os.PathLike) -> int:
 def generation(path: str | os.PathLike) -> str:
     """What changes whenever the object at a URL is rewritten (its generation, else its update time)."""
     fs, name = _fs(path)
-    info = fs.info(name)
+    return _generation(fs.info(name))
+
+
+def _generation(info: dict) -> str:
     return str(info.get("generation") or info.get("updated") or info.get("mtime") or "")
+
+
+def stat_many(urls: Sequence[str]) -> dict[str, tuple[int, str, bool]]:
+    """{url: (size, `generation`, whether it is a directory)} of URLs that exist, from one listing per
+    directory they are in rather than a request per object (a corpus has hundreds of files).
+
+    Raises FileNotFoundError naming a URL that does not exist."""
+    by_directory: dict[str, list[str]] = {}
+    for url in urls:
+        by_directory.setdefault(dirname(url), []).append(url)
+    found = {}
+    for directory, members in by_directory.items():
+        fs, name = _fs(directory)
+        try:
+            entries = {posixpath.basename(e["name"].rstrip("/")): e for e in fs.ls(name, detail=True)}
+        except FileNotFoundError:
+            entries = {}
+        for url in members:
+            info = entries.get(basename(url)) or fs.info(_fs(url)[1])  # not listed: ask for it alone
+            found[url] = (int(info.get("size") or 0), _generation(info), info.get("type") == "directory")
+    return found
 
 
 def listdir(path: str | os.PathLike) -> list[str]:
@@ -161,6 +187,24 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     epath(path).write_bytes(data)
 
 
+def write_file(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
+    """Calls `write(file)` and publishes what it wrote at `path`, so that a reader sees the old content or
+    all of the new: locally through a staged file renamed when complete (`atomic_write.write`); under a
+    URL through a local temporary file (seekable, as `np.savez` and h5py need) uploaded in one piece once
+    `write` has returned (an object appears whole or not). A `write` that raises leaves `path` untouched."""
+    if not is_remote(path):
+        from elmo_jax.formats import atomic_write
+
+        atomic_write.write(path, write)
+        return
+    _check_client(path)
+    with tempfile.TemporaryDirectory(prefix="elmo_jax_upload_") as tmp:
+        local = os.path.join(tmp, basename(path))
+        with open(local, "w+b") as f:
+            write(f)
+        upload_file(local, path)
+
+
 def upload_file(local: str | os.PathLike, target: str | os.PathLike) -> None:
     """Copies a local file to `target` (a URL: one upload, streamed, visible only once complete; a local
     path: a staged copy)."""
@@ -194,6 +238,19 @@ def download_tree(source: str, local: str | os.PathLike) -> None:
         destination = os.path.join(os.fspath(local), *relative.split("/"))
         os.makedirs(os.path.dirname(destination), exist_ok=True)
         fs.get_file(found, destination)
+
+
+def listing(url: str) -> dict[str, tuple[int, str]]:
+    """{name relative to `url`: (size, generation)} of every object under the URL `url`: what changes
+    whenever any of them is rewritten, added or removed (one listing request per 1000 objects)."""
+    fs, name = _fs(url)
+    prefix = name.rstrip("/") + "/"
+    found = fs.find(name, detail=True)
+    return {
+        path[len(prefix) :]: (int(info.get("size") or 0), str(info.get("generation") or info.get("updated") or ""))
+        for path, info in sorted(found.items())
+        if path.startswith(prefix)
+    }
 
 
 def glob(pattern: str | os.PathLike) -> list[str]:

@@ -73,6 +73,9 @@ def client_env(url: str) -> dict[str, str]:
         "TENSORSTORE_GCS_HTTP_URL": url,  # tensorstore's "gcs" kvstore: orbax's array data
         "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test",  # tensorstore: a fixed token, no credential lookup
         "GOOGLE_CLOUD_PROJECT": "test",  # google-cloud-storage's Client() needs a project
+        # google-cloud-cpp (array_record >= 0.8.3 opens gs:// shards with it): the project never hands it a
+        # URL (data/tfds_mirror.py), but if something did, it would reach the emulator, not the network.
+        "CLOUD_STORAGE_EMULATOR_ENDPOINT": url,
         "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",  # gcsfs: the plain JSON-API file system, no gRPC probe
         "FSSPEC_GCS": json.dumps({"token": "anon", "use_listings_cache": False}),  # read when fsspec is imported
         "FSSPEC_GS": json.dumps({"token": "anon", "use_listings_cache": False}),
