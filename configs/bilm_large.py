@@ -28,6 +28,10 @@ TRAIN_TOKENS = 768_648_884
 TPU_MESHES = {
     "v5e-1": (1, 1, 128),
     "v5e-8": (8, 1, 1024),
+    "v6e-1": (1, 1, 128),
+    "v6e-8": (8, 1, 1024),
+    "v4-8": (4, 1, 512),  # 4 chips of 2 TensorCores, one device each (megacore)
+    "v5p-8": (4, 1, 512),  # the same
 }
 
 

@@ -84,3 +84,19 @@ def test_bfloat16_gradient_is_as_close_to_float32_as_autodiff():
     custom = error(gradients(recurrence.recurrence, bf16, args, fixed, weights))
     autodiff = error(gradients(recurrence.recurrence.fun, bf16, args, fixed, weights))
     assert custom < 0.05 and custom <= 1.1 * autodiff, (custom, autodiff)
+
+
+def test_the_tpu_loop_with_per_step_input_products_equals_the_hoisted_one(monkeypatch):
+    """On a TPU each step computes its own input product (`lax.platform_dependent`'s tpu branch); forced
+    here on the CPU, its values and custom gradients equal the hoisted product's within float32 rounding."""
+    args, fixed, weights = problem(2, 4)
+    settings = recurrence.Settings(0.5, 0.3)
+    hoisted_values = call(recurrence.recurrence, settings, args, fixed)
+    hoisted = gradients(recurrence.recurrence, settings, args, fixed, weights)
+    monkeypatch.setattr(recurrence.lax, "platform_dependent", lambda *a, tpu, default: tpu(*a))
+    for a, b in zip(call(recurrence.recurrence, settings, args, fixed), hoisted_values):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * float(jnp.max(jnp.abs(b))))
+    per_step = gradients(recurrence.recurrence, settings, args, fixed, weights)
+    for name in hoisted:
+        scale = float(jnp.max(jnp.abs(hoisted[name])))
+        np.testing.assert_allclose(per_step[name], hoisted[name], rtol=0, atol=1e-6 * scale, err_msg=name)

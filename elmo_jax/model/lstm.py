@@ -8,10 +8,12 @@ One step, with gates in the weight file's order i, j, f, o:
 
 Both directions of a layer run in the same scan with a leading direction axis D = 2: the backward
 direction's inputs arrive already reversed within each sentence's length, so one prefix mask serves
-both. The input half of `z` for all time steps is one large matrix product hoisted out of the scan;
-only `h_{t-1} W_h` and the projection stay inside the time loop (`recurrence.recurrence`, whose
-backward pass is written out to save memory traffic). Past a row's length the state is held (so the
-final carry is the state after the row's last token) and the output is zero.
+both. The input half of `z` for all time steps is one large matrix product hoisted out of the scan
+(on a TPU, where that wrote and re-read a (D, T, B, 4H) float32 array, each step computes its own
+instead); `h_{t-1} W_h` and the projection stay inside the time loop (`recurrence.recurrence`, whose
+backward pass is written out to save memory traffic).
+Past a row's length the state is held (so the final carry is the state after the row's last token)
+and the output is zero.
 """
 
 from __future__ import annotations

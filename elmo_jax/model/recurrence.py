@@ -1,12 +1,15 @@
 """The LSTM's time loop, with a backward pass written out to keep a TPU's memory traffic low.
 
-`recurrence` runs one layer of both directions over time: the input-to-gate products of every step
-at once, then the loop. Its gradient is the autodiff gradient of the same computation, organised
-differently. Autodiff of a `lax.scan` saves every intermediate of every step (the four
-activations, the cell, its tanh, masks: ~8 arrays of (D, B, H) per step), zero-fills a stacked buffer
-for each, and accumulates the gradients of the recurrent and projection kernels inside the reverse
-loop, reading and writing a kernel-sized accumulator at every step. The TPU compiler's plan for the
-`bilm_large` step spent ~10 GB of its ~24 GB of HBM traffic there (bench/tpu_compile.py). Here:
+`recurrence` runs one layer of both directions over time. On a TPU each step computes its own
+input-to-gate product inside the loop (`input_gates`): the loop's kernels stay in on-chip memory, so this moves
+less than one product over all steps before the loop, whose (D, T, B, 4H) float32 result is written to
+HBM and read back step by step. Elsewhere that one product is kept: on a CPU it is the faster of the
+two. Its gradient is the autodiff gradient of the same computation, organised differently. Autodiff of a
+`lax.scan` saves every intermediate of every step (the four activations, the cell, its tanh, masks: ~8
+arrays of (D, B, H) per step), zero-fills a stacked buffer for each, and accumulates the gradients of
+the recurrent and projection kernels inside the reverse loop, reading and writing a kernel-sized
+accumulator at every step. The TPU compiler's plan for the `bilm_large` step spent ~10 GB of its ~24 GB
+of HBM traffic there (bench/tpu_compile.py). Here:
 
 - the forward loop saves only the gate pre-activations z (D, B, 4H), the cell and output state it read
   (after resets) and the projection before its clip, per step;
@@ -16,7 +19,8 @@ loop, reading and writing a kernel-sized accumulator at every step. The TPU comp
 - the kernel's gradient (input and recurrent halves together) and the inputs' are then one product
   each over all steps and rows (T·B rows): dz is read twice, instead of once for each of the input
   kernel, the recurrent kernel, the inputs and the bias. (Computing the inputs' gradient inside the
-  loop instead reads the input kernel at every step, more than dz's step for 128 or 256 rows.)
+  loop instead made the TPU compiler read the input kernel from HBM at every step: 0.85 GB more per
+  `bilm_large` step on v5e-8, and 2.2 GB more when dz's product takes the whole kernel at once.)
 
 The forward values are the same operations as before; gradients equal autodiff's up to the order of
 float32 sums (tests/test_recurrence.py). Shapes: T steps, D = 2 directions, B rows, H cell, P projection.
@@ -102,22 +106,43 @@ def stacked_scan(step, carry, length: int, *, unroll: int = 1, reverse: bool = F
     return carry, stacks
 
 
-def _scan(s: Settings, x_gates, W_h, W_P, mask, resets, c0, h0, keep_residuals: bool):
-    def body(carry, t):
-        z_x = lax.dynamic_index_in_dim(x_gates, t, axis=1, keepdims=False)  # (D, B, 4H)
-        fresh = None if resets is None else resets[t]
-        new, out, residuals = _step(s, W_h, W_P, carry, z_x, mask[t], fresh)
-        return new, (out, residuals) if keep_residuals else out
+def _scan(s: Settings, inputs, W_0, bias, W_P, mask, resets, c0, h0, keep_residuals: bool):
+    """The time loop; `z_x(t)` is step t's input half of z. On a TPU each step computes it (`input_gates`);
+    elsewhere one product over all steps before the loop does, which is faster on a CPU (larger products)."""
 
-    if keep_residuals:
-        return stacked_scan(body, (c0, h0), mask.shape[0], unroll=s.unroll)
-    return lax.scan(body, (c0, h0), jnp.arange(mask.shape[0]), unroll=s.unroll)
+    def loop(z_x, W_h, W_P, mask, resets, c0, h0):
+        def body(carry, t):
+            fresh = None if resets is None else resets[t]
+            new, out, residuals = _step(s, W_h, W_P, carry, z_x(t), mask[t], fresh)
+            return new, (out, residuals) if keep_residuals else out
+
+        if keep_residuals:
+            return stacked_scan(body, (c0, h0), mask.shape[0], unroll=s.unroll)
+        return lax.scan(body, (c0, h0), jnp.arange(mask.shape[0]), unroll=s.unroll)
+
+    def each_step(inputs, W_0, bias, *rest):
+        W_x, W_h = W_0[:, : inputs.shape[-1]], W_0[:, inputs.shape[-1] :]
+        return loop(lambda t: input_gates(s, inputs[t], W_x, bias), W_h, *rest)
+
+    def all_steps(inputs, W_0, bias, *rest):
+        P_in = inputs.shape[-1]
+        x_gates = einsum("tdbp,dpg->dtbg", inputs, W_0[:, :P_in], s.dtype) + bias[:, None, None, :]
+        return loop(lambda t: lax.dynamic_index_in_dim(x_gates, t, axis=1, keepdims=False), W_0[:, P_in:], *rest)
+
+    args = (inputs, W_0, bias, W_P, mask, resets, c0, h0)
+    return lax.platform_dependent(*args, tpu=each_step, default=all_steps)
 
 
-def input_gates(s: Settings, inputs: jax.Array, W_0: jax.Array, bias: jax.Array) -> jax.Array:
-    """The input half of z for every step at once: (T, D, B, P_in) -> (D, T, B, 4H), bias added."""
-    P_in = inputs.shape[-1]
-    return einsum("tdbp,dpg->dtbg", inputs, W_0[:, :P_in], s.dtype) + bias[:, None, None, :]
+def input_gates(s: Settings, x: jax.Array, W_x: jax.Array, bias: jax.Array) -> jax.Array:
+    """The input half of one step's z on a TPU: x (D, B, P_in), W_x (D, P_in, 4H) -> (D, B, 4H), bias added.
+
+    One product over all steps before the loop writes a (D, T, B, 4H) float32 result and reads it back
+    step by step: 0.65 GB per LSTM layer of the `bilm_large` step per v5e chip, while the loop's kernels
+    stay in on-chip memory (bench/RESULTS_tpu_compile.md). On a CPU that one product is faster (a step of
+    the small model 6-21% slower with per-step products, bench/ab_revisions.py), so `_scan` uses this
+    only on TPU (`lax.platform_dependent`, decided when the program is lowered for its platform).
+    """
+    return einsum("dbp,dpg->dbg", x, W_x, s.dtype) + bias[:, None, :]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -136,16 +161,12 @@ def recurrence(s: Settings, inputs, W_0, bias, W_P, mask, resets, c0, h0):
     Returns:
       (outputs (T, D, B, P), final c, final h).
     """
-    x_gates = input_gates(s, inputs, W_0, bias)
-    W_h = W_0[:, inputs.shape[-1] :]
-    (c, h), outputs = _scan(s, x_gates, W_h, W_P, mask, resets, c0, h0, keep_residuals=False)
+    (c, h), outputs = _scan(s, inputs, W_0, bias, W_P, mask, resets, c0, h0, keep_residuals=False)
     return outputs, c, h
 
 
 def _forward(s: Settings, inputs, W_0, bias, W_P, mask, resets, c0, h0):
-    x_gates = input_gates(s, inputs, W_0, bias)
-    W_h = W_0[:, inputs.shape[-1] :]
-    (c, h), (outputs, residuals) = _scan(s, x_gates, W_h, W_P, mask, resets, c0, h0, keep_residuals=True)
+    (c, h), (outputs, residuals) = _scan(s, inputs, W_0, bias, W_P, mask, resets, c0, h0, keep_residuals=True)
     return (outputs, c, h), (residuals, inputs, W_0, W_P, mask, resets)
 
 
