@@ -245,14 +245,7 @@ def _prepare_in_bucket(train_files, heldout_files, data_dir: str, digest: str, *
     local = os.path.join(mirror, DIRECTORY, f"{name}_{digest[:16]}")
     published = storage.exists(storage.join(remote, "manifest.json"))
     if published and _reusable(local, digest) is None:
-        os.makedirs(os.path.dirname(local), exist_ok=True)
-        staging = atomic_write.temporary_directory(local)
-        try:
-            storage.download_tree(remote, staging)
-            os.rename(staging, local)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+        storage.download_tree_whole(remote, local)
         logging.info("downloaded the prepared corpus %s to %s", remote, local)
     corpus = prepare_local_corpus(train_files, heldout_files, mirror, name=name, **options)
     if not published:

@@ -25,7 +25,7 @@ import tempfile
 
 from absl import logging
 
-from elmo_jax.formats import atomic_write, storage
+from elmo_jax.formats import storage
 
 DIRECTORY = "elmo_jax_tfds"
 
@@ -50,18 +50,7 @@ def local_data_dir(builder) -> str:
     root = os.path.join(mirrors, listing_key)
     local = os.path.join(root, *full_name.split("/"))
     if not os.path.isdir(local):
-        os.makedirs(os.path.dirname(local), exist_ok=True)
-        staging = atomic_write.temporary_directory(local)
-        try:
-            storage.download_tree(remote, staging)
-            os.rename(staging, local)
-        except OSError:
-            shutil.rmtree(staging, ignore_errors=True)
-            if not os.path.isdir(local):  # else another process of this machine downloaded it first
-                raise
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+        storage.download_tree_whole(remote, local)
         logging.info("downloaded the TFDS dataset %s to %s", remote, local)
         for older in set(os.listdir(mirrors)) - {listing_key}:  # copies of what the bucket held before
             shutil.rmtree(os.path.join(mirrors, older), ignore_errors=True)

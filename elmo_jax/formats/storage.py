@@ -240,6 +240,26 @@ def download_tree(source: str, local: str | os.PathLike) -> None:
         fs.get_file(found, destination)
 
 
+def download_tree_whole(source: str, local: str | os.PathLike) -> None:
+    """`download_tree` into a staging directory renamed to `local` when complete, so that `local` holds all
+    of `source` or does not exist. When another process of this machine puts its copy there first, that
+    copy is kept; any other failure removes the staging directory and raises."""
+    from elmo_jax.formats import atomic_write
+
+    os.makedirs(os.path.dirname(os.fspath(local)), exist_ok=True)
+    staging = atomic_write.temporary_directory(local)
+    try:
+        download_tree(source, staging)
+        os.rename(staging, local)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not os.path.isdir(local):
+            raise
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
 def listing(url: str) -> dict[str, tuple[int, str]]:
     """{name relative to `url`: (size, generation)} of every object under the URL `url`: what changes
     whenever any of them is rewritten, added or removed (one listing request per 1000 objects)."""
