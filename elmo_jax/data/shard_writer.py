@@ -130,16 +130,16 @@ def _read_exactly(stream, size: int) -> bytes | None:
 
 def _serve(requests, replies) -> None:
     """Writes the shards requested on `requests` until it ends; replies with each one's record count."""
-    while True:
+    while True:  # a read that comes up short: the parent closed the stream (or stopped mid-request)
         header = _read_exactly(requests, _LENGTH.size)
         if header is None:
             return
-        path = _read_exactly(requests, _LENGTH.unpack(header)[0]).decode("utf-8")
-        size = _LENGTH.unpack(_read_exactly(requests, _LENGTH.size))[0]
-        text = _read_exactly(requests, size)
+        path = _read_exactly(requests, _LENGTH.unpack(header)[0])
+        header = _read_exactly(requests, _LENGTH.size)
+        text = None if path is None or header is None else _read_exactly(requests, _LENGTH.unpack(header)[0])
         if text is None:
-            return  # the parent stopped mid-request
-        replies.write(_LENGTH.pack(write_shard(path, text)))
+            return
+        replies.write(_LENGTH.pack(write_shard(path.decode("utf-8"), text)))
         replies.flush()
 
 
