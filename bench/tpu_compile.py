@@ -375,7 +375,7 @@ def table(results: list[dict]) -> list[str]:
             f"{1 - x['headroom']:.0%}{fits} | {r['compile_s']:.0f} | {r['flops'] / 1e9:,.0f} | "
             f"{r['mxu_flops'] / 1e9:,.0f} | {r['hbm_bytes'] / 1e9:.2f} | {r['collective_bytes'] / 1e9:.2f} | "
             f"{x['flop_ms']:.1f} | {x['memory_ms']:.1f} | {x['step_ms']:.1f} | {x['tokens_per_s']:,.0f} | "
-            f"{x['utilisation']:.0%} | {x['mfu']:.0%} |"
+            f"{x['utilisation']:.1%} | {x['mfu']:.1%} |"
         )
     return lines
 
