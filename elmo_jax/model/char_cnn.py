@@ -41,7 +41,7 @@ def _stacked_kernel(weights, config: BiLMConfig) -> tuple[jax.Array, np.ndarray]
 
 
 def _conv_max(
-    char_vectors: jax.Array, kernel: jax.Array, last_start: np.ndarray, n_starts: int, compute_dtype
+    char_vectors: jax.Array, kernel: jax.Array, last_start: np.ndarray, n_starts: int, compute: ComputeOptions
 ) -> jax.Array:
     """Max over the first `n_starts` start positions of every filter. char_vectors (N, C', E) -> (N, F).
 
@@ -54,20 +54,29 @@ def _conv_max(
     valid = np.arange(n_starts)[:, None] <= last_start[None, :]  # (S, F), static
     # Only when S reaches past C - Wmax + 1 (tokens of 44+ characters) can a start pass a filter's last one.
     last = None if valid.all() else tuple(int(v) for v in last_start)
-    return conv_max(windows, kernel, last, _n_blocks(windows.shape[0], n_starts), jnp.dtype(compute_dtype).name)
+    n_blocks = _n_blocks(windows.shape[0], n_starts, compute.token_shards)
+    return conv_max(windows, kernel, last, n_blocks, jnp.dtype(compute.dtype).name)
 
 
-# Rows (tokens x starts) of the convolution per block: its (rows, F) output then stays in the caches
-# between the product and the max (2.7x faster forward for the small model at S = 16 on CPU).
+# Rows (tokens x starts) of the convolution per block and device: its (rows, F) output then stays in
+# the caches between the product and the max (2.7x faster forward for the small model at S = 16 on CPU).
 CONV_BLOCK_ROWS = 1024
 
 
-def _n_blocks(n_tokens, n_starts: int) -> int:
-    """The largest divisor of N that leaves at least CONV_BLOCK_ROWS rows per block (1: one block)."""
+def _n_blocks(n_tokens, n_starts: int, shards: int = 1) -> int:
+    """The largest divisor of one shard's N / shards tokens that leaves at least CONV_BLOCK_ROWS rows per
+    block on each shard (1: one block).
+
+    Sized by one device's tokens, not the whole batch's: with the batch's 40,960 tokens split over
+    8 chips, blocks sized by the global count held 8 tokens per chip, and each of the 640 loop trips
+    read the whole (Wmax*E, F) kernel from HBM again (~1 GB of the `bilm_large` step's traffic per
+    v5e chip, bench/RESULTS_tpu_compile.md).
+    """
     if not isinstance(n_tokens, int):  # symbolic (jax.export): one block
         return 1
-    target = max(1, n_tokens * n_starts // CONV_BLOCK_ROWS)
-    return max(d for d in range(1, target + 1) if n_tokens % d == 0)
+    per_shard = n_tokens // shards if n_tokens % shards == 0 else n_tokens
+    target = max(1, per_shard * n_starts // CONV_BLOCK_ROWS)
+    return max(d for d in range(1, target + 1) if per_shard % d == 0)
 
 
 def _blocks(x: jax.Array, n_blocks: int) -> jax.Array:
@@ -216,7 +225,7 @@ def token_embedding(
     def block(ids):  # (n, C) -> (n, F)
         vectors = jnp.take(table, ids[:, :span], axis=0)
         vectors = jnp.pad(vectors, ((0, 0), (0, S + wmax - 1 - span), (0, 0)))
-        return _conv_max(vectors, kernel, last_start, S, compute_dtype)
+        return _conv_max(vectors, kernel, last_start, S, compute)
 
     N = char_ids.shape[0]
     # A symbolic N (a `jax.export` with symbolic batch/length) cannot be compared: take the blocked path.

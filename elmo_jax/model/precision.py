@@ -39,16 +39,22 @@ class ComputeOptions:
       content_positions: a bound S on the character positions holding anything but PAD in every real
         token (`char_cnn.content_bucket`); the char CNN then computes S start positions instead of C.
         None computes all C (needed when the ids are not known at trace time).
+      token_shards: how many devices the tokens are split over (the data axis of a training mesh). The
+        char CNN sizes its convolution's token blocks by one device's tokens (speed only: results
+        differ by float32 rounding at most).
     """
 
     dtype: str = "float32"
     unroll: int = 1
     content_positions: int | None = None
+    token_shards: int = 1
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", check_compute_dtype(self.dtype).name)
         if isinstance(self.unroll, bool) or not isinstance(self.unroll, int) or self.unroll < 1:
             raise ValueError(f"unroll must be a positive integer, found {self.unroll!r}")
+        if isinstance(self.token_shards, bool) or not isinstance(self.token_shards, int) or self.token_shards < 1:
+            raise ValueError(f"token_shards must be a positive integer, found {self.token_shards!r}")
         if self.content_positions is not None:
             object.__setattr__(self, "content_positions", int(self.content_positions))
 

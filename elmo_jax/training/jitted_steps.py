@@ -78,6 +78,11 @@ def jit_steps(
     step is wrapped by `skip_nonfinite_step`.
     """
 
+    # The char CNN sizes its token blocks by one device's tokens (the batch axis's shards).
+    batch_axis = dict(rules).get("batch")
+    token_shards = mesh.shape[batch_axis] if batch_axis is not None else 1
+    cfg = dataclasses.replace(cfg, compute=dataclasses.replace(cfg.compute, token_shards=token_shards))
+
     def init(key, bilm, softmax):
         return init_train_state(key, cfg, optimizer, batch_size, bilm, softmax)
 
