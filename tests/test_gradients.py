@@ -66,7 +66,7 @@ def test_matmul_gradients_equal_einsum(shape):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
-def _jnp_max_conv(char_vectors, kernel, last_start, n_starts, compute_dtype):
+def _jnp_max_conv(char_vectors, kernel, last_start, n_starts, compute):
     """The char CNN's convolution + max-pool as plain jnp (autodiff's max gradient)."""
     E = char_vectors.shape[-1]
     wmax = kernel.shape[0] // E
@@ -76,11 +76,20 @@ def _jnp_max_conv(char_vectors, kernel, last_start, n_starts, compute_dtype):
     return jnp.max(jnp.where(valid, conv, -jnp.inf), axis=1)
 
 
-@pytest.mark.parametrize("block_rows", [1024, 64])
+def test_conv_blocks_are_sized_by_one_devices_tokens():
+    """40,960 tokens at 24 starts: 960 blocks' worth of rows in all, 120 per device when split 8 ways;
+    the block count is the largest divisor of the per-device token count within that."""
+    assert char_cnn._n_blocks(40960, 24) == 640  # 64 tokens per block, 8 per device if 8 share them
+    assert char_cnn._n_blocks(40960, 24, shards=8) == 80  # 5,120 tokens per device: 64 per block
+    assert char_cnn._n_blocks(40960 + 1, 24, shards=8) == 1  # not divisible: the global count (prime)
+    assert char_cnn._n_blocks(100, 4) == 1  # fewer rows than one block
+
+
+@pytest.mark.parametrize(("block_rows", "token_shards"), [(1024, 1), (64, 1), (16, 4)])
 @pytest.mark.parametrize("content_positions", [None, 8])
-def test_token_embedding_gradient_equals_plain_autodiff(monkeypatch, content_positions, block_rows):
+def test_token_embedding_gradient_equals_plain_autodiff(monkeypatch, content_positions, block_rows, token_shards):
     """Random words (repeated letters and all-PAD windows: ties) through the whole token layer, in one
-    token block and in several."""
+    token block and in several (blocks sized for one device of 4 too)."""
     monkeypatch.setattr(char_cnn, "CONV_BLOCK_ROWS", block_rows)
     config = BiLMConfig(
         lstm_dim=16, projection_dim=8, n_highway=1, max_characters_per_token=12, filters=((1, 4), (2, 4), (3, 8))
@@ -95,9 +104,11 @@ def test_token_embedding_gradient_equals_plain_autodiff(monkeypatch, content_pos
     ids = jnp.asarray(ids)
     g = jax.random.normal(jax.random.key(5), (24, config.projection_dim))
 
+    c = content_positions
+
     def loss(w):
         return jnp.sum(
-            char_cnn.token_embedding(w, config, ids, ComputeOptions(content_positions=content_positions)) * g
+            char_cnn.token_embedding(w, config, ids, ComputeOptions(content_positions=c, token_shards=token_shards)) * g
         )
 
     ours = jax.grad(loss)(weights)
