@@ -48,9 +48,13 @@ def _conv_max(
     char_vectors must hold at least n_starts + Wmax - 1 positions (zero vectors past the token are
     fine: the starts that would read them are masked by `last_start`).
     """
-    E = char_vectors.shape[-1]
-    wmax = kernel.shape[0] // E
-    windows = jnp.concatenate([char_vectors[:, s : s + n_starts] for s in range(wmax)], axis=-1)  # (N, S, Wmax*E)
+    N, C, E = char_vectors.shape
+    K = kernel.shape[0]  # Wmax * E
+    # Window s is the K consecutive values from position s on of a token's flattened (C' * E) vector.
+    # Slicing the flattened vectors keeps every piece K wide: as E-wide pieces (one per width), a TPU
+    # pads each to its 128 lanes, and the backward pass then wrote and summed 8x the windows' size.
+    flat = char_vectors.reshape(N, C * E)
+    windows = jnp.stack([flat[:, s * E : s * E + K] for s in range(n_starts)], axis=1)  # (N, S, K)
     valid = np.arange(n_starts)[:, None] <= last_start[None, :]  # (S, F), static
     # Only when S reaches past C - Wmax + 1 (tokens of 44+ characters) can a start pass a filter's last one.
     last = None if valid.all() else tuple(int(v) for v in last_start)
