@@ -100,3 +100,21 @@ def test_the_tpu_loop_with_per_step_input_products_equals_the_hoisted_one(monkey
     for name in hoisted:
         scale = float(jnp.max(jnp.abs(hoisted[name])))
         np.testing.assert_allclose(per_step[name], hoisted[name], rtol=0, atol=1e-6 * scale, err_msg=name)
+
+
+def test_the_input_product_is_per_step_only_up_to_the_row_bound(monkeypatch):
+    """Above `IN_LOOP_MAX_ROWS` rows per device the hoisted product is used on every platform (on a v5e
+    it moves less there); rows are counted per device (`token_shards`)."""
+    taken = []
+
+    def platform_dependent(*a, tpu, default):
+        taken.append("tpu")
+        return tpu(*a)
+
+    monkeypatch.setattr(recurrence.lax, "platform_dependent", platform_dependent)
+    monkeypatch.setattr(recurrence, "IN_LOOP_MAX_ROWS", 2)
+    args, fixed, _ = problem(2, 4)  # 4 rows
+    call(recurrence.recurrence, recurrence.Settings(0.5, 0.3), args, fixed)
+    assert taken == []
+    call(recurrence.recurrence, recurrence.Settings(0.5, 0.3, token_shards=2), args, fixed)
+    assert taken == ["tpu"]

@@ -88,7 +88,7 @@ def lstm_layer(
     Returns:
       outputs (T, D, B, P) with zeros past each row's length, and the final (c, h).
     """
-    settings = Settings(config.cell_clip, config.proj_clip, compute.dtype, compute.unroll)
+    settings = Settings(config.cell_clip, config.proj_clip, compute.dtype, compute.unroll, compute.token_shards)
     outputs, c_final, h_final = recurrence(
         settings, inputs, cell["W_0"], cell["B"], cell.get("W_P"), mask, resets, c0, h0
     )

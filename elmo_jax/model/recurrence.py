@@ -55,6 +55,7 @@ class Settings:
     proj_clip: float | None
     dtype: str = "float32"
     unroll: int = 1
+    token_shards: int = 1  # devices the rows are split over (`ComputeOptions.token_shards`)
 
 
 def cell(z: jax.Array, c_prev: jax.Array, cell_clip: float | None) -> tuple[jax.Array, jax.Array]:
@@ -135,7 +136,16 @@ def _scan(s: Settings, inputs, W_0, bias, W_P, mask, resets, c0, h0, keep_residu
         return loop(lambda t: lax.dynamic_index_in_dim(x_gates, t, axis=1, keepdims=False), W_0[:, P_in:], *rest)
 
     args = (inputs, W_0, bias, W_P, mask, resets, c0, h0)
+    if inputs.shape[2] // s.token_shards > IN_LOOP_MAX_ROWS:
+        return all_steps(*args)
     return lax.platform_dependent(*args, tpu=each_step, default=all_steps)
+
+
+# Rows per device up to which a TPU computes each step's input product inside the loop. Measured on
+# v5e (bench/tpu_compile.py): better at 128 rows (the `bilm_large` train step, 8 x 1 and 1 x 1) and at
+# 64 (feature extraction: 0.72 against 2.05 GB per call), worse at 512 (feature extraction: 20.8
+# against 17.8 GB, where the loop's kernels no longer stay in on-chip memory beside its activations).
+IN_LOOP_MAX_ROWS = 128
 
 
 def input_gates(s: Settings, x: jax.Array, W_x: jax.Array, bias: jax.Array) -> jax.Array:
@@ -145,7 +155,8 @@ def input_gates(s: Settings, x: jax.Array, W_x: jax.Array, bias: jax.Array) -> j
     step by step: 0.65 GB per LSTM layer of the `bilm_large` step per v5e chip, while the loop's kernels
     stay in on-chip memory (bench/RESULTS_tpu_compile.md). On a CPU that one product is faster (a step of
     the small model 6-21% slower with per-step products, bench/ab_revisions.py), so `_scan` uses this
-    only on TPU (`lax.platform_dependent`, decided when the program is lowered for its platform).
+    only on TPU (`lax.platform_dependent`, decided when the program is lowered for its platform), and
+    only up to `IN_LOOP_MAX_ROWS` rows per device.
     """
     return einsum("dbp,dpg->dbg", x, W_x, s.dtype) + bias[:, None, :]
 
