@@ -113,7 +113,7 @@ def test_the_input_product_is_per_step_only_up_to_the_row_bound(monkeypatch):
 
     monkeypatch.setattr(recurrence.lax, "platform_dependent", platform_dependent)
     monkeypatch.setattr(recurrence, "IN_LOOP_MAX_ROWS", 2)
-    args, fixed, _ = problem(2, 4)  # 4 rows
+    args, fixed, _ = problem(2, 4)  # B = 3 rows
     call(recurrence.recurrence, recurrence.Settings(0.5, 0.3), args, fixed)
     assert taken == []
     call(recurrence.recurrence, recurrence.Settings(0.5, 0.3, token_shards=2), args, fixed)
