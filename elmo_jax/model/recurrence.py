@@ -136,7 +136,8 @@ def _scan(s: Settings, inputs, W_0, bias, W_P, mask, resets, c0, h0, keep_residu
         return loop(lambda t: lax.dynamic_index_in_dim(x_gates, t, axis=1, keepdims=False), W_0[:, P_in:], *rest)
 
     args = (inputs, W_0, bias, W_P, mask, resets, c0, h0)
-    if inputs.shape[2] // s.token_shards > IN_LOOP_MAX_ROWS:
+    rows = inputs.shape[2]  # symbolic in a `jax.export` with a symbolic batch: left to the platform
+    if isinstance(rows, int) and rows // s.token_shards > IN_LOOP_MAX_ROWS:
         return all_steps(*args)
     return lax.platform_dependent(*args, tpu=each_step, default=all_steps)
 
