@@ -40,7 +40,8 @@ class ComputeOptions:
         token (`char_cnn.content_bucket`); the char CNN then computes S start positions instead of C.
         None computes all C (needed when the ids are not known at trace time).
       token_shards: how many devices the tokens are split over (the data axis of a training mesh). The
-        char CNN sizes its convolution's token blocks by one device's tokens (speed only: results
+        char CNN sizes its convolution's token blocks, and the LSTM chooses where a TPU computes its
+        input product (`recurrence.IN_LOOP_MAX_ROWS`), by one device's rows (speed only: results
         differ by float32 rounding at most).
     """
 

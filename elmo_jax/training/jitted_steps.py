@@ -78,7 +78,8 @@ def jit_steps(
     step is wrapped by `skip_nonfinite_step`.
     """
 
-    # The char CNN sizes its token blocks by one device's tokens (the batch axis's shards).
+    # The char CNN's token blocks and the LSTM's input-product form are chosen by one device's rows
+    # (the batch axis's shards), not the global batch's.
     batch_axis = dict(rules).get("batch")
     token_shards = mesh.shape[batch_axis] if batch_axis is not None else 1
     cfg = dataclasses.replace(cfg, compute=dataclasses.replace(cfg.compute, token_shards=token_shards))
