@@ -52,10 +52,10 @@ class ComputeOptions:
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", check_compute_dtype(self.dtype).name)
-        if isinstance(self.unroll, bool) or not isinstance(self.unroll, int) or self.unroll < 1:
-            raise ValueError(f"unroll must be a positive integer, found {self.unroll!r}")
-        if isinstance(self.token_shards, bool) or not isinstance(self.token_shards, int) or self.token_shards < 1:
-            raise ValueError(f"token_shards must be a positive integer, found {self.token_shards!r}")
+        for name in ("unroll", "token_shards"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, found {value!r}")
         if self.content_positions is not None:
             object.__setattr__(self, "content_positions", int(self.content_positions))
 
