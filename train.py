@@ -19,25 +19,23 @@ gs://BUCKET/PATH, which every host of a pod slice sees (pip install 'elmo-jax[gc
 import logging as std_logging
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Training config file (see configs/default.py).", lock_config=True)
-flags.DEFINE_string(
-    "workdir", None, "Directory (or gs://BUCKET/PATH) for checkpoints, metrics, the vocabulary and the export."
-)
-flags.mark_flags_as_required(["config", "workdir"])
-flags.DEFINE_bool(
-    "distributed",
-    False,
-    "Run as one of several processes: jax.distributed.initialize() with "
-    "the flags below, the JAX_* variables, or the cluster JAX detects (TPU pod slices, SLURM).",
-)
-flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (implies --distributed).")
-flags.DEFINE_integer("num_processes", None, "How many processes take part (implies --distributed).")
-flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes) (implies --distributed).")
-flags.DEFINE_list("local_device_ids", None, "Devices this process uses (default: all it sees).")
+
+
+def define_flags() -> None:
+    """train.py's flags (defined when it runs as a program; the tests run `main` in-process too)."""
+    from elmo_jax import cli
+
+    config_flags.DEFINE_config_file("config", None, "Training config file (see configs/default.py).", lock_config=True)
+    flags.DEFINE_string(
+        "workdir", None, "Directory (or gs://BUCKET/PATH) for checkpoints, metrics, the vocabulary and the export."
+    )
+    flags.mark_flags_as_required(["config", "workdir"])
+    cli.define_distributed_flags()
+    flags.DEFINE_list("local_device_ids", None, "Devices this process uses (default: all it sees).")
 
 
 class _QuietLibraries:
@@ -53,15 +51,16 @@ class _QuietLibraries:
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from elmo_jax import cli  # after flag parsing: --help stays fast
     from elmo_jax.training.checkpoint import CheckpointWriteError
     from elmo_jax.training.loop import train_and_evaluate
     from elmo_jax.training.preemption import Stopped
     from elmo_jax.training.step_report import TrainingError
 
-    logging.get_absl_handler().addFilter(_QuietLibraries())
+    if len(argv) > 1:
+        print(f"error: unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE flags", file=sys.stderr)
+        sys.exit(1)
+    logging.get_absl_handler().addFilter(_QUIET_LIBRARIES)
     try:
         config = FLAGS.config
     except Exception as e:  # config_flags defers loading the file until first use
@@ -93,6 +92,9 @@ def main(argv):
         cli.exit_now(cli.interrupted_exit_code(e))
 
 
+_QUIET_LIBRARIES = _QuietLibraries()
+
+
 def _error_line(error: BaseException) -> None:
     logging.error("%s", error)
     print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
@@ -100,15 +102,11 @@ def _error_line(error: BaseException) -> None:
 
 def _start_distributed() -> None:
     """`jax.distributed.initialize()` when this is one of several processes (before any device use)."""
+    from elmo_jax import cli
     from elmo_jax.training import multihost
 
-    multihost.start(
-        FLAGS.distributed,
-        FLAGS.coordinator_address,
-        FLAGS.num_processes,
-        FLAGS.process_id,
-        [int(i) for i in FLAGS.local_device_ids] if FLAGS.local_device_ids else None,
-    )
+    local_devices = [int(i) for i in FLAGS.local_device_ids] if FLAGS.local_device_ids else None
+    multihost.start(*cli.distributed_start_args(), local_devices)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -132,5 +130,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
+    from elmo_jax import cli
+
     flags.FLAGS.alsologtostderr = True
-    app.run(main, flags_parser=parse_flags)
+    cli.start(main, define_flags, flags_parser=parse_flags)

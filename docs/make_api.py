@@ -8,7 +8,7 @@ The docstrings are the source; API.md is never edited by hand (tests/test_api_do
 is stale). Functions are shown with `inspect.signature`; classes with their own fields (Flax modules:
 the attributes a user sets, without Flax's `parent` and `name`) and the public methods they define.
 The command-line tools are read with `ast`, without importing them, so their flags are listed exactly
-as their `DEFINE_*` calls declare them.
+as their `DEFINE_*` calls declare them (and the shared ones of elmo_jax/cli.py where they call them).
 """
 
 from __future__ import annotations
@@ -152,31 +152,39 @@ def _entry(shown: str, obj) -> list[str]:
 
 
 def _flag_rows(tree: ast.Module) -> list[str]:
-    """Markdown table rows for every `*.DEFINE_*("name", default, "help")` call in a module."""
+    """Markdown table rows for every `*.DEFINE_*("name", default, "help")` call in a module, in source
+    order; a call of a shared definition in elmo_jax/cli.py (`cli.define_*()`) brings that function's rows."""
     rows = []
-    for node in ast.walk(tree):
-        if not (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr.startswith("DEFINE_")
-            and node.args
-        ):
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)]
+    for node in sorted(calls, key=lambda n: (n.lineno, n.col_offset)):
+        func = node.func
+        if isinstance(func.value, ast.Name) and func.value.id == "cli" and func.attr.startswith("define_"):
+            rows += _flag_rows(_shared_definition(func.attr))
+            continue
+        if not (func.attr.startswith("DEFINE_") and node.args):
             continue
         args = {k.arg: k.value for k in node.keywords}
         name = ast.literal_eval(node.args[0])
         default = node.args[1] if len(node.args) > 1 else args.get("default")
         help_node = node.args[-1] if len(node.args) > 2 else args.get("help")
-        if node.func.attr == "DEFINE_enum" and len(node.args) > 3:
+        if func.attr == "DEFINE_enum" and len(node.args) > 3:
             help_node = node.args[3]
         try:
             help_text = ast.literal_eval(help_node) if help_node is not None else ""
         except ValueError:
             help_text = ast.unparse(help_node)
-        kind = node.func.attr[len("DEFINE_") :].lower()
+        kind = func.attr[len("DEFINE_") :].lower()
         default_text = ast.unparse(default) if default is not None else ""
         help_text = " ".join(help_text.split()).replace("|", "\\|")  # one table cell
         rows.append(f"| `--{name}` | {kind} | `{default_text}` | {help_text} |")
     return rows
+
+
+def _shared_definition(name: str) -> ast.Module:
+    """The function `name` of elmo_jax/cli.py (flags several commands define), as a module to read."""
+    tree = ast.parse((ROOT / "elmo_jax" / "cli.py").read_text(encoding="utf-8"))
+    function = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == name)
+    return ast.Module(body=function.body, type_ignores=[])
 
 
 def command_line_tools() -> list[str]:

@@ -1,7 +1,10 @@
-"""How the command-line tools end: one line on standard error, never a traceback.
+"""How the command-line tools start and end: one line on standard error, never a traceback.
 
     def main(argv):
         cli.run_main(run, argv)
+
+    if __name__ == "__main__":
+        cli.start(main, define_flags)
 
 A person's mistake or a broken file (ValueError, OSError) prints `error: ...` and exits 1. SIGTERM
 (`timeout`, Slurm, `docker stop`) is turned into an exception like Ctrl-C, so the tool's cleanup runs
@@ -16,7 +19,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from absl import flags
+from absl import app, flags
 
 
 class Terminated(BaseException):
@@ -84,6 +87,40 @@ def signal_name(interruption: BaseException) -> str:
 def interrupted_exit_code(interruption: BaseException) -> int:
     """The shell's exit code for a process ended by that signal: 143 (SIGTERM) or 130 (SIGINT)."""
     return 143 if isinstance(interruption, Terminated) else 130
+
+
+def define_distributed_flags() -> None:
+    """The flags of a command that runs as one of several processes (train.py, embed_file), read by
+    `distributed_start_args`."""
+    flags.DEFINE_bool(
+        "distributed",
+        False,
+        "Run as one of several processes: jax.distributed.initialize() with the flags below, the JAX_* "
+        "variables, or the cluster JAX detects (TPU pod slices, SLURM).",
+    )
+    flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (implies --distributed).")
+    flags.DEFINE_integer("num_processes", None, "How many processes take part (implies --distributed).")
+    flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes) (implies --distributed).")
+
+
+def distributed_start_args() -> tuple[bool, str | None, int | None, int | None]:
+    """(distributed, coordinator_address, num_processes, process_id) from the parsed flags of
+    `define_distributed_flags`, as `training.multihost.start` takes them."""
+    f = flags.FLAGS
+    return f.distributed, f.coordinator_address, f.num_processes, f.process_id
+
+
+def start(
+    main: Callable[[list[str]], object],
+    define_flags: Callable[[], object] | None = None,
+    flags_parser: Callable[[list[str]], list[str]] | None = None,
+) -> None:
+    """A command's `__main__` block: defines its flags (only when run as a program, so importing the
+    module adds no global flags), parses them (`flags_parser`, default `parse_flags`) and runs `main`
+    with the remaining arguments under absl (logging set up as absl sets it up)."""
+    if define_flags is not None:
+        define_flags()
+    app.run(main, flags_parser=flags_parser or parse_flags)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

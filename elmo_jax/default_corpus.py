@@ -38,6 +38,6 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    from absl import app
+    from elmo_jax import cli
 
-    app.run(main)
+    cli.start(main)

@@ -37,8 +37,9 @@ in one piece when complete; it takes one process (docs/CLOUD_STORAGE.md).
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 
+from elmo_jax import cli
 from elmo_jax.features import sentence_input
 from elmo_jax.features.file_embedding import LAYER_MODES, TOKEN_CACHE_MODES
 
@@ -100,15 +101,7 @@ def define_flags() -> None:
         "auto: with --model holding a vocab.txt, its words that occur in the input skip the char CNN; off: never.",
     )
     flags.DEFINE_bool("resume", True, "Continue a stopped run of the same command (false: start over).")
-    flags.DEFINE_bool(
-        "distributed",
-        False,
-        "Run as one of several processes: jax.distributed.initialize() with the flags below, the JAX_* "
-        "variables, or the cluster JAX detects (TPU pod slices, SLURM).",
-    )
-    flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (implies --distributed).")
-    flags.DEFINE_integer("num_processes", None, "How many processes take part (implies --distributed).")
-    flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes) (implies --distributed).")
+    cli.define_distributed_flags()
 
 
 def run() -> dict:
@@ -165,7 +158,7 @@ def run() -> dict:
             long_sentences=options.long_sentences,
             collect_types=use_vocabulary,
         )
-    multihost.start(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    multihost.start(*cli.distributed_start_args())
     params = model_source.load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
     vocabulary = None
     if use_vocabulary:
@@ -184,11 +177,8 @@ def run() -> dict:
 
 
 def main(argv) -> None:
-    from elmo_jax import cli
-
     cli.run_main(run, argv)
 
 
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    cli.start(main, define_flags)

@@ -17,20 +17,25 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from absl import app, flags
+from absl import flags
+
+from elmo_jax import cli
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string(
-    "model",
-    None,
-    "A model directory (python -m elmo_jax.export, or a training run's export/), or a published model by name "
-    "(small, medium, original, original-5.5b, pubmed: downloaded once into $ELMO_JAX_CACHE).",
-)
-flags.DEFINE_string("options", None, "Instead of --model: a bilm-tf/AllenNLP options JSON file.")
-flags.DEFINE_string("weights", None, "Instead of --model: an HDF5 weight file in the published layout.")
-flags.DEFINE_string("output", None, "Optional .npz file for the layers and mask.")
-flags.DEFINE_bool("overwrite", False, "Replace an existing --output, if it is an .npz of layers and mask.")
-flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Matmul precision.")
+
+
+def define_flags() -> None:
+    flags.DEFINE_string(
+        "model",
+        None,
+        "A model directory (python -m elmo_jax.export, or a training run's export/), or a published model by name "
+        "(small, medium, original, original-5.5b, pubmed: downloaded once into $ELMO_JAX_CACHE).",
+    )
+    flags.DEFINE_string("options", None, "Instead of --model: a bilm-tf/AllenNLP options JSON file.")
+    flags.DEFINE_string("weights", None, "Instead of --model: an HDF5 weight file in the published layout.")
+    flags.DEFINE_string("output", None, "Optional .npz file for the layers and mask.")
+    flags.DEFINE_bool("overwrite", False, "Replace an existing --output, if it is an .npz of layers and mask.")
+    flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Matmul precision.")
 
 
 def read_sentences(argv: list[str]) -> list[list[str]]:
@@ -69,10 +74,8 @@ def run(argv: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    from elmo_jax import cli
-
     cli.run_main(lambda: run(argv))  # the arguments are the sentences
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.start(main, define_flags)

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 
-from absl import app, flags
+from absl import flags
 
+from elmo_jax import cli
 from elmo_jax.data import text_files, tfds_corpus
 from elmo_jax.formats.vocab_file import Vocab
 
@@ -64,11 +65,8 @@ def run() -> dict:
 
 
 def main(argv) -> None:
-    from elmo_jax import cli
-
     cli.run_main(run, argv)
 
 
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    cli.start(main, define_flags)

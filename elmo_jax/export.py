@@ -13,7 +13,9 @@ replaced only with --overwrite, and only once the new one is complete.
 
 from __future__ import annotations
 
-from absl import app, flags, logging
+from absl import flags, logging
+
+from elmo_jax import cli
 
 FLAGS = flags.FLAGS
 
@@ -83,12 +85,9 @@ def _from_hdf5():
 
 
 def main(argv) -> None:
-    from elmo_jax import cli
-
+    logging.set_verbosity(logging.WARNING)
     cli.run_main(run, argv)
 
 
 if __name__ == "__main__":
-    define_flags()
-    logging.set_verbosity(logging.WARNING)
-    app.run(main)
+    cli.start(main, define_flags)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from absl import app, flags
+from absl import flags
 
 from elmo_jax import cli
 from elmo_jax.data import lm1b, local_corpus, text_files
@@ -68,5 +68,4 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    define_flags()
-    app.run(main, flags_parser=cli.parse_flags)
+    cli.start(main, define_flags)

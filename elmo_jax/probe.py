@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 
-from absl import app, flags
+from absl import flags
 
+from elmo_jax import cli
 from elmo_jax.formats.output_paths import Artifact
 
 FLAGS = flags.FLAGS
@@ -144,11 +145,8 @@ _PLOT = Artifact("a PNG image", is_directory=False, recognizes=_is_png)
 
 
 def main(argv) -> None:
-    from elmo_jax import cli
-
     cli.run_main(run, argv)
 
 
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    cli.start(main, define_flags)
