@@ -94,6 +94,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval_every_steps = 1000  # heldout perplexity during training (0 = only at the end)
     config.eval_max_batches = 0  # cap on heldout windows per evaluation (0 = the whole heldout set)
     config.log_every_steps = 50
+    # The export at the end of training (WORKDIR/export) includes the `jax.export` feature extractor
+    # (extractor.jax, a few seconds to trace and serialize); False leaves it out (the weights, params.npz
+    # and vocabulary are still there: `elmo_jax.load` and every command read the directory, and
+    # `python -m elmo_jax.export --workdir=WORKDIR` writes a complete one later).
+    config.export_extractor = True
     config.init_from = ""  # fine-tuning: start from a workdir, a model directory, or a published model ("small")
     # With init_from a training workdir: continue its Adagrad accumulators (True, as bilm-tf's restart.py
     # restores them), so fine-tuning takes steps as small as the source run's last ones; False restarts

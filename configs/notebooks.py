@@ -33,6 +33,7 @@ def smoke(config):
     config.eval_every_steps = 10
     config.eval_max_batches = 5
     config.log_every_steps = 5
+    config.export_extractor = False  # the cells read the weights; the training notebook's export command writes it
     return config
 
 

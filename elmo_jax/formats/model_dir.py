@@ -66,6 +66,7 @@ def write_model_dir(
     overwrite: bool = False,
     inputs=(),
     allow_inside: str | None = None,
+    extractor: bool = True,
 ) -> dict[str, Any]:
     """Writes a complete model directory at `directory`; returns its manifest.
 
@@ -80,12 +81,16 @@ def write_model_dir(
         directory that is not exactly an earlier export, see `output_paths`).
       inputs: files the caller read the model from (the output may not be or hold one of them).
       allow_inside: a workdir the caller owns, where the directory may be written (training's export).
+      extractor: write extractor.jax (False: the manifest records that it was left out, and USAGE.md says
+        how to add it; everything else reads the directory as usual).
 
     Raises:
       FileExistsError, FileNotFoundError, NotADirectoryError, PermissionError, ValueError: the target
         cannot be written (`output_paths.check_output`), or the weights are not finite; nothing is touched.
     """
-    from elmo_jax.formats import extractor, weights_hdf5  # weights_hdf5 imports h5py; extractor traces the model
+    # Imported here: weights_hdf5 imports h5py, and the extractor traces the model.
+    from elmo_jax.formats import extractor as exported
+    from elmo_jax.formats import weights_hdf5
 
     target = storage.absolute(directory)
     check_target(target, overwrite, inputs=inputs, allow_inside=allow_inside)
@@ -97,16 +102,17 @@ def write_model_dir(
         weights_hdf5.save_hdf5(host, os.path.join(staging, OPTIONS), os.path.join(staging, WEIGHTS))
         with open(os.path.join(staging, PARAMS), "wb") as f:
             np.savez(f, **{path: np.asarray(a, np.float32) for path, a in iter_flat(host.weights)})
-        with open(os.path.join(staging, EXTRACTOR), "wb") as f:
-            f.write(extractor.export_extractor(host, compute_dtype))
+        if extractor:
+            with open(os.path.join(staging, EXTRACTOR), "wb") as f:
+                f.write(exported.export_extractor(host, compute_dtype))
         if vocab_file:
             with open(os.path.join(staging, VOCAB), "wb") as f:
                 f.write(storage.read_bytes(vocab_file))
         elif vocab is not None:
             vocab.save(os.path.join(staging, VOCAB))
         with open(os.path.join(staging, USAGE), "w", encoding="utf-8") as f:
-            f.write(usage_text(params.config))
-        manifest = _manifest(staging, params.config, source, compute_dtype)
+            f.write(usage_text(params.config) if extractor else usage_without_extractor(source))
+        manifest = _manifest(staging, params.config, source, compute_dtype if extractor else None)
         with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2, sort_keys=True)
             f.write("\n")
@@ -216,8 +222,9 @@ def read_manifest(directory: str, *, verify: bool = True) -> dict[str, Any]:
             f"version {FORMAT_VERSION}"
         )
     files = manifest.get("files", {})
+    left_out = () if manifest.get("extractor", {}) is not None else (EXTRACTOR,)  # export_extractor=False
     for name in REQUIRED:
-        if name not in files:
+        if name not in files and name not in left_out:
             raise ValueError(f"{manifest_file}: does not list {name}")
     for name, entry in files.items():
         _check_file(directory, name, entry, verify)
@@ -257,7 +264,18 @@ The tokens `<S>` and `</S>` are added inside the program, as `elmo_jax.embed` do
 """
 
 
-def _manifest(staging: str, config: BiLMConfig, source: str, compute_dtype: str) -> dict[str, Any]:
+def usage_without_extractor(source: str) -> str:
+    """USAGE.md of a model directory written without extractor.jax."""
+    workdir = source.rsplit(" step ", 1)[0] if " step " in source else "WORKDIR"
+    return f"""# Using this model
+
+This directory was written without `extractor.jax` (the training config's `export_extractor` was
+False). `elmo_jax.load(MODEL_DIR)` and every elmo_jax command read it as usual; for the program that
+runs with jax alone, export it again: `python -m elmo_jax.export --workdir={workdir} --output=DIR`.
+"""
+
+
+def _manifest(staging: str, config: BiLMConfig, source: str, compute_dtype: str | None) -> dict[str, Any]:
     files = {
         name: {"bytes": os.path.getsize(os.path.join(staging, name)), "sha256": _sha256(os.path.join(staging, name))}
         for name in sorted(os.listdir(staging))
@@ -273,7 +291,9 @@ def _manifest(staging: str, config: BiLMConfig, source: str, compute_dtype: str)
             "dim": config.output_dim,
             "max_characters_per_token": config.max_characters_per_token,
         },
-        "extractor": {
+        "extractor": None
+        if compute_dtype is None  # written without it
+        else {
             "file": EXTRACTOR,
             "compute_dtype": compute_dtype,
             "platforms": ["cpu", "cuda", "tpu"],

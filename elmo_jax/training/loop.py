@@ -216,7 +216,13 @@ def _finish(run: Run, state: TrainState, vocab: Vocab, workdir: str, is_main: bo
     weights = multihost.fetch(state.params["bilm"])  # every process takes part
     if is_main:
         export = storage.join(workdir, "export")
-        export_model(BiLMParams(weights=weights, config=run.cfg.model), vocab, export, source=f"{workdir} step {step}")
+        export_model(
+            BiLMParams(weights=weights, config=run.cfg.model),
+            vocab,
+            export,
+            source=f"{workdir} step {step}",
+            extractor=run.config.export_extractor,
+        )
         logging.info(
             "exported the biLM to %s (a model directory: options.json + weights.hdf5, vocab.txt, "
             "the StableHLO extractor)",
@@ -225,9 +231,10 @@ def _finish(run: Run, state: TrainState, vocab: Vocab, workdir: str, is_main: bo
     return final
 
 
-def export_model(bilm: BiLMParams, vocab: Vocab, directory: str, source: str = "") -> None:
+def export_model(bilm: BiLMParams, vocab: Vocab, directory: str, source: str = "", extractor: bool = True) -> None:
     """Writes a model directory (`formats.model_dir`) for a trained biLM, replacing an earlier export only
-    once the new one is complete. `bilm` must be addressable here (`multihost.fetch` of the weights)."""
+    once the new one is complete. `bilm` must be addressable here (`multihost.fetch` of the weights);
+    `extractor`: whether it includes extractor.jax (the config's `export_extractor`)."""
     try:
         # The run owns its workdir: the export may go inside it (other commands may not write there).
         model_dir.write_model_dir(
@@ -237,6 +244,7 @@ def export_model(bilm: BiLMParams, vocab: Vocab, directory: str, source: str = "
             source=source,
             overwrite=True,
             allow_inside=storage.dirname(storage.absolute(directory)),
+            extractor=extractor,
         )
     except OSError as e:  # e.g. a full disk: the new directory is built aside and renamed only when complete
         raise OSError(

@@ -103,6 +103,8 @@ def _config_problems(config) -> Iterator[str]:
         )
     if not isinstance(config.init_from_optimizer, bool):
         yield bad("init_from_optimizer", "True (continue the source workdir's Adagrad accumulators) or False")
+    if not isinstance(config.export_extractor, bool):
+        yield bad("export_extractor", "True (the export includes extractor.jax) or False")
     if config.compute_dtype not in COMPUTE_DTYPES:
         yield bad("compute_dtype", f"one of {', '.join(COMPUTE_DTYPES)}")
     if config.data.invalid_utf8 not in INVALID_UTF8_POLICIES:
