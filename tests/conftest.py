@@ -31,12 +31,19 @@ import pytest  # noqa: E402
 # Implicit broadcasting of a (N,) bias against (B, N) hides shape bugs; the library must be explicit.
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
-# One persistent compilation cache per test process (each xdist worker has its own), shared with the
-# processes it starts (`command_compilation_cache`): many tests build the same tiny programs afresh
-# (a new jit per run, per mesh equality check, per resumed run), and XLA compiles dominate on CPU.
-# Set before anything compiles; removed at exit.
-_COMPILATION_CACHE = tempfile.mkdtemp(prefix="elmo_jax_test_xla_cache_")
-atexit.register(shutil.rmtree, _COMPILATION_CACHE, True)
+# One persistent compilation cache for the whole session: this process, every pytest-xdist worker
+# (they inherit the variable the controller sets here, before it starts them) and every process a test
+# starts (`command_compilation_cache`). Many tests build the same tiny programs afresh (a new jit per
+# run, per mesh equality check, per resumed run, per command), and XLA compiles dominate on CPU.
+# No size limit: with one, JAX locks every entry and lists the whole directory on each write, which cost
+# 29% more CPU on the compile-heavy modules than a cache per worker (docs/TESTING.md); without, 5% less.
+# A reader racing a writer of the same entry gets a compressed stream cut short, which JAX reports as a
+# warning and compiles instead. Set before anything compiles; removed by the process that made it.
+_CACHE_VARIABLE = "ELMO_JAX_TEST_COMPILATION_CACHE"
+if _CACHE_VARIABLE not in os.environ:
+    os.environ[_CACHE_VARIABLE] = tempfile.mkdtemp(prefix="elmo_jax_test_xla_cache_")
+    atexit.register(shutil.rmtree, os.environ[_CACHE_VARIABLE], True)
+_COMPILATION_CACHE = os.environ[_CACHE_VARIABLE]
 jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -44,6 +51,9 @@ jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 import elmo_jax  # noqa: E402
 from tests.support.configs import TRAINED_STEPS, tiny_config  # noqa: E402
 from tests.support.corpora import write_agreement_corpus  # noqa: E402
+from tests.support.shared import once  # noqa: E402
+
+pytest_plugins = ["tests.support.cpu_time"]
 
 FIXTURE_DIR = Path(__file__).parent / "fixtures" / "allennlp_tiny"
 FIXTURE_BATCHES = ("main", "main_extra_pad", "edge")
@@ -125,8 +135,9 @@ def command_compilation_cache():
 
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> dict:
-    """The agreement-language corpus (tests/support/corpora.py): 300 training and 60 heldout sentences."""
-    return write_agreement_corpus(tmp_path_factory.mktemp("corpus"))
+    """The agreement-language corpus (tests/support/corpora.py): 300 training and 60 heldout sentences,
+    written once per session (every worker reads the same files and prepared shards)."""
+    return once(tmp_path_factory, "corpus", write_agreement_corpus)[1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,13 +158,14 @@ class TrainedRun:
 @pytest.fixture(scope="session")
 def trained_run(corpus, tmp_path_factory) -> TrainedRun:
     """The session's one uninterrupted tiny training run, shared by every test that reads a trained
-    workdir, a checkpoint or an export (train, evaluate, export, fine-tuning)."""
+    workdir, a checkpoint or an export (train, evaluate, export, fine-tuning): trained once per session,
+    by the first worker that needs it."""
     from elmo_jax.training.loop import train_and_evaluate
 
     n, m = TRAINED_STEPS
-    workdir = str(tmp_path_factory.mktemp("trained_run"))
-    config = tiny_config(corpus, num_train_steps=n + m, checkpoint_every_steps=n)
-    return TrainedRun(workdir, config, train_and_evaluate(config, workdir))
+    config = tiny_config(corpus, num_train_steps=n + m, checkpoint_every_steps=n, export_extractor=True)
+    workdir, final = once(tmp_path_factory, "trained_run", lambda directory: train_and_evaluate(config, str(directory)))
+    return TrainedRun(str(workdir), config, final)
 
 
 @pytest.fixture(scope="session")

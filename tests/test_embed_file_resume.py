@@ -13,6 +13,7 @@ import glob
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import time
@@ -23,7 +24,8 @@ import pytest
 
 from elmo_jax.features import file_embedding as ef
 from elmo_jax.formats import vector_spool
-from tests.support.commands import REPO, command_argv, command_env, run_command
+from tests.support.commands import REPO, command_argv, command_env
+from tests.support.inprocess import run_in_process
 
 WORDS = ["the", "bank", "of", "river", ".", "a", "Zürich", "naïve", "x" * 20, "<S>"]
 OPTIONS = ef.Options(layers="all", batch_tokens=64, long_sentences="split", max_sentence_tokens=20)
@@ -204,13 +206,16 @@ def long_input(tiny_params, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
 def test_a_killed_command_continues_where_it_stopped(long_input, fixture_dir, tmp_path, signum):
-    """The real thing: the command killed once its spool holds a few batches, then run again (SIGTERM:
-    exit 143 with one line saying where the progress is); the output equals an uninterrupted run's (to
+    """The real thing: the command (a real process, replacing an earlier output with --overwrite) killed
+    once its spool holds a few batches. The target keeps its old contents; the staging directory stays,
+    under a hidden name, for the next run (SIGTERM: exit 143 with one line saying where the progress
+    is). Run again, the command continues from it, and the output equals an uninterrupted run's (to
     float32 rounding: that run is in this process, on 8 devices)."""
     path, expected = tmp_path / "in.txt", long_input[1]
     path.write_bytes(long_input[0].read_bytes())
     target = tmp_path / "out.hdf5"
-    process = embed_file_process(fixture_dir, path, target)
+    previous = write_previous_vectors(target)
+    process = embed_file_process(fixture_dir, path, target, "--overwrite")
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -224,17 +229,21 @@ def test_a_killed_command_continues_where_it_stopped(long_input, fixture_dir, tm
     finally:
         if process.poll() is None:
             process.kill()
-    assert not target.exists() and len(staging_dirs(tmp_path)) == 1
+    assert target.read_bytes() == previous
+    left = sorted(set(os.listdir(tmp_path)) - {"in.txt", "out.hdf5"})
+    assert len(left) == 1 and re.fullmatch(r"\.out\.hdf5\.[^.]+\.\d+\.[^.]+\.tmp", left[0]), left
     if signum == signal.SIGTERM:
         assert process.returncode == 143, stderr[-2000:]
         last = stderr.strip().splitlines()[-1]
+        assert "Traceback" not in stderr
         assert last.startswith("stopped by SIGTERM") and "run the same command again to continue" in last
-    result = run_command(
+    result = run_in_process(  # the same command again (in this process: what is tested is the adoption)
         "elmo_jax.embed_file",
         f"--options={fixture_dir / 'options.json'}",
         f"--weights={fixture_dir / 'weights.hdf5'}",
         f"--input={path}",
         f"--output={target}",
+        "--overwrite",
         "--batch_tokens=256",
         "--progress=false",
     )
@@ -246,3 +255,11 @@ def test_a_killed_command_continues_where_it_stopped(long_input, fixture_dir, tm
     for name in expected:
         if name != "sentence_to_index":
             np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=1e-5, err_msg=name)
+
+
+def write_previous_vectors(path) -> bytes:
+    """An earlier output in the elmo-command layout (what --overwrite may replace); returns its bytes."""
+    with h5py.File(path, "w") as f:
+        f["0"] = np.ones((3, 2, 32), np.float32)
+        f["sentence_to_index"] = np.array([json.dumps({"previous results": "0"})], dtype=h5py.string_dtype())
+    return path.read_bytes()

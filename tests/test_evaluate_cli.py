@@ -7,16 +7,18 @@ import json
 import pytest
 
 from tests.support.commands import error_line, run_command
+from tests.support.inprocess import run_in_process
 
 
 def evaluate(*args):
-    return run_command("elmo_jax.evaluate", *args)
+    return run_in_process("elmo_jax.evaluate", *args)
 
 
 @pytest.mark.slow
 def test_evaluate_matches_the_trainers_final_evaluation(trained_run, corpus):
-    """The same checkpoint, heldout files and batch size as the end of training: the same numbers."""
-    result = evaluate(f"--workdir={trained_run.workdir}", f"--files={corpus['heldout']}")
+    """The same checkpoint, heldout files and batch size as the end of training: the same numbers (the
+    first in a real process, the command's one end-to-end run in the suite, on one device)."""
+    result = run_command("elmo_jax.evaluate", f"--workdir={trained_run.workdir}", f"--files={corpus['heldout']}")
     assert result.returncode == 0, result.stderr[-2000:]
     line = json.loads(result.stdout.strip().splitlines()[-1])
     assert line["step"] == trained_run.config.num_train_steps
@@ -27,7 +29,6 @@ def test_evaluate_matches_the_trainers_final_evaluation(trained_run, corpus):
     assert own["perplexity"] == pytest.approx(trained_run.final["perplexity"], rel=1e-5)
 
 
-@pytest.mark.slow
 def test_evaluate_reports_bad_input_in_one_line(tmp_path, trained_run):
     for args, expected in (
         ([f"--workdir={tmp_path / 'missing'}"], "not a directory"),

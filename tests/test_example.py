@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.support.commands import error_line, run_command
 
@@ -43,6 +44,7 @@ def test_corruption_and_split():
     assert 0.2 < labels.mean() < 0.4
 
 
+@pytest.mark.slow
 def test_runs_end_to_end_on_a_tiny_bilm(tmp_path, fixture_dir):
     example = _load_example()
     rng = np.random.default_rng(1)

@@ -44,9 +44,10 @@ from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.heldout import heldout_perplexity
 from elmo_jax.training.workdir import WorkdirInUseError, WorkdirLock
 from tests.support import gcs
-from tests.support.commands import REPO, command_argv, command_env, run_command
+from tests.support.commands import REPO, command_argv, command_env
 from tests.support.compare import assert_trees_equal, read_metrics, restored, without_timing
 from tests.support.configs import TRAINED_STEPS, tiny_flags, with_overrides
+from tests.support.inprocess import run_in_process
 from tests.support.lm1b_archive import expected_train, heldout_lines, write_archive
 from tests.support.tfds_datasets import Lm1bStandIn
 
@@ -99,7 +100,7 @@ def gs_run(bucket, gcs_emulator, corpus, trained_run) -> BucketRun:
     env = command_env(devices=8, **gcs.client_env(gcs_emulator))
     argv = [command_argv("train.py")[0], "-c", KILLED_AFTER_LAST_SAVE, *flags]
     killed = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    config = with_overrides(trained_run.config, **data)
+    config = with_overrides(trained_run.config, **data, export_extractor=False)  # only the weights are read
     return BucketRun(workdir, config, loop.train_and_evaluate(config, workdir), killed)
 
 
@@ -155,8 +156,8 @@ def test_evaluate_and_export_read_the_gs_workdir(gs_run, trained_run, bucket, gc
     )
 
     output = f"{bucket}/models/tiny"
-    env = command_env(**gcs.client_env(gcs_emulator))
-    result = run_command("elmo_jax.export", f"--workdir={gs_run.workdir}", f"--output={output}", env=env)
+    # In this process, whose clients `bucket` points at the emulator.
+    result = run_in_process("elmo_jax.export", f"--workdir={gs_run.workdir}", f"--output={output}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"wrote {output}" in result.stdout and f"{gs_run.workdir} step {N + M}" in result.stdout
     assert_trees_equal(model_dir.load(output).weights, model_dir.load(f"{gs_run.workdir}/export").weights)
@@ -202,8 +203,7 @@ def test_embed_file_command_from_a_gs_model_to_a_gs_output_matches_a_local_run(
     storage.write_bytes(f"{bucket}/text/in.txt", text.encode())
     output = f"{bucket}/vectors/out.hdf5"
     args = [f"--model={gs_run.workdir}/export", f"--input={bucket}/text/in.txt", f"--output={output}"]
-    env = command_env(devices=8, **gcs.client_env(gcs_emulator))
-    result = run_command("elmo_jax.embed_file", *args, "--batch_tokens=64", env=env)
+    result = run_in_process("elmo_jax.embed_file", *args, "--batch_tokens=64")  # clients: see `bucket`
     assert result.returncode == 0, result.stderr[-3000:]
     assert "12 sentences" in result.stdout, result.stdout
 

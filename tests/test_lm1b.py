@@ -12,6 +12,7 @@ from configs import bilm_large
 from elmo_jax.data import lm1b, local_corpus
 from elmo_jax.data.training_corpus import open_training_data
 from tests.support.commands import error_line, run_command
+from tests.support.inprocess import run_in_process
 from tests.support.lm1b_archive import MTIME, expected_train, heldout_lines, write_archive
 
 
@@ -63,15 +64,14 @@ def test_an_archive_without_the_benchmark_files_is_refused(tmp_path):
     assert os.listdir(tmp_path / "data" / "lm1b") == []  # nothing extracted under a final name
 
 
-@pytest.mark.slow
 def test_the_command_prepares_and_prints_the_training_flags(archive, tmp_path):
     result = run_command("elmo_jax.prepare_lm1b", f"--data_dir={tmp_path / 'd'}", f"--source={archive}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "train: 198 sentences in 1 shards" in result.stdout
     assert f"--config=configs/bilm_large.py:{tmp_path / 'd'}" in result.stdout
-    error_line(run_command("elmo_jax.prepare_lm1b", f"--source={archive}"), "--data_dir is required")
+    error_line(run_in_process("elmo_jax.prepare_lm1b", f"--source={archive}"), "--data_dir is required")
     missing = tmp_path / "missing.tar.gz"
     error_line(
-        run_command("elmo_jax.prepare_lm1b", f"--data_dir={tmp_path / 'e'}", f"--source=file://{missing}"),
+        run_in_process("elmo_jax.prepare_lm1b", f"--data_dir={tmp_path / 'e'}", f"--source=file://{missing}"),
         "missing.tar.gz",
     )

@@ -16,11 +16,13 @@ import elmo_jax
 from elmo_jax.formats import model_dir
 from elmo_jax.model.params import from_flat, iter_flat
 from elmo_jax.training import jitted_steps, loop, step_report
-from tests.support.commands import error_line, run_command
+from tests.support.commands import error_line
 from tests.support.compare import assert_trees_equal, read_metrics, restored
 from tests.support.configs import tiny_config
+from tests.support.inprocess import run_in_process
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(corpus, tmp_path):
     # Adagrad's first step moves every parameter by about the learning rate: 1e30 overflows the next loss.
     config = tiny_config(corpus, **{"learning_rate": 1e30, "num_train_steps": 6, "checkpoint_every_steps": 1})
@@ -75,6 +77,7 @@ def skip_config(corpus, steps, limit):
     )
 
 
+@pytest.mark.slow
 def test_skipped_nonfinite_steps_leave_parameters_unchanged_and_are_counted(corpus, tmp_path, poisoned_steps):
     """max_nonfinite_steps=2 with steps 3 and 5 non-finite: each is skipped on the device (the
     checkpoint after it holds exactly the parameters and Adagrad state of the one before), logged with
@@ -107,6 +110,7 @@ def test_skipped_nonfinite_steps_leave_parameters_unchanged_and_are_counted(corp
         assert r["nonfinite_skipped"] == sum(bad <= step for bad in BAD_STEPS), r
 
 
+@pytest.mark.slow
 def test_more_nonfinite_steps_than_allowed_stop_training(corpus, tmp_path, poisoned_steps):
     """max_nonfinite_steps=1: step 3 is skipped, step 5 stops training with a message naming the step
     and the limit; the newest checkpoint is step 4's, finite."""
@@ -143,6 +147,7 @@ def nan_update_at_step_2():
     jitted_steps.jit_steps.cache_clear()
 
 
+@pytest.mark.slow
 def test_a_state_made_non_finite_by_a_finite_step_is_never_checkpointed(corpus, tmp_path, nan_update_at_step_2):
     """Issue #17 case 7: with a NaN learning rate, training stopped at step 2 (its loss was NaN) but
     checkpoint 1 already held the NaN parameters step 1's update made. Now the state is checked before
@@ -182,13 +187,12 @@ def nan_checkpoint(trained_run, tmp_path_factory):
     return workdir, int(bad.step)
 
 
-@pytest.mark.slow
 def test_evaluate_and_export_refuse_non_finite_weights(nan_checkpoint, tmp_path):
     """Case 7: `evaluate` printed "perplexity": NaN and `export` wrote the model (exit 0 both)."""
     workdir, step = nan_checkpoint
     expected = (f"{workdir} step {step}: non-finite weights: bilm/", "holds NaN or Inf")
-    error_line(run_command("elmo_jax.evaluate", f"--workdir={workdir}"), *expected)
-    error_line(run_command("elmo_jax.export", f"--workdir={workdir}", f"--output={tmp_path / 'model'}"), *expected)
+    error_line(run_in_process("elmo_jax.evaluate", f"--workdir={workdir}"), *expected)
+    error_line(run_in_process("elmo_jax.export", f"--workdir={workdir}", f"--output={tmp_path / 'model'}"), *expected)
     assert not (tmp_path / "model").exists()
 
 

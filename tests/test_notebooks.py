@@ -106,9 +106,17 @@ def execute(nb: nbformat.NotebookNode, tmp_path: Path) -> Path:
     """Runs `nb` in place in a fresh kernel of this interpreter, in tmp_path/cwd; returns that directory."""
     workdir = tmp_path / "cwd"
     workdir.mkdir()
-    NotebookClient(
-        nb, km=this_interpreter_kernel(tmp_path), timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(workdir)}}
-    ).execute()
+    km = this_interpreter_kernel(tmp_path)
+    try:
+        NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(workdir)}}).execute()
+    finally:
+        # nbclient leaves a kernel it was given running; it would live until this process exits, and the
+        # CPU it used would be counted nowhere (tests/support/cpu_time.py counts waited-for children).
+        process = getattr(km.provisioner, "process", None)
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
+        if process is not None:
+            process.wait(timeout=60)
     return workdir
 
 

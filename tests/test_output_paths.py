@@ -3,7 +3,8 @@
 lies inside a model directory or a workdir, or is one of the command's inputs (also through a link);
 staging files a killed run left behind are removed by the next write to the same target.
 
-Each case runs the command as a person would and checks that every file is byte-identical afterwards.
+Each case runs the command's `main` as a person's command line would (in this process:
+tests/support/inprocess.py) and checks that every file is byte-identical afterwards.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ import pytest
 
 from elmo_jax.formats import atomic_write, model_dir, output_paths
 from elmo_jax.formats.vectors_hdf5 import VECTORS_FILE
-from tests.support.commands import error_line, run_command
+from tests.support.commands import error_line
 from tests.support.compare import tree_digest
-
-pytestmark = pytest.mark.slow  # each case starts a command
+from tests.support.inprocess import run_in_process
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def text(tmp_path):
 
 
 def embed_file(model, text, output, *flags):
-    return run_command("elmo_jax.embed_file", f"--model={model}", f"--input={text}", f"--output={output}", *flags)
+    return run_in_process("elmo_jax.embed_file", f"--model={model}", f"--input={text}", f"--output={output}", *flags)
 
 
 def test_embed_file_refuses_an_existing_output_unless_it_is_vectors_and_overwrite(model, text, tmp_path):
@@ -91,13 +91,13 @@ def test_export_overwrite_replaces_only_an_exact_earlier_export(model, fixture_d
     (copied_manifest / "thesis.tex").write_text("years of work")
     before = tree_digest(tmp_path)
     for target in (with_notes, copied_manifest):
-        result = run_command("elmo_jax.export", options, weights, f"--output={target}", "--overwrite")
+        result = run_in_process("elmo_jax.export", options, weights, f"--output={target}", "--overwrite")
         error_line(result, "is not an elmo-jax model directory", "never other files")
     assert tree_digest(tmp_path) == before
     # An exact earlier export is replaced.
     exact = tmp_path / "exact"
     shutil.copytree(model, exact)
-    result = run_command("elmo_jax.export", options, weights, f"--output={exact}", "--overwrite")
+    result = run_in_process("elmo_jax.export", options, weights, f"--output={exact}", "--overwrite")
     assert result.returncode == 0, result.stderr[-2000:]
     assert sorted(os.listdir(exact)) == sorted(os.listdir(model))
 
@@ -111,12 +111,14 @@ def test_vocab_refuses_its_own_input_as_output(tmp_path):
     link.symlink_to(corpus)
     before = tree_digest(tmp_path)
     for output, flags in ((corpus, ()), (corpus, ("--overwrite",)), (link, ("--overwrite",))):
-        error_line(run_command("elmo_jax.vocab", f"--files={corpus}", f"--output={output}", *flags), "is the input")
-    error_line(run_command("elmo_jax.vocab", f"--files={corpus}", f"--output={tmp_path}/new/v.txt"), "does not exist")
+        error_line(run_in_process("elmo_jax.vocab", f"--files={corpus}", f"--output={output}", *flags), "is the input")
+    error_line(
+        run_in_process("elmo_jax.vocab", f"--files={corpus}", f"--output={tmp_path}/new/v.txt"), "does not exist"
+    )
     assert tree_digest(tmp_path) == before
     vocab = tmp_path / "vocab.txt"
-    assert run_command("elmo_jax.vocab", f"--files={corpus}", f"--output={vocab}").returncode == 0
-    result = run_command("elmo_jax.vocab", f"--files={corpus}", f"--output={vocab}", "--overwrite", "--min_count=2")
+    assert run_in_process("elmo_jax.vocab", f"--files={corpus}", f"--output={vocab}").returncode == 0
+    result = run_in_process("elmo_jax.vocab", f"--files={corpus}", f"--output={vocab}", "--overwrite", "--min_count=2")
     assert result.returncode == 0, result.stderr[-2000:]
 
 
@@ -139,7 +141,7 @@ def test_a_killed_runs_staging_is_removed_by_the_next_run_on_that_target(model, 
     result = embed_file(model, text, vectors)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"removed {stale_file}: left behind by an interrupted run (pid {dead})" in result.stderr
-    result = run_command(
+    result = run_in_process(
         "elmo_jax.export",
         f"--options={model / 'options.json'}",
         f"--weights={model / 'weights.hdf5'}",

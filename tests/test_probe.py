@@ -11,6 +11,7 @@ import pytest
 from elmo_jax.features import probing
 from elmo_jax.features.probe_data import ProbeItem, read_probe_file
 from tests.support.commands import error_line, run_command
+from tests.support.inprocess import run_in_process
 
 
 def item(tokens: str, target: int, label: str) -> ProbeItem:
@@ -113,8 +114,10 @@ def test_the_command_prints_the_table_and_reports_bad_input_in_one_line(fixture_
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"tokens": ["a"], "target": 3, "label": "A"}) + "\n", encoding="utf-8")
-    error_line(run_command("elmo_jax.probe", *model, f"--train={train}", f"--test={bad}"), "bad.jsonl:1", "outside")
+    error_line(run_in_process("elmo_jax.probe", *model, f"--train={train}", f"--test={bad}"), "bad.jsonl:1", "outside")
     error_line(
-        run_command("elmo_jax.probe", *model, f"--train={train}", f"--test={test}", f"--output={tmp_path / 'r.json'}"),
+        run_in_process(
+            "elmo_jax.probe", *model, f"--train={train}", f"--test={test}", f"--output={tmp_path / 'r.json'}"
+        ),
         "already exists",
     )

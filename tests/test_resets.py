@@ -15,6 +15,7 @@ from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.training.lm import lm_outputs
 from tests.support.models import randomize
+from tests.support.tolerance import assert_close_up_to_order, char_cnn_terms, lstm_terms
 
 SENTENCES = [" ".join(f"w{(i * 3 + j) % 7}" for j in range(1 + i % 5)) for i in range(40)]
 
@@ -53,6 +54,7 @@ def test_resets_are_deterministic_and_independent_of_the_process_layout(vocab):
             np.testing.assert_array_equal(joined, one[i][d]["reset"])
 
 
+@pytest.mark.slow
 def test_lstm_reset_equals_reading_from_a_zero_state():
     """Outputs after a reset position equal a fresh run over the tokens from that position on."""
     config = elmo_jax.BiLMConfig(
@@ -69,9 +71,11 @@ def test_lstm_reset_equals_reading_from_a_zero_state():
     resets[0, 1, 3] = resets[1, 2, 5] = True
     out, _ = lm_outputs(params, chars, mask, state, resets=resets)
     fresh, _ = lm_outputs(params, chars[:, :, 3:], mask[:, :, 3:], zero_state(config, B))
-    np.testing.assert_allclose(np.asarray(out)[0, 1, 3:], np.asarray(fresh)[0, 1], atol=1e-6, rtol=0)
+    # Shorter sequences: the char CNN's and the LSTM's sums may be ordered otherwise.
+    terms = char_cnn_terms(config) + lstm_terms(config, T)
+    assert_close_up_to_order(np.asarray(out)[0, 1, 3:], np.asarray(fresh)[0, 1], terms)
     fresh, _ = lm_outputs(params, chars[:, :, 5:], mask[:, :, 5:], zero_state(config, B))
-    np.testing.assert_allclose(np.asarray(out)[1, 2, 5:], np.asarray(fresh)[1, 2], atol=1e-6, rtol=0)
+    assert_close_up_to_order(np.asarray(out)[1, 2, 5:], np.asarray(fresh)[1, 2], terms)
     unreset, _ = lm_outputs(params, chars, mask, state)  # other rows are untouched by the resets
     np.testing.assert_array_equal(np.asarray(out)[0, 0], np.asarray(unreset)[0, 0])
     assert np.abs(np.asarray(out)[0, 1, 3:] - np.asarray(unreset)[0, 1, 3:]).max() > 1e-3

@@ -70,6 +70,7 @@ def states():
     return state, batch, cfg, dataclasses.replace(cfg, sparse_softmax_update=False), optimizer
 
 
+@pytest.mark.slow
 def test_the_sparse_update_is_the_dense_update(states):
     """Two steps each way from the same state: every parameter, accumulator and metric within 1e-6."""
     state, batch, sparse, dense, optimizer = states

@@ -21,7 +21,8 @@ from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.lm import lm_losses
 from elmo_jax.training.softmax import VOCAB_PAD_MULTIPLE, padded_vocab_size
 from elmo_jax.training.train_step import StepConfig, make_optimizer
-from tests.support.commands import command_env, error_line, run_command
+from tests.support.commands import error_line
+from tests.support.inprocess import run_in_process
 
 ATOL = 1e-5
 MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
@@ -158,6 +159,7 @@ def test_every_published_weight_has_logical_axes():
 # ----------------------------------------------------------------------------- equivalence
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", MESHES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_train_steps_on_a_mesh_equal_the_single_device_steps(shape, single_device):
     """Step 1 (fresh state) and step 2 (carried LSTM state): the same loss, parameters, Adagrad state and
@@ -288,13 +290,12 @@ def test_a_batch_or_vocabulary_that_does_not_split_is_refused():
 
 
 def test_the_cli_refuses_a_bad_mesh_in_one_line_before_writing_anything(tmp_path):
-    result = run_command(
+    result = run_in_process(  # this process's 8 devices
         "train.py",
         "--config=configs/default.py",
         f"--workdir={tmp_path / 'w'}",
         "--config.batch_size=6",
         "--config.mesh.model=2",
-        env=command_env(devices=8),
     )
     assert error_line(result) == (
         "error: --config.batch_size=6 is not divisible by the 4 shards of mesh axis 'data' (--config.mesh.data=4 "

@@ -74,6 +74,7 @@ def test_training_lowers_heldout_perplexity(trained_run, corpus):
 # ----------------------------------------------------------------------------- resume
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly_like_an_uninterrupted_run(trained_run, corpus, tmp_path):
     """Run B stops after N steps and is re-run with num_train_steps = N + M in the same workdir: it
     resumes from the step-N checkpoint, logs exactly A's metrics for steps N+1..N+M and ends with

@@ -2,8 +2,8 @@
 that names the key, value or file at fault, never a Python traceback; and a refused run leaves an
 existing workdir's checkpoints untouched.
 
-Each case is one subprocess (a JAX import each, so they are few), on configs/tiny.py and the session's
-corpus.
+The trained workdir is made by a real `python train.py` process; the refusals run train.py's `main`
+in this process (tests/support/inprocess.py), on configs/tiny.py and the session's corpus.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ import elmo_jax
 from tests.support.commands import error_line, run_command
 from tests.support.compare import tree_digest
 from tests.support.configs import tiny_flags
+from tests.support.inprocess import run_in_process
 
 LSTM_DIM = 16  # configs/tiny.py's
 
 
 def run_train(*args):
-    return run_command("train.py", *args)
+    return run_in_process("train.py", *args)
 
 
 def tiny_args(corpus, workdir, **overrides) -> list[str]:
@@ -34,11 +35,12 @@ def tiny_args(corpus, workdir, **overrides) -> list[str]:
 def trained(corpus, tmp_path_factory):
     """A workdir trained for 2 steps through the command line (LSTM_DIM cells)."""
     workdir = tmp_path_factory.mktemp("cli_trained")
-    result = run_train(*tiny_args(corpus, workdir))
+    result = run_command("train.py", *tiny_args(corpus, workdir))
     assert result.returncode == 0, result.stderr[-5000:]
     return workdir
 
 
+@pytest.mark.slow
 def test_cli_trains_checkpoints_and_exports(trained):
     assert sorted(os.listdir(trained / "checkpoints")) == ["1", "2"]
     loaded = elmo_jax.load_hdf5(trained / "export" / "options.json", trained / "export" / "weights.hdf5")

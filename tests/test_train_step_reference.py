@@ -105,6 +105,7 @@ def test_the_reference_forward_is_the_numpy_loop(setup):
     np.testing.assert_allclose(np.asarray(got), want, atol=ATOL, rtol=0)
 
 
+@pytest.mark.slow
 def test_one_train_step_equals_bilm_tfs_order_of_operations(setup):
     """Loss, gradient norm (of the scaled loss, before clipping), every parameter and every Adagrad
     accumulator after one step, within 1e-5; the clip at 10 is live (the norm exceeds it)."""

@@ -14,6 +14,7 @@ from elmo_jax import vocab as vocab_lib
 from elmo_jax.data.vocab_builder import build_vocab, count_tokens
 from elmo_jax.formats.vocab_file import Vocab
 from tests.support.commands import run_command
+from tests.support.inprocess import run_in_process
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -192,12 +193,13 @@ def test_missing_vocab_file_is_named(tmp_path):
 
 
 def run_cli(*args: str):
-    return run_command("elmo_jax.vocab", *args)
+    return run_in_process("elmo_jax.vocab", *args)
 
 
 def test_cli_writes_the_vocabulary(tmp_path, corpus):
+    """A real process (the command's one end-to-end run in the suite)."""
     output = tmp_path / "vocab.txt"
-    result = run_cli(f"--files={tmp_path}/*.txt", f"--output={output}", "--min_count=2")
+    result = run_command("elmo_jax.vocab", f"--files={tmp_path}/*.txt", f"--output={output}", "--min_count=2")
     assert result.returncode == 0, result.stderr
     assert output.read_text(encoding="utf-8").split("\n") == [
         "<S>",

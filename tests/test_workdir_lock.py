@@ -13,9 +13,10 @@ import time
 import pytest
 
 from elmo_jax.training.workdir import LOCK_FILE, WorkdirInUseError, WorkdirLock
-from tests.support.commands import REPO, command_argv, command_env, error_line, run_command
+from tests.support.commands import REPO, command_argv, command_env, error_line
 from tests.support.compare import read_metrics
 from tests.support.configs import tiny_flags
+from tests.support.inprocess import run_in_process
 
 STEPS = 60
 
@@ -36,20 +37,22 @@ def wait_for(condition, process, timeout=120.0) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("second_seed", [1, 0], ids=["another_seed", "the_same_command"])
-def test_a_second_run_on_a_workdir_in_use_is_refused(corpus, tmp_path, second_seed):
+def test_a_second_run_on_a_workdir_in_use_is_refused(corpus, tmp_path):
     """Case 5 (two runs, seeds 0 and 1, both exited 0 and interleaved metrics.jsonl) and case 10 (the same
-    command twice: every record twice). The second run exits 1 in one line naming the first run's
-    pid and host, writing nothing; the first logs each step once."""
+    command twice: every record twice). While the first run (a real process) trains, a second with
+    another seed and then the same command (each train.py's `main` in this process) exit 1 in one line
+    naming the first run's pid and host, writing nothing; the first logs each step once."""
     workdir = tmp_path / "w"
     first = start_run(corpus, workdir, tmp_path / "first.log")
     try:
         wait_for(lambda: os.path.exists(workdir / "metrics.jsonl"), first)  # it holds the lock by then
-        started = time.monotonic()
-        second = run_command("train.py", *tiny_flags(corpus, workdir, num_train_steps=STEPS, seed=second_seed))
-        line = error_line(second, f"{workdir} is in use by another training run", f"pid {first.pid}")
-        assert os.uname().nodename.split(".")[0] in line
-        assert time.monotonic() - started < 60  # refused at start-up, not after training
+        for second_seed in (1, 0):  # another seed, then the same command
+            started = time.monotonic()
+            second = run_in_process("train.py", *tiny_flags(corpus, workdir, num_train_steps=STEPS, seed=second_seed))
+            line = error_line(second, f"{workdir} is in use by another training run", f"pid {first.pid}")
+            assert os.uname().nodename.split(".")[0] in line
+            assert time.monotonic() - started < 60  # refused at start-up, not after training
+        assert first.poll() is None, "the first run ended before the second ones were refused"
         assert first.wait(timeout=240) == 0, (tmp_path / "first.log").read_text()[-3000:]
     finally:
         if first.poll() is None:
@@ -70,7 +73,7 @@ def test_a_killed_runs_lock_is_taken_over(corpus, tmp_path):
     first.wait(timeout=60)
     holder = json.loads((workdir / LOCK_FILE).read_text())
     assert holder["pid"] == first.pid
-    result = run_command("train.py", *tiny_flags(corpus, workdir, num_train_steps=STEPS, checkpoint_every_steps=20))
+    result = run_in_process("train.py", *tiny_flags(corpus, workdir, num_train_steps=STEPS, checkpoint_every_steps=20))
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"taking over {workdir / LOCK_FILE}: its run (pid {first.pid}" in result.stderr
 

@@ -10,7 +10,8 @@ import jax
 import numpy as np
 
 TIMING_KEYS = ("tokens_per_s", "steps_per_s")  # metrics that differ between otherwise identical runs
-# What a training run's export (WORKDIR/export, a model directory with the run's vocabulary) holds, sorted.
+# What a training run's export (WORKDIR/export, a model directory with the run's vocabulary) holds, sorted;
+# without extractor.jax when the run's export_extractor is False (the tests' default, tests/support/configs.py).
 TRAINING_EXPORT_FILES = [
     "USAGE.md",
     "extractor.jax",
@@ -20,6 +21,7 @@ TRAINING_EXPORT_FILES = [
     "vocab.txt",
     "weights.hdf5",
 ]
+TRAINING_EXPORT_FILES_WITHOUT_EXTRACTOR = [name for name in TRAINING_EXPORT_FILES if name != "extractor.jax"]
 
 
 def assert_trees_equal(a, b) -> None:

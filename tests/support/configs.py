@@ -7,15 +7,19 @@ import ml_collections
 
 from configs import tiny
 
+# Tracing and serializing the export's extractor.jax costs a training run in a test about 2 CPU-seconds;
+# runs leave it out unless a test reads it (`export_extractor=True`).
+TEST_DEFAULTS = {"export_extractor": False}
+
 
 def tiny_config(corpus: dict, **overrides) -> ml_collections.ConfigDict:
-    """configs/tiny.py reading `corpus` (see `corpora.write_agreement_corpus`); `overrides` use dotted
-    keys ("model.lstm_dim")."""
+    """configs/tiny.py reading `corpus` (see `corpora.write_agreement_corpus`), with `TEST_DEFAULTS`;
+    `overrides` use dotted keys ("model.lstm_dim")."""
     config = tiny.get_config()
     config.data.train_files = corpus["train"]
     config.data.heldout_files = corpus["heldout"]
     config.data.cache_dir = corpus["cache_dir"]
-    config.update_from_flattened_dict(overrides)
+    config.update_from_flattened_dict({**TEST_DEFAULTS, **overrides})
     return config
 
 
@@ -25,6 +29,7 @@ def tiny_flags(corpus: dict, workdir, **overrides) -> list[str]:
         "data.train_files": corpus["train"],
         "data.heldout_files": corpus["heldout"],
         "data.cache_dir": corpus["cache_dir"],
+        **TEST_DEFAULTS,
         **overrides,
     }
     return ["--config=configs/tiny.py", f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in values.items()]
