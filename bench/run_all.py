@@ -312,7 +312,7 @@ def main(argv):
     text = "\n".join(header + table(rows, accelerator) + notes) + "\n"
     print("\n".join(table(rows, accelerator) + notes))
     if FLAGS.output:
-        from elmo_jax.formats.atomic_write import write_text
+        from elmo_jax.storage.atomic import write_text
 
         write_text(FLAGS.output, text)
     if any("error" in r for r in rows):

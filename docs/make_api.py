@@ -227,9 +227,9 @@ def main(argv: list[str]) -> int:
             print(f"error: {OUTPUT} is stale; run python docs/make_api.py", file=sys.stderr)
             return 1
         return 0
-    from elmo_jax.formats import atomic_write
+    from elmo_jax.storage import atomic
 
-    atomic_write.write_text(OUTPUT, text)  # never a half-written API.md
+    atomic.write_text(OUTPUT, text)  # never a half-written API.md
     print(f"wrote {OUTPUT} ({len(text.splitlines())} lines)")
     return 0
 

@@ -104,10 +104,10 @@ def main(argv: list[str]) -> int:
             print(f"error: {path} does not match pyproject.toml's [tool.elmo-jax]; run python docs/make_colab_links.py")
         return 1 if stale else 0
     sys.path.insert(0, str(ROOT))
-    from elmo_jax.formats import atomic_write
+    from elmo_jax.storage import atomic
 
     for path in stale:
-        atomic_write.write_text(path, files[path])
+        atomic.write_text(path, files[path])
         print(f"wrote {path}")
     return 0
 

@@ -105,8 +105,9 @@ def define_flags() -> None:
 
 
 def run() -> dict:
+    from elmo_jax import storage
     from elmo_jax.features.file_embedding import Options, check_output_path, embed_file
-    from elmo_jax.formats import model_dir, model_source, storage
+    from elmo_jax.formats import model_dir, model_source
     from elmo_jax.training import multihost
 
     for name in ("input", "output"):
@@ -149,23 +150,25 @@ def run() -> dict:
     check_output_path(FLAGS.output, options.overwrite, inputs=[FLAGS.input, *model_files], remove_stale=False)
     vocab_file = storage.join(FLAGS.model, model_dir.VOCAB) if FLAGS.model else None
     use_vocabulary = options.token_cache == "auto" and vocab_file is not None and storage.isfile(vocab_file)
-    summary = None  # a gs:// input is scanned once downloaded (features/bucket_files.py)
-    if not storage.is_remote(FLAGS.input):
-        summary = sentence_input.scan(
-            FLAGS.input,
-            blank_lines=options.blank_lines,
-            max_tokens=options.max_sentence_tokens,
-            long_sentences=options.long_sentences,
-            collect_types=use_vocabulary,
-        )
-    multihost.start(*cli.distributed_start_args())
-    params = model_source.load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
-    vocabulary = None
-    if use_vocabulary:
-        from elmo_jax.formats.vocab_file import Vocab
+    with storage.local_copy(FLAGS.input) as local_input:  # a gs:// input: downloaded once, here
+        try:
+            summary = sentence_input.scan(
+                local_input,
+                blank_lines=options.blank_lines,
+                max_tokens=options.max_sentence_tokens,
+                long_sentences=options.long_sentences,
+                collect_types=use_vocabulary,
+            )
+        except (OSError, ValueError) as e:  # name the input as given, not its local copy
+            raise type(e)(str(e).replace(local_input, FLAGS.input)) from None
+        multihost.start(*cli.distributed_start_args())
+        params = model_source.load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
+        vocabulary = None
+        if use_vocabulary:
+            from elmo_jax.formats.vocab_file import Vocab
 
-        vocabulary = Vocab.load(vocab_file).words
-    counts = embed_file(params, FLAGS.input, FLAGS.output, options, summary=summary, vocabulary=vocabulary)
+            vocabulary = Vocab.load(vocab_file).words
+        counts = embed_file(params, local_input, FLAGS.output, options, summary=summary, vocabulary=vocabulary)
     share = f" (process {counts['process']} of {counts['processes']})" if counts["processes"] > 1 else ""
     resumed = f", {counts['resumed_lines']:,} of them from the stopped run" if counts["resumed_lines"] else ""
     print(

@@ -18,8 +18,7 @@ from collections.abc import Sequence
 from absl import flags
 
 from elmo_jax import cli
-from elmo_jax.data import lm1b, local_corpus, text_files
-from elmo_jax.formats import storage
+from elmo_jax.data import lm1b, text_files
 
 FLAGS = flags.FLAGS
 
@@ -50,11 +49,7 @@ def run() -> None:
         invalid_utf8=FLAGS.invalid_utf8,
     )
     print(lm1b.summary(corpus))
-    if storage.is_remote(FLAGS.data_dir):
-        remote = storage.join(storage.absolute(FLAGS.data_dir), local_corpus.DIRECTORY, corpus.name)
-        print(f"prepared in {remote} (and its local copy {corpus.directory})")
-    else:
-        print(f"prepared in {corpus.directory}")
+    print(f"prepared in {lm1b.location(FLAGS.data_dir, corpus)}")
     train, heldout = lm1b.text_globs(FLAGS.data_dir)
     print(
         "train with: python train.py --config=configs/bilm_large.py:" + FLAGS.data_dir + " --workdir=WORKDIR\n"

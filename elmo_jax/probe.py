@@ -62,7 +62,7 @@ def run() -> dict:
 def write_outputs(results: dict, output: str | None, plot_path: str | None) -> None:
     """The results as JSON at `output` and their bar chart at `plot_path` (each optional; local or gs://,
     each written complete or not at all)."""
-    from elmo_jax.formats import storage
+    from elmo_jax import storage
 
     if output:
         storage.write_bytes(output, (json.dumps(results, indent=1) + "\n").encode("utf-8"))
@@ -71,7 +71,7 @@ def write_outputs(results: dict, output: str | None, plot_path: str | None) -> N
 
 
 def _is_results_json(path: str) -> bool:
-    from elmo_jax.formats import storage
+    from elmo_jax import storage
 
     try:
         return {"layers", "baselines", "counts"} <= set(json.loads(storage.read_bytes(path)))
@@ -80,7 +80,7 @@ def _is_results_json(path: str) -> bool:
 
 
 def _is_png(path: str) -> bool:
-    from elmo_jax.formats import storage
+    from elmo_jax import storage
 
     try:
         with storage.open_file(path, "rb") as f:
@@ -117,7 +117,7 @@ def plot(results: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from elmo_jax.formats import storage
+    from elmo_jax import storage
 
     names = list(results["layers"])
     x = range(len(names))

@@ -25,7 +25,7 @@ import sys
 from absl import app, flags
 
 from elmo_jax.data.default_corpus import HELDOUT_ONE_IN, prose_sentences
-from elmo_jax.formats import atomic_write
+from elmo_jax.storage import atomic
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("sources", "/usr/share/doc/python3.11/html/_sources", "The documentation's reST sources.")
@@ -79,10 +79,10 @@ def main(argv) -> None:
     os.makedirs(FLAGS.out_dir, exist_ok=True)
     manifest = {"sources": FLAGS.sources, "files": len(files)}
     for split, lines in splits.items():
-        atomic_write.write_text(os.path.join(FLAGS.out_dir, f"{split}.txt"), "".join(x + "\n" for x in lines))
+        atomic.write_text(os.path.join(FLAGS.out_dir, f"{split}.txt"), "".join(x + "\n" for x in lines))
         tokens = [t for x in lines for t in x.split()]
         manifest[split] = {"sentences": len(lines), "tokens": len(tokens), "types": len(set(tokens))}
-    atomic_write.write_text(os.path.join(FLAGS.out_dir, "manifest.json"), json.dumps(manifest, indent=1) + "\n")
+    atomic.write_text(os.path.join(FLAGS.out_dir, "manifest.json"), json.dumps(manifest, indent=1) + "\n")
     print(json.dumps(manifest))
 
 

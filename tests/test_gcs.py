@@ -33,13 +33,15 @@ for _module in ("fsspec", "gcsfs", "google.cloud.storage", "fake_gcs_server_pyth
 import fsspec
 
 import elmo_jax
+from elmo_jax import storage
 from elmo_jax.data import text_files
 from elmo_jax.data.vocab_builder import build_vocab, count_tokens
 from elmo_jax.features.file_embedding import Options, embed_file
-from elmo_jax.formats import model_dir, storage
+from elmo_jax.formats import model_dir
 from elmo_jax.formats.output_paths import check_output
 from elmo_jax.formats.vocab_file import VOCABULARY, Vocab
-from elmo_jax.training import bucket_lock, loop, start
+from elmo_jax.storage import bucket_lock
+from elmo_jax.training import loop, start
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.heldout import heldout_perplexity
 from elmo_jax.training.workdir import WorkdirInUseError, WorkdirLock

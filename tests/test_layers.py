@@ -1,5 +1,6 @@
 """The package's layers, read from the source with `ast`: every import of an elmo_jax module points down
-the layers (docs/ARCHITECTURE.md), and nothing imports a command module."""
+the layers (docs/ARCHITECTURE.md), nothing imports a command module, and no modules import each other in
+a cycle (function-local imports included: they hide a cycle from Python, not from the design)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "elmo_jax"
 # Layer of each top-level name under elmo_jax; a module may import its own layer and those below it.
-# features and data sit side by side: neither imports the other.
-LAYERS = {"model": 0, "formats": 1, "features": 2, "data": 2, "training": 3}
+# Side by side, importing neither each other: storage and model (the bottom: where bytes live, and the
+# pure model), features and data.
+LAYERS = {"storage": 0, "model": 0, "formats": 1, "features": 2, "data": 2, "training": 3}
 COMMAND = 4  # elmo_jax/<name>.py: the commands (python -m elmo_jax.X) and their shared ending (cli)
 # The public API: elmo_jax/__init__.py re-exports model, formats and features, and the facade modules;
 # elmo_jax/pretrained.py re-exports formats (the published models by name). Nothing in the package
@@ -60,6 +62,51 @@ def upward_imports(root: Path = PACKAGE) -> list[str]:
 
 def test_imports_point_down_the_layers():
     assert upward_imports() == []
+
+
+def module_name(path: Path, root: Path) -> str:
+    return path.relative_to(root.parent).as_posix()[: -len(".py")].replace("/__init__", "").replace("/", ".")
+
+
+def import_cycles(root: Path = PACKAGE) -> list[list[str]]:
+    """The import cycles among the package's modules (each a list of modules, the first repeated last);
+    an import of a package counts as an import of its __init__."""
+    modules = {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+    graph = {
+        name: sorted({m for _, m in imported_modules(path, root) if m in modules and m != name})
+        for name, path in modules.items()
+    }
+    cycles, state = [], {}  # state: 1 on the current path, 2 done
+
+    def visit(name: str, stack: list[str]) -> None:
+        state[name] = 1
+        for child in graph[name]:
+            if state.get(child) == 1:
+                cycles.append(stack[stack.index(child) :] + [child])
+            elif child not in state:
+                visit(child, stack + [child])
+        state[name] = 2
+
+    for name in graph:
+        if name not in state:
+            visit(name, [name])
+    return cycles
+
+
+def test_no_import_cycles():
+    assert import_cycles() == []
+
+
+def test_an_import_cycle_is_caught(tmp_path):
+    """The check itself can fail: two modules of one layer importing each other, one of them only
+    inside a function, are reported."""
+    package = tmp_path / "elmo_jax"
+    (package / "features").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "features" / "__init__.py").write_text("")
+    (package / "features" / "a.py").write_text("from elmo_jax.features import b\n")
+    (package / "features" / "b.py").write_text("def f():\n    from elmo_jax.features.a import g\n")
+    assert import_cycles(package) == [["elmo_jax.features.a", "elmo_jax.features.b", "elmo_jax.features.a"]]
 
 
 def test_an_upward_import_is_caught(tmp_path):

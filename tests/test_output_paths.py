@@ -18,8 +18,9 @@ import h5py
 import numpy as np
 import pytest
 
-from elmo_jax.formats import atomic_write, model_dir, output_paths
+from elmo_jax.formats import model_dir, output_paths
 from elmo_jax.formats.vectors_hdf5 import VECTORS_FILE
+from elmo_jax.storage import atomic
 from tests.support.commands import error_line
 from tests.support.compare import tree_digest
 from tests.support.inprocess import run_in_process
@@ -128,14 +129,14 @@ def test_a_killed_runs_staging_is_removed_by_the_next_run_on_that_target(model, 
     a live writer's staging and other targets' are left alone."""
     vectors, exported = tmp_path / "vectors.hdf5", tmp_path / "exported"
     dead = _dead_pid()
-    stale_file = tmp_path / f".vectors.hdf5.{atomic_write._host()}.{dead}.abc123.tmp"
+    stale_file = tmp_path / f".vectors.hdf5.{atomic._host()}.{dead}.abc123.tmp"
     stale_file.write_bytes(b"half an HDF5 file")
-    stale_dir = tmp_path / f".exported.{atomic_write._host()}.{dead}.def456.tmp"
+    stale_dir = tmp_path / f".exported.{atomic._host()}.{dead}.def456.tmp"
     stale_dir.mkdir()
     (stale_dir / "weights.hdf5").write_bytes(b"half a model")
-    live = tmp_path / f".vectors.hdf5.{atomic_write._host()}.{os.getpid()}.ghi789.tmp"  # this process: alive
+    live = tmp_path / f".vectors.hdf5.{atomic._host()}.{os.getpid()}.ghi789.tmp"  # this process: alive
     live.write_bytes(b"being written")
-    other_target = tmp_path / f".other.hdf5.{atomic_write._host()}.{dead}.jkl012.tmp"
+    other_target = tmp_path / f".other.hdf5.{atomic._host()}.{dead}.jkl012.tmp"
     other_target.write_bytes(b"not ours to judge")
 
     result = embed_file(model, text, vectors)

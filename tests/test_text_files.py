@@ -10,7 +10,7 @@ import pytest
 
 from elmo_jax.data import text_blocks, text_files
 from elmo_jax.data.text_files import ReadStats, expand_glob, iter_sentences
-from elmo_jax.formats import atomic_write
+from elmo_jax.storage import atomic
 
 
 def write(path, data: bytes | str):
@@ -181,23 +181,23 @@ def test_a_bad_glob_fails_at_the_call(tmp_path):
         iter_sentences(str(tmp_path / "missing-*"))
 
 
-# ----------------------------------------------------------------------------- atomic_write.write_text
+# ----------------------------------------------------------------------------- atomic.write_text
 
 
 def test_write_text_atomic_replaces_whole_files_only(tmp_path):
     path = tmp_path / "out.txt"
-    atomic_write.write_text(path, "first\n")
+    atomic.write_text(path, "first\n")
     assert path.read_text(encoding="utf-8") == "first\n"
     assert os.stat(path).st_mode & 0o777 == 0o666 & ~_umask()
     with pytest.raises(UnicodeEncodeError):
-        atomic_write.write_text(path, "half written \ud800")  # fails mid-write
+        atomic.write_text(path, "half written \ud800")  # fails mid-write
     assert path.read_text(encoding="utf-8") == "first\n"
     assert sorted(os.listdir(tmp_path)) == ["out.txt"]  # no temporary file left behind
 
 
 def test_write_text_atomic_names_a_missing_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"cannot write .*out\.txt: directory .*nowhere does not exist"):
-        atomic_write.write_text(tmp_path / "nowhere" / "out.txt", "x")
+        atomic.write_text(tmp_path / "nowhere" / "out.txt", "x")
 
 
 def _umask() -> int:

@@ -52,6 +52,10 @@ def test_a_second_run_on_a_workdir_in_use_is_refused(corpus, tmp_path):
             line = error_line(second, f"{workdir} is in use by another training run", f"pid {first.pid}")
             assert os.uname().nodename.split(".")[0] in line
             assert time.monotonic() - started < 60  # refused at start-up, not after training
+        # Issue #30: the usual reflex for a lock believed stale. The lock is on the directory, not the file.
+        os.remove(workdir / LOCK_FILE)
+        second = run_in_process("train.py", *tiny_flags(corpus, workdir, num_train_steps=STEPS))
+        error_line(second, f"{workdir} is in use by another training run")
         assert first.poll() is None, "the first run ended before the second ones were refused"
         assert first.wait(timeout=240) == 0, (tmp_path / "first.log").read_text()[-3000:]
     finally:
@@ -59,7 +63,7 @@ def test_a_second_run_on_a_workdir_in_use_is_refused(corpus, tmp_path):
             first.kill()
     steps = [r["step"] for r in read_metrics(workdir)]
     assert steps == list(range(1, STEPS + 1))
-    assert (workdir / LOCK_FILE).read_text() == ""  # released when the run ended
+    assert (workdir / LOCK_FILE).read_text() == ""  # nobody holds it (the file now is the refused run's)
 
 
 @pytest.mark.slow
@@ -79,11 +83,16 @@ def test_a_killed_runs_lock_is_taken_over(corpus, tmp_path):
 
 
 def test_the_lock_in_one_process(tmp_path):
-    """The lock itself: a second holder is refused naming the first, a released lock is free again."""
+    """The lock itself: a second holder is refused naming the first, a released lock is free again; and
+    deleting the lock file (which names the holder) does not unlock the workdir (issue #30: it was an
+    flock on the file's inode, so a second run locked a new file and trained alongside)."""
     with WorkdirLock(str(tmp_path)):
         with pytest.raises(WorkdirInUseError, match=f"pid {os.getpid()} on host"):
             WorkdirLock(str(tmp_path)).__enter__()  # another open file description: flock refuses it
         assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
-    assert (tmp_path / LOCK_FILE).read_text() == ""
+        os.remove(tmp_path / LOCK_FILE)
+        with pytest.raises(WorkdirInUseError, match="is in use by another training run"):
+            WorkdirLock(str(tmp_path)).__enter__()
     with WorkdirLock(str(tmp_path)):
         pass
+    assert (tmp_path / LOCK_FILE).read_text() == ""

@@ -31,7 +31,7 @@ import sysconfig
 import time
 from collections.abc import Iterator, Sequence
 
-from elmo_jax.formats import atomic_write
+from elmo_jax.storage import atomic
 
 FORMAT_VERSION = 1  # bump when the extraction or tokenization changes, so old builds are not reused
 HELDOUT_ONE_IN = 20
@@ -275,7 +275,7 @@ def build_default_corpus(out_dir: str | os.PathLike, *, modules: Sequence[str] =
     }
     for name, sentences in splits.items():
         text = "".join(" ".join(tokens) + "\n" for tokens in sentences)
-        atomic_write.write_text(paths[name], text)
+        atomic.write_text(paths[name], text)
         manifest[name] = {
             "sentences": len(sentences),
             "tokens": sum(map(len, sentences)),
@@ -284,7 +284,7 @@ def build_default_corpus(out_dir: str | os.PathLike, *, modules: Sequence[str] =
             "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
         }
     manifest["build_seconds"] = round(time.perf_counter() - start, 2)
-    atomic_write.write_text(manifest_path, json.dumps(manifest, indent=1) + "\n")
+    atomic.write_text(manifest_path, json.dumps(manifest, indent=1) + "\n")
     return paths["train"], paths["heldout"]
 
 

@@ -19,10 +19,11 @@ its `data.train_files`, `data.heldout_files` and `data.cache_dir` are `text_glob
 `data_dir` and its reading options are the same (`configs/bilm_large.py:DATA_DIR` sets them).
 
 A `data_dir` in Cloud Storage (`gs://BUCKET/DIR`) gets the same layout but the archive: the work is done
-on local disk, in the local mirror of the bucket directory's prepared corpora (`local_corpus.local_mirror`,
-under $TMPDIR), and the text files and the prepared corpus are uploaded, the corpus's manifest last (it
-is complete once that is there). The text files are not one object: until the command has finished, the
-bucket may hold some of them, so start training only after it (re-running completes an interrupted one).
+on local disk, in this machine's workspace for the bucket directory (`storage.Workspace`, under $TMPDIR,
+where its prepared corpora are kept too), and the text files and the prepared corpus are uploaded, the
+corpus's manifest last (it is complete once that is there). The text files are not one object: until the
+command has finished, the bucket may hold some of them, so start training only after it (re-running
+completes an interrupted one).
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ import urllib.request
 
 from absl import logging
 
+from elmo_jax import storage
 from elmo_jax.data import local_corpus
-from elmo_jax.formats import atomic_write, storage
+from elmo_jax.storage import atomic
 
 URL = "http://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz"
 TOP_DIR = "1-billion-word-language-modeling-benchmark-r13output"
@@ -79,49 +81,29 @@ def prepare_lm1b(
       OSError: a download, extraction or write failed (nothing partial is left under a final name).
       ValueError: the archive lacks some of the expected text files.
     """
-    if storage.is_remote(data_dir):
-        return _prepare_in_bucket(
-            storage.absolute(data_dir), source=source, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8
-        )
-    data_dir = os.path.abspath(os.fspath(data_dir))
-    os.makedirs(data_dir, exist_ok=True)
+    data_dir = storage.absolute(data_dir)
+    # A data_dir in a bucket: the work happens in this machine's workspace for it, and is uploaded.
+    workspace = storage.Workspace(data_dir, "corpora")
+    os.makedirs(workspace.local, exist_ok=True)
     train, heldout = text_globs(data_dir)
-    top = os.path.dirname(os.path.dirname(train))
-    if not os.path.isdir(top):
-        archive = source if os.path.exists(source) else download(source, os.path.join(data_dir, "downloads"))
-        extract(archive, os.path.dirname(top))
-    return local_corpus.prepare_local_corpus(
-        train, heldout, data_dir, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8
-    )
-
-
-def _prepare_in_bucket(data_dir: str, *, source: str, **read_options) -> local_corpus.PreparedCorpus:
-    """`prepare_lm1b` into the bucket directory `data_dir`: the archive downloaded and extracted on this
-    machine, into the local mirror where the prepared corpora of `data_dir` are kept
-    (`local_corpus.local_mirror`); the text files uploaded (those not there yet, each one upload); then the
-    corpus of the uploaded files prepared from their local copies and uploaded, its manifest last. With
-    all the text files in the bucket already, nothing is downloaded but the prepared corpus (when this
-    machine lacks it)."""
-    mirror = local_corpus.local_mirror(data_dir)
-    train, heldout = text_globs(data_dir)
-    top = storage.dirname(storage.dirname(train))
-    uploaded = storage.listing(top)
+    top, relative_top = storage.dirname(storage.dirname(train)), f"lm1b/{TOP_DIR}"
+    present = storage.listing(top)
     local_copies = None
-    if not set(_text_file_names()) <= set(uploaded):
-        local_train, _ = text_globs(mirror)
-        local_top = os.path.dirname(os.path.dirname(local_train))
+    if not set(_text_file_names()) <= set(present):
+        local_top = workspace.local_path("lm1b", TOP_DIR)
         if not os.path.isdir(local_top):
-            os.makedirs(mirror, exist_ok=True)
-            archive = source if os.path.exists(source) else download(source, os.path.join(mirror, "downloads"))
+            downloads = workspace.local_path("downloads")
+            archive = source if os.path.exists(source) else download(source, downloads)
             extract(archive, os.path.dirname(local_top))
         local_copies = {}
         for name in _text_file_names():
-            local, url = os.path.join(local_top, *name.split("/")), storage.join(top, name)
-            if uploaded.get(name, (None,))[0] != os.path.getsize(local):  # an object is complete or absent
-                storage.upload_file(local, url)
-            local_copies[url] = local
-        logging.info("uploaded the text files to %s", top)
-    return local_corpus.prepare_local_corpus(train, heldout, data_dir, local_copies=local_copies, **read_options)
+            local = os.path.join(local_top, *name.split("/"))
+            if present.get(name, (None,))[0] != os.path.getsize(local):  # an object is complete or absent
+                workspace.publish_file(f"{relative_top}/{name}")
+            local_copies[storage.join(top, name)] = local
+    return local_corpus.prepare_local_corpus(
+        train, heldout, data_dir, local_copies=local_copies, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8
+    )
 
 
 def _text_file_names() -> list[str]:
@@ -140,8 +122,8 @@ def download(url: str, directory: str) -> str:
     path = os.path.join(directory, os.path.basename(url.rstrip("/")) or "download")
     if os.path.exists(path):
         return path
-    atomic_write.remove_stale_staging(path, log=logging.info)
-    fd, staging = atomic_write.temporary_file(path)
+    atomic.remove_stale_staging(path, log=logging.info)
+    fd, staging = atomic.temporary_file(path)
     try:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
             expected = int(response.headers.get("Content-Length") or -1)
@@ -173,11 +155,9 @@ def extract(archive: str, directory: str) -> str:
     with their modification times from the archive. The directory appears only once all are extracted.
     """
     os.makedirs(directory, exist_ok=True)
-    final = os.path.join(directory, TOP_DIR)
-    atomic_write.remove_stale_staging(final, log=logging.info)
-    staging = atomic_write.temporary_directory(final)
     counts = {TRAIN_DIR: 0, HELDOUT_DIR: 0}
-    try:
+
+    def fill(staging: str) -> None:
         with tarfile.open(archive, mode="r|*") as tar:
             for member in tar:
                 if not (member.isfile() and _MEMBER_RE.fullmatch(member.name)):
@@ -195,11 +175,16 @@ def extract(archive: str, directory: str) -> str:
                 f"{archive}: found {counts[TRAIN_DIR]} training and {counts[HELDOUT_DIR]} heldout text files "
                 f"under {TOP_DIR}/, expected {TRAIN_FILES} and {HELDOUT_FILES}; is it the 1B Word Benchmark archive?"
             )
-        os.rename(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return final
+
+    # Another process extracting the same archive at once: its complete copy is kept.
+    return atomic.publish_directory(os.path.join(directory, TOP_DIR), fill, existing="keep")
+
+
+def location(data_dir: str | os.PathLike, corpus: local_corpus.PreparedCorpus) -> str:
+    """Where `prepare_lm1b(data_dir)` put `corpus`: its directory, and this machine's copy when that is
+    elsewhere (a bucket directory's)."""
+    place = storage.join(storage.absolute(data_dir), local_corpus.DIRECTORY, corpus.name)
+    return place if place == corpus.directory else f"{place} (and its local copy {corpus.directory})"
 
 
 def summary(corpus: local_corpus.PreparedCorpus) -> str:

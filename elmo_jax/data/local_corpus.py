@@ -27,8 +27,9 @@ next one removes what it left.
 A `data_dir` in Cloud Storage (`gs://...`, e.g. a workdir there) holds the same layout, uploaded manifest
 last, so a prepared corpus there is complete once its manifest is. ArrayRecord reads one record per
 request, which over the network would cost a round trip per sentence, so every process reads a local
-copy: the corpus is prepared (by the first process) in a local mirror and uploaded, and a process that
-finds it in the bucket downloads it into its own mirror once (`local_mirror`).
+copy: the corpus is prepared (by the first process) in this machine's workspace for the bucket
+directory (`storage.Workspace`) and uploaded, and a process that finds it in the bucket downloads it into
+its own workspace once (`local_mirror`).
 
 Reading needs only the `array_record` package: `ArrayRecordDataSource(paths)` of the shard files in
 the manifest's order gives the same records; grain's `MapDataset.source` works on `open_split`'s result.
@@ -43,19 +44,20 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
 from absl import logging
 from array_record.python import array_record_data_source
 
+from elmo_jax import storage
 from elmo_jax.data import shard_writer, text_files
 from elmo_jax.data.sentence_source import SentenceSource
-from elmo_jax.formats import atomic_write, storage
+from elmo_jax.storage import atomic
 
 FORMAT = "elmo_jax local text corpus, ArrayRecord, version 1"
 DIRECTORY = "local_text_corpus"
+MANIFEST = "manifest.json"
 SPLITS = ("train", "test")  # the split names of the stock lm1b dataset: training and heldout text
 SHARD_BYTES = 64 << 20  # text per shard (the 1B Word Benchmark's 4 GB then make ~64 shards, as TFDS writes)
 WRITER_OPTIONS = shard_writer.WRITER_OPTIONS
@@ -101,14 +103,12 @@ def fingerprint(
 ) -> str:
     """Hex digest of everything that decides a prepared corpus's content."""
 
-    # An object's generation changes whenever it is rewritten; one listing per directory of objects.
-    remote = storage.stat_many([p for p in (*train_files, *test_files) if storage.is_remote(p)])
+    # A file's version (modification time, an object's generation) changes whenever it is rewritten;
+    # objects in a bucket are read with one listing per directory.
+    stats = storage.stat_many([*train_files, *test_files])
 
     def describe(path: str) -> list:
-        if storage.is_remote(path):
-            return [path, *remote[path][:2]]
-        info = os.stat(path)
-        return [os.path.abspath(path), info.st_size, info.st_mtime_ns]
+        return [storage.absolute(path), *stats[path][:2]]
 
     key = {
         "format": FORMAT,
@@ -169,30 +169,23 @@ def prepare_local_corpus(
         raise ValueError(f"writer_processes={writer_processes!r}: expected an int >= 0")
     train = tuple(map(storage.absolute, text_files.expand_glob(train_files)))
     test = tuple(map(storage.absolute, text_files.expand_glob(heldout_files))) if heldout_files else ()
-    real = lambda p: p if storage.is_remote(p) else os.path.realpath(p)
-    both = sorted(set(map(real, train)) & set(map(real, test)))
+    both = sorted(set(map(storage.real, train)) & set(map(storage.real, test)))
     if both:  # heldout perplexity on training text would look far better than it is
         raise ValueError(f"{len(both)} file(s) are in both the train and the heldout files: {', '.join(both[:5])}")
     digest = fingerprint(train, test, max_line_chars, invalid_utf8)
-    if storage.is_remote(data_dir):
-        options = dict(
-            name=name,
-            max_line_chars=max_line_chars,
-            invalid_utf8=invalid_utf8,
-            shard_bytes=shard_bytes,
-            writer_processes=writer_processes,
-            local_copies=local_copies,
-        )
-        return _prepare_in_bucket(train_files, heldout_files, os.fspath(data_dir), digest, **options)
-    directory = os.path.join(os.fspath(data_dir), DIRECTORY, f"{name}_{digest[:16]}")
+    # A data_dir in a bucket: prepared (or downloaded) on this machine, in its workspace, and uploaded.
+    workspace = storage.Workspace(os.fspath(data_dir), "corpora")
+    relative = f"{DIRECTORY}/{name}_{digest[:16]}"
+    directory = workspace.local_path(*relative.split("/"))
     corpus = _reusable(directory, digest)
+    published = workspace.published(relative, MANIFEST)
+    if corpus is None and published:  # prepared by another machine: downloaded (nothing to do locally)
+        workspace.fetch(relative)
+        corpus = _reusable(directory, digest)
+        logging.info("downloaded the prepared corpus %s to %s", workspace.place_path(relative), directory)
     if corpus is not None:
         _log_stats(corpus, "reusing")
-        return corpus
-    os.makedirs(os.path.dirname(directory), exist_ok=True)
-    atomic_write.remove_stale_staging(directory, log=logging.info)
-    staging = atomic_write.temporary_directory(directory)
-    try:
+    else:
         manifest = {
             "format": FORMAT,
             "fingerprint": digest,
@@ -200,58 +193,37 @@ def prepare_local_corpus(
             "files": {"train": list(train), "test": list(test)},
             "splits": {},
         }
-        for split, files in (("train", train), ("test", test)):
-            if files:
-                readable = [(local_copies or {}).get(path, path) for path in files]
-                manifest["splits"][split] = _write_split(
-                    staging,
-                    split,
-                    readable,
-                    max_line_chars,
-                    invalid_utf8,
-                    shard_bytes,
-                    log_every_bytes,
-                    writer_processes,
-                )
-        atomic_write.write_text(os.path.join(staging, "manifest.json"), json.dumps(manifest, indent=1) + "\n")
-        _fsync_directory(staging)
-        try:
-            os.rename(staging, directory)
-        except OSError:
-            if _reusable(directory, digest) is None:
-                raise
-            shutil.rmtree(staging)  # another process prepared the same corpus first: use its copy
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    corpus = load_prepared(directory)
-    _log_stats(corpus, "prepared")
+
+        def fill(staging: str) -> None:
+            for split, files in (("train", train), ("test", test)):
+                if files:
+                    readable = [(local_copies or {}).get(path, path) for path in files]
+                    manifest["splits"][split] = _write_split(
+                        staging,
+                        split,
+                        readable,
+                        max_line_chars,
+                        invalid_utf8,
+                        shard_bytes,
+                        log_every_bytes,
+                        writer_processes,
+                    )
+            atomic.write_text(os.path.join(staging, MANIFEST), json.dumps(manifest, indent=1) + "\n")
+
+        os.makedirs(os.path.dirname(directory), exist_ok=True)
+        # Two processes preparing at once: the second gives way to the first's complete copy.
+        atomic.publish_directory(directory, fill, existing="keep", accept=lambda d: _reusable(d, digest) is not None)
+        corpus = load_prepared(directory)
+        _log_stats(corpus, "prepared")
+    if not published:
+        workspace.publish(relative, last=MANIFEST)
     return corpus
 
 
 def local_mirror(data_dir: str) -> str:
-    """The local directory where this machine keeps its copies of the corpora prepared in the bucket
-    directory `data_dir` (under the system's temporary directory, one per `data_dir`)."""
-    key = hashlib.sha256(data_dir.rstrip("/").encode("utf-8")).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), "elmo_jax_corpora", key)
-
-
-def _prepare_in_bucket(train_files, heldout_files, data_dir: str, digest: str, *, name: str, **options):
-    """The corpus prepared under the bucket directory `data_dir`, read from this machine's local mirror:
-    reused there, else downloaded from the bucket (complete once its manifest is there), else prepared
-    locally and uploaded, the manifest last."""
-    mirror = local_mirror(data_dir)
-    remote = storage.join(data_dir, DIRECTORY, f"{name}_{digest[:16]}")
-    local = os.path.join(mirror, DIRECTORY, f"{name}_{digest[:16]}")
-    published = storage.exists(storage.join(remote, "manifest.json"))
-    if published and _reusable(local, digest) is None:
-        storage.download_tree_whole(remote, local)
-        logging.info("downloaded the prepared corpus %s to %s", remote, local)
-    corpus = prepare_local_corpus(train_files, heldout_files, mirror, name=name, **options)
-    if not published:
-        storage.upload_tree(corpus.directory, remote, last="manifest.json")
-        logging.info("uploaded the prepared corpus to %s (read from its local copy %s)", remote, corpus.directory)
-    return corpus
+    """The local directory where this machine keeps the corpora it prepares for `data_dir` (and reads):
+    `data_dir` itself when local; for a bucket directory this machine's workspace for it."""
+    return storage.Workspace(data_dir, "corpora").local
 
 
 def _reusable(directory: str, digest: str) -> PreparedCorpus | None:
@@ -357,18 +329,6 @@ class _Shard:
 
 def _shard_entry(split: str, index: int, shard: _Shard) -> dict:
     return {"file": f"{split}-{index:05d}.array_record", "records": shard.records, "bytes": shard.written}
-
-
-def _fsync_directory(directory: str) -> None:
-    """Flushes the shard files and the directory entries, so the rename publishes complete data."""
-    for entry in os.listdir(directory):
-        with open(os.path.join(directory, entry), "rb") as f:
-            os.fsync(f.fileno())
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def load_prepared(directory: str | os.PathLike) -> PreparedCorpus:

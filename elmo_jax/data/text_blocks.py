@@ -36,7 +36,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from elmo_jax.formats import storage
+from elmo_jax import storage
 
 BLOCK_BYTES = 1 << 20  # 1 MiB of input per block: the per-block passes cost nothing next to the lines'
 _BOM = b"\xef\xbb\xbf"

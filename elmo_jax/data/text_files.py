@@ -34,8 +34,8 @@ import dataclasses
 import os
 from collections.abc import Iterable, Iterator, Sequence
 
+from elmo_jax import storage
 from elmo_jax.data import text_blocks
-from elmo_jax.formats import storage
 
 DEFAULT_MAX_LINE_CHARS = 10_000  # far above real sentences; bounds the memory one line can take
 INVALID_UTF8_POLICIES = ("replace", "skip")
@@ -70,27 +70,23 @@ def expand_glob(patterns: Files) -> list[str]:
     matched_by: dict[str, str] = {}
     sizes: dict[str, int] = {}
     for pattern in map(os.fspath, patterns):
-        expanded = pattern if storage.is_remote(pattern) else os.path.expanduser(pattern)
+        expanded = storage.expand_user(pattern)
         matches = [expanded] if storage.exists(expanded) else storage.glob(expanded)
         if not matches:
             raise FileNotFoundError(f"no file matches {pattern!r}")
-        if storage.is_remote(expanded):  # one listing per directory, not requests per object
-            stats = storage.stat_many(matches)
-            is_dir = {path: stats[path][2] for path in matches}
-            sizes.update((path, stats[path][0]) for path in matches)
-        else:
-            is_dir = {path: os.path.isdir(path) for path in matches}
+        stats = storage.stat_many(matches)  # in a bucket one listing per directory, not requests per object
+        sizes.update((path, stats[path][0]) for path in matches)
         for path in matches:
-            if is_dir[path]:
+            if stats[path][2]:
                 raise IsADirectoryError(f"{path} (matched by {pattern!r}) is a directory, expected a text file")
-            key = path if storage.is_remote(path) else os.path.realpath(path)
+            key = storage.real(path)
             if key in matched_by:
                 raise ValueError(
                     f"{path} is matched by both {matched_by[key]!r} and {pattern!r}; it would be read twice"
                 )
             matched_by[key] = pattern
             files.append(path)
-    if all((sizes[path] if path in sizes else os.path.getsize(path)) == 0 for path in files):
+    if all(sizes[path] == 0 for path in files):
         raise ValueError(
             f"all {len(files)} file(s) matched by {list(map(os.fspath, patterns))} are empty "
             f"(0 bytes): {', '.join(files[:MAX_EXAMPLES])}"

@@ -20,9 +20,9 @@ import os
 import re
 from collections.abc import Mapping
 
+from elmo_jax import storage
 from elmo_jax.data import local_corpus, text_files, tfds_mirror
 from elmo_jax.data.sentence_source import SentenceSource
-from elmo_jax.formats import storage
 
 SPLITS = local_corpus.SPLITS  # "train" and "test", the split names of the stock lm1b dataset
 _PLAIN_SPLIT_RE = re.compile(r"\w+")
@@ -79,8 +79,9 @@ def _open_tfds(name: str, split: str, data_dir, text_key: str) -> SentenceSource
             "download_and_prepare(file_format='array_record') (it is never downloaded here)"
             + ("; for lm1b, `python -m elmo_jax.prepare_lm1b` prepares it without TFDS" if name == "lm1b" else "")
         )
-    if storage.is_remote(builder.data_dir):  # read from a local copy: one network request per record otherwise
-        builder = _builder(name, tfds_mirror.local_data_dir(builder))
+    local = tfds_mirror.local_data_dir(builder)  # in a bucket: a local copy (one request per record otherwise)
+    if not storage.absolute(builder.data_dir).startswith(local + "/"):
+        builder = _builder(name, local)
     available = sorted(builder.info.splits.keys())
     if _PLAIN_SPLIT_RE.fullmatch(split) and split not in available:  # "train[:1%]" etc. are left to TFDS
         raise ValueError(f"{name} has no split {split!r}; it has {available}")

@@ -17,44 +17,31 @@ lacks a shard its `dataset_info.json` lists (an upload still running, or cut sho
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import shutil
-import tempfile
-
 from absl import logging
 
-from elmo_jax.formats import storage
+from elmo_jax import storage
 
-DIRECTORY = "elmo_jax_tfds"
+DIRECTORY = "tfds"  # copies go under $TMPDIR/elmo_jax_tfds/
 
 
 def local_data_dir(builder) -> str:
-    """A local TFDS data directory holding a copy of the prepared dataset of `builder` (a TFDS builder
-    whose `data_dir` is a URL): `tfds.builder(name, data_dir=<it>)` opens the same dataset there.
+    """A local TFDS data directory holding the prepared dataset of `builder`: its own data directory when
+    local; for one in a bucket a local copy (see the module docstring). `tfds.builder(name,
+    data_dir=<it>)` opens the same dataset there.
 
     Raises:
       ValueError: the builder's directory is not `<root>/<its full name>` (not a dataset TFDS prepared).
       FileNotFoundError: the dataset in the bucket lacks a shard its metadata lists.
       OSError: the download failed (nothing is left under the final name).
     """
-    remote, full_name = storage.absolute(builder.data_dir), builder.info.full_name
-    if not remote.endswith("/" + full_name):
-        raise ValueError(f"{remote}: expected the directory of the TFDS dataset {full_name} (ending in it)")
-    listing = storage.listing(remote)
-    _check_shards(builder, remote, listing)
-    url_key = hashlib.sha256(remote.encode("utf-8")).hexdigest()[:16]
-    listing_key = hashlib.sha256(json.dumps(sorted(listing.items())).encode("utf-8")).hexdigest()[:16]
-    mirrors = os.path.join(tempfile.gettempdir(), DIRECTORY, url_key)
-    root = os.path.join(mirrors, listing_key)
-    local = os.path.join(root, *full_name.split("/"))
-    if not os.path.isdir(local):
-        storage.download_tree_whole(remote, local)
-        logging.info("downloaded the TFDS dataset %s to %s", remote, local)
-        for older in set(os.listdir(mirrors)) - {listing_key}:  # copies of what the bucket held before
-            shutil.rmtree(os.path.join(mirrors, older), ignore_errors=True)
-    return root
+    place, full_name = storage.absolute(builder.data_dir), builder.info.full_name
+    if not place.endswith("/" + full_name):
+        raise ValueError(f"{place}: expected the directory of the TFDS dataset {full_name} (ending in it)")
+    _check_shards(builder, place, storage.listing(place))
+    local = storage.mirror(place, DIRECTORY, under=full_name)
+    if local != place:
+        logging.info("reading the TFDS dataset %s from its local copy %s", place, local)
+    return local[: -len(full_name) - 1]
 
 
 def _check_shards(builder, remote: str, listing: dict) -> None:

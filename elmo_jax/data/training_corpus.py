@@ -18,9 +18,9 @@ import os
 
 from absl import logging
 
+from elmo_jax import storage
 from elmo_jax.data import default_corpus, local_corpus, text_files, tfds_corpus, vocab_builder
 from elmo_jax.data.sentence_source import SentenceSource
-from elmo_jax.formats import storage
 from elmo_jax.formats.vocab_file import Vocab
 
 
@@ -68,7 +68,7 @@ def open_training_data(data, workdir: str, *, write_files: bool = True) -> Train
             description = f"files {train_files}"
         else:
             # Text files the corpus preparation reads: kept on this machine when cache_dir is a bucket.
-            local_cache = local_corpus.local_mirror(cache_dir) if storage.is_remote(cache_dir) else cache_dir
+            local_cache = local_corpus.local_mirror(cache_dir)
             train_files, heldout_files = default_corpus.build_default_corpus(
                 os.path.join(local_cache, "default_corpus")
             )

@@ -14,7 +14,10 @@ the library half of `python -m elmo_jax.embed_file`.
    into place; the staging directories are removed.
 
 SIGTERM and Ctrl-C keep the staging directory (its spool synced to disk), as does `kill -9`, so running
-the same command again continues; an error removes it. Each sentence starts from a zero LSTM state, so
+the same command again continues; an error removes it. HDF5 and the spool need a file system: a gs://
+input is read from a local copy and a gs:// output written to a local working copy of this machine
+(where a stopped run resumes), uploaded in one piece when complete (`storage.working_copy`); it takes one
+process. Each sentence starts from a zero LSTM state, so
 its vectors do not depend on the file's order, the batch it lands in, or how the run was split or
 interrupted (up to float32 rounding in other batch shapes, ~1e-7).
 """
@@ -31,14 +34,16 @@ import time
 import numpy as np
 from absl import logging
 
+from elmo_jax import storage
 from elmo_jax.features import processes, sentence_input
 from elmo_jax.features.batch_runner import OUTPUT_MODES, BatchRunner, output_spec
 from elmo_jax.features.file_output import write_output
 from elmo_jax.features.length_buckets import BucketBatcher, InputOrderBatcher, Piece
 from elmo_jax.features.token_ids import CharIdTable, width_bucket
-from elmo_jax.formats import atomic_write, output_paths, storage, vector_spool
+from elmo_jax.formats import output_paths, vector_spool
 from elmo_jax.formats.vectors_hdf5 import VECTORS_FILE
 from elmo_jax.model.params import iter_flat
+from elmo_jax.storage import atomic
 
 LAYER_MODES = OUTPUT_MODES
 TOKEN_CACHE_MODES = ("auto", "off")
@@ -107,10 +112,26 @@ def embed_file(
       ValueError / OSError: bad options, input or output path, with the flag, file or line named;
         nothing is left under `output_path` (an existing file there is untouched).
     """
-    if storage.is_remote(input_path) or storage.is_remote(output_path):
-        from elmo_jax.features.bucket_files import embed_file_in_bucket
+    with storage.working_copy(output_path) as local_output:
+        if storage.is_working_copy(local_output, output_path):  # the output is written here, then uploaded
+            check_output_path(output_path, options.overwrite, inputs=[input_path], remove_stale=False)
+            if processes.share()[1] > 1:
+                raise ValueError(
+                    f"--output={output_path}: with several processes the output must be on a file system every "
+                    "process sees (process 0 reads every process's spool, which a bucket cannot hold; "
+                    "docs/CLOUD_STORAGE.md); write it there, then upload it, or run one process"
+                )
+            options = dataclasses.replace(options, overwrite=True)  # the local copy is this command's own
+        with storage.local_copy(input_path) as local_input:
+            if local_input != input_path:
+                summary = None  # scanned again from the local copy (the same bytes: the same identity)
+            return _embed_local_file(params, local_input, local_output, options, summary=summary, vocabulary=vocabulary)
 
-        return embed_file_in_bucket(params, input_path, output_path, options, summary=summary, vocabulary=vocabulary)
+
+def _embed_local_file(
+    params, input_path: str, output_path: str, options: Options, *, summary=None, vocabulary=None
+) -> dict:
+    """`embed_file` of a local input into a local output."""
     target = check_output_path(output_path, options.overwrite, inputs=[input_path], remove_stale=False)
     output = output_spec(
         options.layers, params.config.n_output_layers, options.mix_scalars, options.gamma, options.float16
@@ -137,7 +158,7 @@ def embed_file(
     identity["share"] = [index, count]
     staging, spool = _open_spool(target, identity, options.resume)
     processes.barrier("embed_file: staging taken")  # no process removes what another is about to take over
-    atomic_write.remove_stale_staging(target, log=logging.warning)
+    atomic.remove_stale_staging(target, log=logging.warning)
     try:
         counts = _embed_share(runner, spool, summary, options, index, count)
         spool.sync()
@@ -233,7 +254,7 @@ def _open_spool(target: str, identity: dict, resume: bool) -> tuple[str, vector_
                 staging,
             )
             return staging, spool
-    staging = atomic_write.temporary_directory(target)
+    staging = atomic.temporary_directory(target)
     try:
         return staging, vector_spool.Spool.create(staging, identity)
     except BaseException:

@@ -18,9 +18,10 @@ import numpy as np
 
 from elmo_jax.features import processes, sentence_input
 from elmo_jax.features.batch_runner import Output
-from elmo_jax.formats import atomic_write, vector_spool
+from elmo_jax.formats import vector_spool
 from elmo_jax.formats.vectors_hdf5 import VectorsWriter
 from elmo_jax.model.config import BiLMConfig
+from elmo_jax.storage import atomic
 
 
 def write_output(
@@ -62,7 +63,7 @@ def write_output(
         if lines != summary.lines or digest.hexdigest() != summary.sha256:
             raise ValueError(f"--input={summary.path}: the file changed while it was read; embed it again")
         writer.commit()
-    os.chmod(staged, atomic_write.new_file_mode())
+    os.chmod(staged, atomic.new_file_mode())
     os.replace(staged, target)
     return writer.datasets
 

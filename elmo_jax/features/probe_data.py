@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 
-from elmo_jax.formats import storage
+from elmo_jax import storage
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,11 +29,11 @@ import h5py
 import jax
 import numpy as np
 
-from elmo_jax.formats import atomic_write
 from elmo_jax.model.char_cnn import content_bucket, token_embedding
 from elmo_jax.model.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, batch_to_ids
 from elmo_jax.model.params import BiLMParams, iter_flat
 from elmo_jax.model.precision import ComputeOptions
+from elmo_jax.storage import atomic
 
 FORMAT = "elmo_jax.token_cache/1"
 DEFAULT_BATCH_SIZE = 1024  # tokens per char-CNN call while building
@@ -167,7 +167,7 @@ def save_token_cache(cache: TokenCache, path: str | os.PathLike) -> None:
             h5.attrs["max_characters_per_token"] = cache.max_characters_per_token
             h5.attrs["char_cnn_sha256"] = cache.char_cnn_sha256
 
-    atomic_write.write(path, write)
+    atomic.write(path, write)
 
 
 def load_token_cache(

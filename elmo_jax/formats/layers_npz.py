@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from elmo_jax.formats import storage
+from elmo_jax import storage
 from elmo_jax.formats.output_paths import Artifact
 
 

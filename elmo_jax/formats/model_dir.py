@@ -28,15 +28,14 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import shutil
-import tempfile
 import time
 from typing import Any
 
 import jax
 import numpy as np
 
-from elmo_jax.formats import atomic_write, output_paths, storage
+from elmo_jax import storage
+from elmo_jax.formats import output_paths
 from elmo_jax.formats.output_paths import MODEL_FORMAT, MODEL_MANIFEST, is_model_directory
 from elmo_jax.model.config import BiLMConfig, read_options
 from elmo_jax.model.params import BiLMParams, check_finite, from_flat, iter_flat, weight_shapes
@@ -96,9 +95,9 @@ def write_model_dir(
     check_target(target, overwrite, inputs=inputs, allow_inside=allow_inside)
     host = BiLMParams(weights=jax.tree.map(np.asarray, jax.device_get(params.weights)), config=params.config)
     check_finite(host.weights, f"cannot write the model directory {target}")
-    remote = storage.is_remote(target)
-    staging = tempfile.mkdtemp(prefix="elmo_jax_model_") if remote else atomic_write.temporary_directory(target)
-    try:
+    manifest = {}
+
+    def fill(staging: str) -> None:
         weights_hdf5.save_hdf5(host, os.path.join(staging, OPTIONS), os.path.join(staging, WEIGHTS))
         with open(os.path.join(staging, PARAMS), "wb") as f:
             np.savez(f, **{path: np.asarray(a, np.float32) for path, a in iter_flat(host.weights)})
@@ -112,30 +111,14 @@ def write_model_dir(
             vocab.save(os.path.join(staging, VOCAB))
         with open(os.path.join(staging, USAGE), "w", encoding="utf-8") as f:
             f.write(usage_text(params.config) if extractor else usage_without_extractor(source))
-        manifest = _manifest(staging, params.config, source, compute_dtype if extractor else None)
+        manifest.update(_manifest(staging, params.config, source, compute_dtype if extractor else None))
         with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2, sort_keys=True)
             f.write("\n")
-        for name in os.listdir(staging):
-            _fsync(os.path.join(staging, name))
-        os.chmod(staging, 0o777 & ~atomic_write.umask())  # mkdtemp makes it owner-only; give it what mkdir would
-        if remote:
-            _publish_in_bucket(staging, target)
-        else:
-            _replace_dir(staging, target)
-    finally:
-        if remote or os.path.exists(staging):
-            shutil.rmtree(staging, ignore_errors=True)
+
+    # An earlier model directory (allowed by `check_target`) is replaced only once the new one is complete.
+    storage.publish_directory(target, fill, last=MANIFEST, existing="replace" if overwrite else "refuse")
     return manifest
-
-
-def _publish_in_bucket(staging: str, target: str) -> None:
-    """Uploads the local directory `staging` to the URL `target`, manifest last, after removing an
-    earlier model there (its manifest first, so no reader ever sees old and new files together)."""
-    if storage.exists(target):
-        storage.remove(storage.join(target, MANIFEST))
-        storage.rmtree(target)
-    storage.upload_tree(staging, target, last=MANIFEST)
 
 
 def load(directory: str | os.PathLike, *, verify: bool = True) -> BiLMParams:
@@ -151,8 +134,22 @@ def load(directory: str | os.PathLike, *, verify: bool = True) -> BiLMParams:
         parameters do not match the options (the message names the file and key).
     """
     path = os.fspath(directory)
-    if storage.is_remote(path):
-        return _load_from_bucket(path, verify)
+    if not storage.exists(path):
+        raise FileNotFoundError(f"{path}: model directory not found")
+    if storage.is_unfinished_publish(path, MANIFEST):
+        raise FileNotFoundError(
+            f"{path}: missing {MANIFEST}; not a model directory written by elmo_jax.export (or its upload did "
+            "not finish)"
+        )
+    with storage.local_directory(path) as local:
+        try:
+            return _load_local(local, verify)
+        except (OSError, ValueError) as e:  # name what the user gave, not a temporary copy
+            raise type(e)(str(e).replace(local, path)) from None
+
+
+def _load_local(path: str, verify: bool) -> BiLMParams:
+    """`load` of a local model directory."""
     read_manifest(path, verify=verify)
     config = read_options(os.path.join(path, OPTIONS))
     params_file = os.path.join(path, PARAMS)
@@ -172,22 +169,6 @@ def load(directory: str | os.PathLike, *, verify: bool = True) -> BiLMParams:
             raise ValueError(f"{params_file}: {key!r} is {flat[key].dtype} {flat[key].shape}, expected float32 {shape}")
     check_finite(flat, params_file)
     return BiLMParams(weights=from_flat({k: jax.numpy.asarray(v) for k, v in flat.items()}), config=config)
-
-
-def _load_from_bucket(url: str, verify: bool) -> BiLMParams:
-    """`load` of a model directory in a bucket: downloaded to a temporary directory and checked there;
-    errors name the URL."""
-    if not storage.exists(storage.join(url, MANIFEST)):
-        state = "model directory not found" if not storage.exists(url) else f"missing {MANIFEST}"
-        raise FileNotFoundError(
-            f"{url}: {state}; not a model directory written by elmo_jax.export (or its upload did not finish)"
-        )
-    with tempfile.TemporaryDirectory(prefix="elmo_jax_model_") as local:
-        storage.download_tree(url, local)
-        try:
-            return load(local, verify=verify)
-        except (OSError, ValueError) as e:
-            raise type(e)(str(e).replace(local, url)) from None
 
 
 def read_manifest(directory: str, *, verify: bool = True) -> dict[str, Any]:
@@ -332,28 +313,18 @@ def _check_file(directory: str, name: str, entry: dict, verify: bool) -> None:
 
 def is_exact_model_dir(directory: str) -> bool:
     """Whether `directory` is a model directory whose manifest lists exactly the files in it: what
-    `--overwrite` may replace (a folder with a copied manifest, or user files added, is not). In a
-    bucket, also an upload that did not finish: no manifest, and only files a model directory has."""
-    if storage.is_remote(directory):
-        return _is_exact_in_bucket(directory)
-    if not os.path.isdir(directory) or not is_model_directory(directory):
-        return False
+    `--overwrite` may replace (a folder with a copied manifest, or user files added, is not). Also a
+    publish that did not finish (in a bucket, where a directory is uploaded file by file: no manifest
+    yet, and only files a model directory has)."""
     try:
-        with open(os.path.join(directory, MANIFEST), encoding="utf-8") as f:
-            listed = set(json.load(f).get("files", {}))
-        return listed | {MANIFEST} == set(os.listdir(directory))
-    except (OSError, ValueError, AttributeError, TypeError):
-        return False
-
-
-def _is_exact_in_bucket(url: str) -> bool:
-    try:
-        names = set(storage.listdir(url))
-        if MANIFEST not in names:
-            return bool(names) and names <= {OPTIONS, WEIGHTS, PARAMS, EXTRACTOR, VOCAB, USAGE}
-        if not is_model_directory(url):
+        if not storage.isdir(directory):
             return False
-        listed = set(json.loads(storage.read_bytes(storage.join(url, MANIFEST))).get("files", {}))
+        names = set(storage.listdir(directory))
+        if storage.is_unfinished_publish(directory, MANIFEST):
+            return names <= {OPTIONS, WEIGHTS, PARAMS, EXTRACTOR, VOCAB, USAGE}
+        if not is_model_directory(directory):
+            return False
+        listed = set(json.loads(storage.read_bytes(storage.join(directory, MANIFEST))).get("files", {}))
         return listed | {MANIFEST} == names
     except (OSError, ValueError, AttributeError, TypeError):
         return False
@@ -369,22 +340,6 @@ def check_target(target: str, overwrite: bool, *, inputs=(), flag: str = "--outp
     )
 
 
-def _replace_dir(staging: str, target: str) -> None:
-    """Renames `staging` to `target`; an existing `target` is moved aside first and removed last."""
-    if not os.path.exists(target):
-        os.rename(staging, target)
-        return
-    aside = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", suffix=".old", dir=os.path.dirname(target))
-    os.rmdir(aside)
-    os.rename(target, aside)
-    try:
-        os.rename(staging, target)
-    except BaseException:  # put the old model back under its name before reporting
-        os.rename(aside, target)
-        raise
-    shutil.rmtree(aside, ignore_errors=True)
-
-
 def _version(package: str) -> str:
     try:
         return importlib.metadata.version(package)
@@ -398,8 +353,3 @@ def _sha256(path: str) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _fsync(path: str) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())

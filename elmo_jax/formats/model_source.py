@@ -8,9 +8,8 @@ directory called `small` is where the command runs.
 
 from __future__ import annotations
 
-import os
-
-from elmo_jax.formats import model_dir, pretrained, storage
+from elmo_jax import storage
+from elmo_jax.formats import model_dir, pretrained
 from elmo_jax.formats.published_models import MODELS, is_published_name
 from elmo_jax.model.params import BiLMParams
 
@@ -23,17 +22,15 @@ def model_directory(model: str, *, flag: str = "--model") -> str:
       FileNotFoundError: neither a path nor a published name.
       OSError, ValueError: the published model cannot be downloaded or checked (`pretrained.fetch`).
     """
-    if storage.is_remote(model):
-        if not storage.exists(model):
-            raise FileNotFoundError(f"{flag}={model}: no such model directory")
-        return model
-    if os.path.lexists(model) or not is_published_name(model):
-        if not os.path.lexists(model):
-            raise FileNotFoundError(
-                f"{flag}={model}: no such model directory, and not a published model name ({', '.join(MODELS)})"
-            )
-        return model
-    return pretrained.fetch(model)
+    if not storage.is_location(model):
+        if is_published_name(model):
+            return pretrained.fetch(model)
+        raise FileNotFoundError(
+            f"{flag}={model}: no such model directory, and not a published model name ({', '.join(MODELS)})"
+        )
+    if not storage.exists(model):  # a URL with nothing under it, a dangling link
+        raise FileNotFoundError(f"{flag}={model}: no such model directory")
+    return model
 
 
 def load_model(model: str | None, options_file: str | None, weight_file: str | None) -> BiLMParams:
@@ -50,7 +47,7 @@ def load_model(model: str | None, options_file: str | None, weight_file: str | N
             "--weights=FILE"
         )
     if model:
-        if storage.is_remote(model) or os.path.lexists(model) or not is_published_name(model):
+        if storage.is_location(model) or not is_published_name(model):
             return model_dir.load(model_directory(model))
         return pretrained.load(model)  # says how to remove a damaged cached copy
     if not (options_file and weight_file):

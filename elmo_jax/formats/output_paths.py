@@ -11,7 +11,7 @@ directory it did not create for that purpose.
   refused.
 - The output's directory must exist and be writable.
 
-Checking also removes what interrupted runs left staged for the same target (`atomic_write`), saying so.
+Checking also removes what interrupted runs left staged for the same target (`storage.atomic`), saying so.
 
 The same rules hold for outputs in Cloud Storage (`gs://bucket/path`, through `storage`): there the
 "directory" of an output is its prefix, which needs no creation; the bucket must exist.
@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterable
 
 from absl import logging
 
-from elmo_jax.formats import atomic_write, storage
+from elmo_jax import storage
+from elmo_jax.storage import atomic
 
 MODEL_MANIFEST = "manifest.json"
 MODEL_FORMAT = "elmo-jax model directory"  # the manifest's "format"
@@ -68,7 +69,7 @@ def check_output(
       allow_inside: a model directory or workdir the caller owns and may write into (training's export).
       remove_stale: remove what killed writers left staged for `path`; a resumable writer passes False,
         adopts what it can continue from (`vector_spool.adopt`), then calls
-        `atomic_write.remove_stale_staging` itself.
+        `atomic.remove_stale_staging` itself.
 
     Returns:
       The absolute path.
@@ -77,16 +78,12 @@ def check_output(
       FileExistsError, IsADirectoryError, NotADirectoryError, FileNotFoundError, PermissionError,
       ValueError: the output may not be written; nothing has been touched.
     """
-    if storage.is_remote(path):
-        return _check_remote_output(storage.absolute(path), artifact, overwrite, inputs, flag, allow_inside)
-    target = os.path.abspath(os.fspath(path))
+    target = storage.absolute(path)
     shown = f"{flag}={os.fspath(path)}"
-    parent = os.path.dirname(target)
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(f"{shown}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise PermissionError(f"{shown}: directory {parent} is not writable")
-    exists = os.path.lexists(target)
+    problem = storage.creation_problem(target)
+    if problem is not None:
+        raise type(problem)(f"{shown}: {problem}")
+    exists = storage.lexists(target)
     if exists:
         _check_kind(target, shown, artifact)
     _check_not_an_input(target, shown, inputs)
@@ -94,38 +91,7 @@ def check_output(
     if exists:
         _check_replaceable(target, shown, artifact, overwrite)
     if remove_stale:
-        atomic_write.remove_stale_staging(target, log=logging.warning)
-    return target
-
-
-def _check_remote_output(target: str, artifact: Artifact, overwrite: bool, inputs, flag: str, allow_inside) -> str:
-    """`check_output` of a URL: the same rules; the bucket must exist (prefixes need no creation)."""
-    shown = f"{flag}={target}"
-    bucket = target.split("://", 1)[0] + "://" + target.split("://", 1)[1].split("/", 1)[0]
-    if target == bucket:
-        raise ValueError(f"{shown}: expected a path inside a bucket (gs://BUCKET/NAME), not the bucket itself")
-    if not storage.exists(bucket):
-        raise FileNotFoundError(f"{shown}: bucket {bucket} does not exist (or is not visible to these credentials)")
-    exists = storage.exists(target)
-    if exists:
-        _check_kind(target, shown, artifact)
-    for source in map(os.fspath, inputs):
-        if source.rstrip("/") == target:
-            raise ValueError(f"{shown} is the input {source}; writing there would destroy it")
-        if source.startswith(target + "/"):
-            raise ValueError(f"{shown} holds the input {source}; writing there would destroy it")
-    allowed = None if allow_inside is None else storage.absolute(allow_inside)
-    directory = storage.dirname(target)
-    while directory != allowed and len(directory) > len(bucket):
-        for what, test in (("a model directory", is_model_directory), ("a training workdir", is_workdir)):
-            if test(directory):
-                raise ValueError(
-                    f"{shown} is inside {directory}, {what}; writing there would change it for everything that "
-                    "reads it. Choose a path outside it"
-                )
-        directory = storage.dirname(directory)
-    if exists:
-        _check_replaceable(target, shown, artifact, overwrite)
+        atomic.remove_stale_staging(target, log=logging.warning)
     return target
 
 
@@ -146,20 +112,16 @@ def is_workdir(directory: str | os.PathLike) -> bool:
 
 
 def _check_not_an_input(target: str, shown: str, inputs: Iterable[str | os.PathLike]) -> None:
-    real_target = os.path.realpath(target)
-    for source in inputs:
-        source = os.fspath(source)
-        if os.path.exists(target) and os.path.exists(source) and os.path.samefile(source, target):
+    for source in map(os.fspath, inputs):
+        if storage.same_place(source, target):
             raise ValueError(f"{shown} is the input {source}; writing there would destroy it")
-        real_source = os.path.realpath(source)
-        if real_source.startswith(real_target.rstrip(os.sep) + os.sep):
+        if storage.is_inside(source, target):
             raise ValueError(f"{shown} holds the input {source}; writing there would destroy it")
 
 
 def _check_not_inside_protected(target: str, shown: str, allow_inside) -> None:
-    allowed = None if allow_inside is None else os.path.realpath(allow_inside)
-    directory = os.path.dirname(os.path.realpath(target))
-    while True:
+    allowed = None if allow_inside is None else storage.real(allow_inside)
+    for directory in storage.ancestors(target):
         if directory == allowed:
             return
         for what, test in (("a model directory", is_model_directory), ("a training workdir", is_workdir)):
@@ -168,10 +130,6 @@ def _check_not_inside_protected(target: str, shown: str, allow_inside) -> None:
                     f"{shown} is inside {directory}, {what}; writing there would change it for everything that "
                     "reads it. Choose a path outside it"
                 )
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            return
-        directory = parent
 
 
 def _check_kind(target: str, shown: str, artifact: Artifact) -> None:

@@ -31,11 +31,12 @@ import shutil
 import sys
 import time
 
-from elmo_jax.formats import atomic_write, download, model_dir
+from elmo_jax.formats import download, model_dir
 from elmo_jax.formats.output_paths import is_model_directory
 from elmo_jax.formats.published_models import BASE_URL, BASE_URL_VARIABLE, PublishedFile, PublishedModel, find
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.params import BiLMParams
+from elmo_jax.storage import atomic
 
 CACHE_VARIABLE = "ELMO_JAX_CACHE"
 KNOWN_FILES = "known_files.json"
@@ -210,7 +211,7 @@ def _record(root: str, model: PublishedModel, files) -> None:
         new = {k: v for k, v in new.items() if k not in known}
         if new:
             text = json.dumps({**known, **new}, indent=2, sort_keys=True) + "\n"
-            atomic_write.write_text(os.path.join(root, KNOWN_FILES), text)
+            atomic.write_text(os.path.join(root, KNOWN_FILES), text)
 
 
 def _read_known(root: str) -> dict:

@@ -1,6 +1,6 @@
 """The vectors `embed_file` has computed so far, kept so that an interrupted run continues where it stopped.
 
-A run works in the staging directory of its output (`atomic_write.temporary_directory`:
+A run works in the staging directory of its output (`atomic.temporary_directory`:
 `.NAME.HOST.PID.RANDOM.tmp/` next to the output), which holds
 
     run.json        what the run is: the input (size, SHA-256), the options that decide the vectors, the
@@ -18,9 +18,9 @@ spool is opened again, so a kill at any instant leaves a usable spool. The HDF5 
 after a kill (HDF5 is not crash-safe): it is rebuilt from the spool.
 
 `adopt` implements the stale-staging rule for resumable outputs: a staging directory whose writer no
-longer runs on this host (`atomic_write.stale_staging`) is taken over, by renaming it to a staging name
+longer runs on this host (`atomic.stale_staging`) is taken over, by renaming it to a staging name
 of this process, when its run.json equals this run's identity; otherwise the reason is logged and the
-directory is left for `atomic_write.remove_stale_staging`, which removes it as for any other output.
+directory is left for `atomic.remove_stale_staging`, which removes it as for any other output.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from elmo_jax.formats import atomic_write
+from elmo_jax.storage import atomic
 
 FORMAT = "elmo-jax embed_file spool/1"
 RUN, VECTORS, JOURNAL, OUTPUT = "run.json", "vectors.bin", "journal.jsonl", "output.hdf5"
@@ -195,9 +195,9 @@ def adopt(target: str, identity: dict, log: Callable[[str], object]) -> tuple[st
 
     Returns:
       (the directory, now under a staging name of this process; the dead writer's pid), or None.
-      Mismatching ones are logged with the reason and left to `atomic_write.remove_stale_staging`.
+      Mismatching ones are logged with the reason and left to `atomic.remove_stale_staging`.
     """
-    for staging, pid in atomic_write.stale_staging(target):
+    for staging, pid in atomic.stale_staging(target):
         if not os.path.isdir(staging) or os.path.islink(staging):
             continue
         try:
@@ -209,7 +209,7 @@ def adopt(target: str, identity: dict, log: Callable[[str], object]) -> tuple[st
         if reason is not None:
             log(f"not resuming from {staging} (left by pid {pid}): {reason}; starting over")
             continue
-        mine = atomic_write.temporary_directory(target)
+        mine = atomic.temporary_directory(target)
         try:
             os.rename(staging, mine)  # onto the new, empty directory: atomic, and only one process wins
         except OSError:

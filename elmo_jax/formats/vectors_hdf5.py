@@ -27,16 +27,19 @@ INDEX = "sentence_to_index"
 def is_vectors_file(path: str) -> bool:
     """Whether `path` is an HDF5 file in this layout: marked with `FORMAT`, or (written by AllenNLP's
     `elmo` command) holding only datasets named by line index and `sentence_to_index`."""
+    from elmo_jax import storage
+
+    try:
+        with storage.local_copy(path) as local:
+            return _is_vectors_file(local)
+    except OSError:
+        return False
+
+
+def _is_vectors_file(path: str) -> bool:
+    """`is_vectors_file` of a local file."""
     import h5py
 
-    from elmo_jax.formats import storage
-
-    if storage.is_remote(path):
-        try:
-            with storage.local_copy(path) as local:
-                return is_vectors_file(local)
-        except OSError:
-            return False
     try:
         if not h5py.is_hdf5(path):
             return False

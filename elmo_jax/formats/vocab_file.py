@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from absl import logging
 
-from elmo_jax.formats import storage
+from elmo_jax import storage
 from elmo_jax.formats.output_paths import Artifact
 
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
@@ -164,11 +164,7 @@ _WARNED: set[tuple[str, int, int]] = set()  # (file, size, mtime) already report
 
 def _warn_once(path: str, skipped: dict[str, list[tuple[int, str, int]]]) -> None:
     """One warning per file (a run loads its vocabulary several times) counting the skipped lines."""
-    if storage.is_remote(path):
-        key = (path, storage.getsize(path), 0)
-    else:
-        info = os.stat(path)
-        key = (os.path.realpath(path), info.st_size, info.st_mtime_ns)
+    key = storage.version(path)
     if key in _WARNED:
         return
     _WARNED.add(key)

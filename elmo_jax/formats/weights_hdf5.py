@@ -16,9 +16,10 @@ import h5py
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.formats import atomic_write, storage
+from elmo_jax import storage
 from elmo_jax.model.config import BiLMConfig, read_options
 from elmo_jax.model.params import BiLMParams, check_finite, from_flat, iter_flat, weight_shapes
+from elmo_jax.storage import atomic
 
 
 def load_hdf5(options_file: str | os.PathLike, weight_file: str | os.PathLike) -> BiLMParams:
@@ -120,9 +121,9 @@ def save_hdf5(params: BiLMParams, options_file: str | os.PathLike, weight_file: 
 
     # Both files are complete on disk before either replaces an existing one, so a failure (a bad path,
     # a full disk) never pairs new options with old weights.
-    staged = [(atomic_write.stage(weight_file, write_weights), weight_file)]
+    staged = [(atomic.stage(weight_file, write_weights), weight_file)]
     try:
-        staged.append((atomic_write.stage(options_file, lambda f: f.write(options_text.encode("utf-8"))), options_file))
+        staged.append((atomic.stage(options_file, lambda f: f.write(options_text.encode("utf-8"))), options_file))
     except BaseException:
         os.unlink(staged[0][0])
         raise

@@ -35,7 +35,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 
-from elmo_jax.formats import storage
+from elmo_jax import storage
 from elmo_jax.training import multihost, orbax_noise
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a step directory being written
@@ -108,9 +108,9 @@ class Checkpoints:
         names = storage.listdir(self.directory)
         prefix = "" if step is None else f"{step}{TMP_SUFFIX}"
         found = [n for n in names if n.startswith(prefix) and TMP_SUFFIX in n]
-        if storage.is_remote(self.directory):  # written in place, complete once COMMIT_FILE is there
-            steps = [n for n in names if n.isdigit() and (step is None or n == str(step))]
-            found += [n for n in steps if not storage.exists(storage.join(self.directory, n, COMMIT_FILE))]
+        # In a bucket orbax writes a step in place, file by file, COMMIT_FILE last (locally it renames).
+        steps = [n for n in names if n.isdigit() and (step is None or n == str(step))]
+        found += [n for n in steps if storage.is_unfinished_publish(storage.join(self.directory, n), COMMIT_FILE)]
         return [storage.join(self.directory, n) for n in sorted(found)]
 
     def latest_step(self) -> int | None:

@@ -25,9 +25,10 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from elmo_jax import storage
 from elmo_jax.data.batch_stream import BiLMBatchStream
 from elmo_jax.data.training_corpus import TrainingData, open_training_data
-from elmo_jax.formats import model_dir, storage
+from elmo_jax.formats import model_dir
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.flops import char_cnn_flops_per_token, lstm_flops_per_token
 from elmo_jax.model.params import BiLMParams, count_parameters

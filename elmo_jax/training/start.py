@@ -15,14 +15,14 @@ afresh.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import jax
 import ml_collections
 from absl import logging
 
-from elmo_jax.formats import pretrained, storage, weights_hdf5
+from elmo_jax import storage
+from elmo_jax.formats import pretrained, weights_hdf5
 from elmo_jax.formats.published_models import MODELS, is_published_name
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.config import BiLMConfig
@@ -157,7 +157,7 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
     source = config.init_from
     if not source:
         return None, None, None
-    if not (storage.is_remote(source) or os.path.lexists(source)) and is_published_name(source):
+    if not storage.is_location(source) and is_published_name(source):
         source = pretrained.fetch(source)  # a published model by name: its cached model directory
     if not storage.isdir(source):
         raise FileNotFoundError(

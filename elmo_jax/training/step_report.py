@@ -18,7 +18,7 @@ import time
 import jax
 from absl import logging
 
-from elmo_jax.formats import storage
+from elmo_jax import storage
 from elmo_jax.training.metrics_log import MetricsLog
 
 
@@ -104,13 +104,9 @@ def last_logged_step(workdir: str) -> int | None:
     A last line cut short (the disk filled mid-write) is removed first, with a warning, so the file
     stays one JSON object per line.
     """
-    path = storage.join(workdir, "metrics.jsonl")
-    if not storage.exists(path):
+    data = storage.read_lines(storage.join(workdir, "metrics.jsonl"))
+    if not data:
         return None
-    if storage.is_remote(path):  # written whole by each upload (metrics_log): never cut short
-        data = storage.read_bytes(path)
-    else:
-        data = _without_cut_line(path)
     steps = []
     for line in data.splitlines():
         try:
@@ -120,20 +116,6 @@ def last_logged_step(workdir: str) -> int | None:
         if isinstance(record, dict) and record.get("kind") == "train":
             steps.append(int(record.get("step", 0)))
     return max(steps, default=None)
-
-
-def _without_cut_line(path: str) -> bytes:
-    """The content of a local metrics.jsonl, after removing a last line cut short (with a warning)."""
-    with open(path, "rb+") as f:
-        data = f.read()
-        if data and not data.endswith(b"\n"):
-            keep = data.rfind(b"\n") + 1
-            logging.warning(
-                "%s: removing its last line, cut short by an interrupted write (%d bytes)", path, len(data) - keep
-            )
-            f.truncate(keep)
-            data = data[:keep]
-    return data
 
 
 def log_resume(workdir: str, start: int, is_main: bool) -> int | None:

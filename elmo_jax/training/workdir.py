@@ -8,14 +8,12 @@ passed, so a mistake leaves nothing behind, and held by one run at a time (`Work
       vocab.txt             the vocabulary the run trains with (unless config.data.vocab_file)
       data/                 prepared corpora (unless config.data.cache_dir)
       export/               the model directory written when training ends
-      .elmo_jax.lock        who holds the workdir (pid, host, start, command) while a run is using it
+      .elmo_jax.lock        who holds the workdir (pid, host, start, command) while a run is using it (the lock
+                            itself is on the workdir directory: deleting this file does not undo it)
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import json
 import os
 import socket
 import sys
@@ -23,11 +21,10 @@ import time
 
 import jax
 import ml_collections
-from absl import logging
 from jax.experimental import multihost_utils
 
+from elmo_jax import storage
 from elmo_jax.data.training_corpus import check_data
-from elmo_jax.formats import storage
 
 LOCK_FILE = ".elmo_jax.lock"
 
@@ -50,29 +47,36 @@ def make_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
 class WorkdirLock:
     """Holds a workdir for one training run: `with WorkdirLock(workdir): ...`.
 
-    The lock is an exclusive `flock` on WORKDIR/.elmo_jax.lock, which the kernel releases when the
-    holder exits or dies, so a killed run never blocks the next one. The file says who holds it (pid,
-    host, start time, command), for the one-line error a second run prints. A file that still names a
-    holder while nobody holds the lock is what a killed run left: the new run takes over and says so.
-    On a clean exit the file is emptied (not removed: another run may be opening it).
-
-    A workdir in Cloud Storage has no flock: the lock there is an object created only if absent
-    (`bucket_lock.BucketLock`, docs/CLOUD_STORAGE.md).
+    A `storage.PlaceLock` on the workdir: locally an `flock` on the workdir directory itself, released by
+    the kernel when the holder exits or dies (a killed run never blocks the next one) and not undone by
+    deleting WORKDIR/.elmo_jax.lock, the file that says who holds it (pid, host, start time, command) for
+    the one-line error a second run prints; in a bucket an object created only if absent, with a
+    heartbeat (docs/CLOUD_STORAGE.md).
 
     With several processes only process 0 locks; the others learn the outcome from it (one host
     collective), so a refused multi-host run stops on every process at once.
     """
 
     def __init__(self, workdir: str):
-        self.path = storage.join(storage.absolute(workdir), LOCK_FILE)
-        self._fd: int | None = None
-        self._bucket_lock = None
+        directory = storage.absolute(workdir)
+        self.path = storage.join(directory, LOCK_FILE)
+        self._lock = storage.PlaceLock(
+            directory,
+            name=LOCK_FILE,
+            holder=this_process(),
+            describe=_describe,
+            refused=lambda holder: WorkdirInUseError(
+                f"{directory} is in use by another training run ({holder}); wait for it to finish or stop it "
+                "(Ctrl-C or SIGTERM saves a checkpoint), or use another --workdir"
+            ),
+            what="the workdir",
+        )
 
     def __enter__(self) -> WorkdirLock:
         error = None
         if jax.process_index() == 0:
             try:
-                self._acquire()
+                self._lock.acquire()
             except OSError as e:  # every process must hear of any failure, or the others wait forever
                 error = e
         if jax.process_count() > 1:
@@ -84,49 +88,7 @@ class WorkdirLock:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._bucket_lock is not None:
-            self._bucket_lock.release()
-            self._bucket_lock = None
-        if self._fd is not None:
-            try:
-                os.ftruncate(self._fd, 0)
-            finally:
-                os.close(self._fd)  # releases the flock
-                self._fd = None
-
-    def _acquire(self) -> None:
-        if storage.is_remote(self.path):
-            from elmo_jax.training.bucket_lock import BucketLock
-
-            self._bucket_lock = BucketLock(self.path, this_process(), describe=_describe, error=WorkdirInUseError)
-            self._bucket_lock.acquire()
-            return
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = _read_holder(fd)
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EACCES):
-                raise WorkdirInUseError(
-                    f"{os.path.dirname(self.path)} is in use by another training run ({_describe(holder)}); "
-                    "wait for it to finish or stop it (Ctrl-C or SIGTERM saves a checkpoint), or use another --workdir"
-                ) from None
-            logging.warning(
-                "cannot lock %s (%s): this file system has no locks; make sure no other run uses this workdir",
-                self.path,
-                e.strerror,
-            )
-            return
-        previous = _read_holder(fd)
-        if previous:
-            logging.warning(
-                "taking over %s: its run (%s) ended without releasing it (killed?)", self.path, _describe(previous)
-            )
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(this_process()) + "\n").encode("utf-8"), 0)
-        os.fsync(fd)
-        self._fd = fd
+        self._lock.release()
 
 
 def this_process() -> dict:
@@ -137,14 +99,6 @@ def this_process() -> dict:
         "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "command": " ".join(sys.argv)[:500],
     }
-
-
-def _read_holder(fd: int) -> dict:
-    try:
-        data = os.pread(fd, 65536, 0)
-        return json.loads(data) if data.strip() else {}
-    except (OSError, ValueError):
-        return {"unreadable": True}
 
 
 def _describe(holder: dict) -> str:

@@ -1,6 +1,6 @@
-"""The workdir lock when the workdir is in Cloud Storage, where there is no `flock`.
+"""A lock on a directory in Cloud Storage, where there is no `flock` (`lock.PlaceLock` uses it for URLs).
 
-The lock is the object `gs://BUCKET/WORKDIR/.elmo_jax.lock`, holding who took it (pid, host, start time,
+The lock is an object, e.g. `gs://BUCKET/WORKDIR/.elmo_jax.lock`, holding who took it (pid, host, start time,
 command) and when it last said it was alive (`heartbeat`, seconds since the epoch). Every write of it is
 conditional on the object's generation, which Cloud Storage checks atomically on the server:
 
@@ -39,12 +39,15 @@ class BucketLock:
       url: gs://BUCKET/NAME of the lock object.
       me: what the object says about the holder (pid, host, started, command).
       describe: holder record -> the words naming it in messages.
-      error: the exception raised when another run holds the lock.
+      refused: (the holder's description) -> the exception raised when another process holds the lock.
+      what: how messages name the locked directory ("the workdir").
     """
 
-    def __init__(self, url: str, me: dict, *, describe: Callable[[dict], str], error: type[Exception]):
+    def __init__(
+        self, url: str, me: dict, *, describe: Callable[[dict], str], refused: Callable[[str], Exception], what: str
+    ):
         bucket, _, name = url.split("://", 1)[1].partition("/")
-        self.url, self._me, self._describe, self._error = url, dict(me), describe, error
+        self.url, self._me, self._describe, self._refused, self._what = url, dict(me), describe, refused, what
         self._bucket, self._name = bucket, name
         self._generation: int | None = None
         self._stop = threading.Event()
@@ -78,7 +81,7 @@ class BucketLock:
         except (exceptions.GoogleAPICallError, auth_exceptions.GoogleAuthError) as e:
             message = " ".join(str(e).split())[:300]
             raise OSError(
-                f"cannot lock the workdir {os.path.dirname(self.url)} ({type(e).__name__}: {message}); the bucket "
+                f"cannot lock {self._what} {os.path.dirname(self.url)} ({type(e).__name__}: {message}); the bucket "
                 "must exist and these credentials need roles/storage.objectUser on it (docs/CLOUD_STORAGE.md)"
             ) from None
         self._thread = threading.Thread(target=self._beat, name="elmo_jax-workdir-lock", daemon=True)
@@ -97,16 +100,14 @@ class BucketLock:
             previous, generation = {"unreadable": True}, blob.generation
         if previous and not self._abandoned(previous):
             since = time.time() - float(previous.get("heartbeat", 0))
-            raise self._error(
-                f"{os.path.dirname(self.url)} is in use by another training run ({self._describe(previous)}; "
-                f"alive {since:.0f} s ago); wait for it to finish or stop it, or use another --workdir. A run "
-                f"that stopped without releasing it (its host went away) counts as gone {STALE_S:.0f} s after "
-                "it was last alive"
+            raise self._refused(
+                f"{self._describe(previous)}; alive {since:.0f} s ago. A holder that stopped without releasing "
+                f"it (its host went away) counts as gone {STALE_S:.0f} s after it was last alive"
             )
         try:
             self._write(blob, generation)
         except exceptions.PreconditionFailed:
-            raise self._error(f"{os.path.dirname(self.url)}: another training run took the workdir just now") from None
+            raise self._refused("another holder took it just now") from None
         if previous:
             logging.warning(
                 "taking over %s: its run (%s) ended without releasing it (killed?)", self.url, self._describe(previous)
