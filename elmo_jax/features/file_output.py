@@ -63,8 +63,7 @@ def write_output(
         if lines != summary.lines or digest.hexdigest() != summary.sha256:
             raise ValueError(f"--input={summary.path}: the file changed while it was read; embed it again")
         writer.commit()
-    os.chmod(staged, atomic.new_file_mode())
-    os.replace(staged, target)
+    atomic.publish_file(staged, target)  # synced, renamed into place (storage/atomic.py's policy)
     return writer.datasets
 
 
