@@ -5,8 +5,8 @@ does not exist is an error. Re-running the same command resumes from the newest 
 WORKDIR: after SIGTERM (preemption) or Ctrl-C, which finish the step, save a checkpoint and exit 0,
 and after a crash or `kill -9`, which lose at most the steps since the last checkpoint.
 
-Several processes (hosts) run the same command, each with its own --process_id (BUILD.md has the
-commands for TPU pod slices and GPU machines):
+Several processes (hosts) run the same command, each with its own --process_id (docs/SCALING.md has
+the commands for TPU pod slices and GPU machines):
     python train.py ... --coordinator_address=10.0.0.1:1234 --num_processes=2 --process_id=0   # host 0
     python train.py ... --coordinator_address=10.0.0.1:1234 --num_processes=2 --process_id=1   # host 1
 On a Cloud TPU pod slice (or under SLURM / Open MPI) --distributed alone lets JAX find the others;

@@ -107,7 +107,7 @@ VARIANTS: dict[str, dict] = {"dense": {"sparse_softmax_update": False}}
 
 DEFAULT_CASES = [
     # bilm_large at 128 rows per chip (configs/bilm_large.py:TPU_MESHES): Colab's single chips, the 8-chip
-    # hosts, a pod slice; float32 for comparison on v5e; the 4 x 2 mesh BUILD.md recommended before
+    # hosts, a pod slice; float32 for comparison on v5e; the 4 x 2 mesh recommended before (docs/TPU.md)
     *[f"{t}/large/bfloat16/1x1/128" for t in ("v5e-1", "v6e-1")],
     "v5e-8/large/bfloat16/8x1/1024",
     "v5e-8/large/bfloat16/4x2/512",

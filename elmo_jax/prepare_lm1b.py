@@ -4,11 +4,11 @@
     python train.py --config=configs/bilm_large.py:/data/lm1b --workdir=... --config.data.vocab_file=VOCAB
 
 Downloads the archive from statmt.org (~1.7 GB; `--source` takes a downloaded copy or another URL),
-extracts its 99 training and 50 heldout files (~4.2 GB) and writes them as ArrayRecord shards (~5.5 GB)
-in bounded memory (`elmo_jax.data.lm1b`), then prints the training flags that read them. Each step is
-skipped when already complete, so re-running after an interruption continues. `--data_dir` may be
-gs://BUCKET/DIR: the work is done on local disk ($TMPDIR) and the text and the shards uploaded
-(`elmo_jax.data.lm1b`); train once the command has finished.
+extracts its 99 training and 50 heldout files (~4.2 GB) and writes them as ArrayRecord shards (their
+size: bench/RESULTS.md, "Design figures") in bounded memory (`elmo_jax.data.lm1b`), then prints the
+training flags that read them. Each step is skipped when already complete, so re-running after an
+interruption continues. `--data_dir` may be gs://BUCKET/DIR: the work is done on local disk ($TMPDIR)
+and the text and the shards uploaded (`elmo_jax.data.lm1b`); train once the command has finished.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ feature extractor (`embed_file`'s program) on eight chips of a v5e:2x4 topology,
 by libtpu's compiler on a machine without a TPU (`jax.experimental.topologies`; nothing is allocated).
 
 This needs libtpu (`pip install "jax[tpu]"`); without it the module is skipped with that reason. The
-test extra does not install it: see BUILD.md ("The TPU compiler without a TPU") for the measured cost.
+test extra does not install it: see docs/TPU.md ("The TPU compiler without a TPU") for the measured cost.
 """
 
 from __future__ import annotations

@@ -62,8 +62,8 @@ class _Direction:
     Stream position k is sentence `order(k % N)` of epoch k // N, where `order` is grain's index
     shuffle (a keyed permutation computed per index, nothing materialised) with a seed derived from
     (seed, direction, epoch), or the identity without a seed. Sentences are fetched per row in blocks
-    of READ_AHEAD upcoming positions with one `__getitems__` call: ArrayRecord reads one record
-    ~30x slower than a batch of them.
+    of READ_AHEAD upcoming positions with one `__getitems__` call: ArrayRecord reads one record far
+    slower than a batch of them (measured: bench/RESULTS.md, "Design figures").
     """
 
     # Sentences read ahead per row. One refill reads the upcoming positions of every local row that
@@ -83,7 +83,8 @@ class _Direction:
         self._ahead: dict[int, collections.deque] = {r: collections.deque() for r in rows}
         self._epoch_seeds: dict[int, int] = {}
         # A row reads at most about an epoch ahead: on a small corpus 256 positions span dozens of
-        # epochs, and grain's index_shuffle costs ~40 ms / N per index on an N-sentence epoch.
+        # epochs, and grain's index_shuffle costs more per index the smaller the epoch (measured:
+        # bench/RESULTS.md, "Design figures").
         self.read_ahead = max(2, min(self.READ_AHEAD, -(-self.n_sentences // batch_size)))
 
     def exhausted(self, position: int) -> bool:

@@ -13,8 +13,9 @@ The exact text depends on the Python version that builds it (docstrings change b
 the module list only names modules present in 3.11, 3.12 and 3.13, and `manifest.json` records the
 version, the modules read and the counts. Given the same Python and the same list, the output is the
 same bytes. Python 3.11.7 gives about 0.31M training tokens in 20k sentences (14.7k types) and 16k
-heldout tokens, in about 3 s; the standard library simply holds no more prose than that (its test
-suite would add 0.18M, but many installs, e.g. Debian's and the Docker images, leave it out).
+heldout tokens (its build time: bench/RESULTS.md, "Design figures"); the standard library simply holds
+no more prose than that (its test suite would add 0.18M, but many installs, e.g. Debian's and the Docker
+images, leave it out).
 
 Generated files are build products: never commit them.
 """

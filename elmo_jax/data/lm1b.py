@@ -1,6 +1,6 @@
 """The 1B Word Benchmark (TFDS's `lm1b`) as a local corpus: download, extract, prepare in bounded memory.
 
-    corpus = prepare_lm1b("/data/lm1b")              # ~1.7 GB download, ~4.2 GB of text, ~5.5 GB prepared
+    corpus = prepare_lm1b("/data/lm1b")              # ~1.7 GB download, ~4.2 GB of text, then the shards
     train_glob, heldout_glob = text_globs("/data/lm1b")
 
 The splits are TFDS's: "train" is the 99 files of `training-monolingual.tokenized.shuffled`, "test" the

@@ -62,7 +62,8 @@ SPLITS = ("train", "test")  # the split names of the stock lm1b dataset: trainin
 SHARD_BYTES = 64 << 20  # text per shard (the 1B Word Benchmark's 4 GB then make ~64 shards, as TFDS writes)
 WRITER_OPTIONS = shard_writer.WRITER_OPTIONS
 # Helper processes writing shards while the text is read (shard_writer): each holds up to two shards'
-# text (~150 MB at SHARD_BYTES), and past 4 the reading, not the writing, is the limit.
+# text (~150 MB at SHARD_BYTES), and past 4 the reading, not the writing, is the limit (measured:
+# bench/RESULTS.md, "Corpus preparation").
 DEFAULT_WRITER_PROCESSES = min(4, os.cpu_count() or 1)
 _NAME_RE = re.compile(r"[A-Za-z0-9_]+")
 

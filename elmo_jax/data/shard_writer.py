@@ -5,10 +5,11 @@
         pool.submit(path, text, records)   # blocks while all 4 are busy; raises OSError if one failed
         ...                               # leaving the block waits for every shard and stops them
 
-ArrayRecord writes one record per call and holds the interpreter lock while it does (~1-2 us a record,
-most of preparing a corpus once the text is read in bulk), so with several cores the shards are
-written by helper processes while this one reads on. A helper is this file run as a script: it imports
-nothing but the standard library and `array_record` (not jax), starts in ~0.1 s, and serves requests
+ArrayRecord writes one record per call and holds the interpreter lock while it does (most of preparing
+a corpus once the text is read in bulk; measured: bench/RESULTS.md, "Design figures"), so with several
+cores the shards are written by helper processes while this one reads on. A helper is this file run as
+a script: it imports nothing but the standard library and `array_record` (not jax), starts at once, and
+serves requests
 on its stdin until that closes: each request is the shard's path and its text, length-prefixed; the
 reply on its stdout is the number of records written. A helper that fails writes the reason to its
 stderr and exits 1; one whose parent dies reads the end of its stdin and exits.
@@ -25,8 +26,9 @@ import tempfile
 
 from array_record.python import array_record_module
 
-# One record per chunk (random access reads one chunk per record) and no compression: writing runs at
-# ~4x the speed of the default (brotli) and reading needs no decompression, for ~55 bytes per record.
+# One record per chunk (random access reads one chunk per record) and no compression: writing runs
+# several times faster than with the default (brotli) and reading needs no decompression, for a few
+# bytes more per record (measured: bench/RESULTS.md, "Design figures").
 WRITER_OPTIONS = "group_size:1,uncompressed"
 _LENGTH = struct.Struct("<Q")
 

@@ -7,13 +7,13 @@ the records of its kept lines, each followed by b"\\n":
     for block in read_record_blocks("news.txt", max_line_chars=10_000, invalid_utf8="replace", stats=stats):
         records = block.split(b"\\n")[:-1]      # list[bytes], file order
 
-Why blocks: reading, decoding and splitting a line at a time costs ~5 microseconds of interpreter work per
-line, which made preparing a corpus run at ~30 MB/s of CPU. Here a block that holds nothing unusual is
-checked and normalized by a handful of C-level passes over its bytes (a UTF-8 check, a search for the
-few characters that need a line's own attention, and one `bytes.split`/`join` per line), and only a block
-that has such a character, or a line that is too long, goes through the line-at-a-time rules. Both give
-the same records and the same counts (`tests/test_text_blocks.py` checks them against a plain
-line-at-a-time reference at block sizes from 1 byte up).
+Why blocks: reading, decoding and splitting a line at a time costs interpreter work per line, which
+bounded how fast a corpus was prepared (measured: bench/RESULTS.md, "Design figures"). Here a block that
+holds nothing unusual is checked and normalized by a handful of C-level passes over its bytes (a UTF-8
+check, a search for the few characters that need a line's own attention, and one `bytes.split`/`join`
+per line), and only a block that has such a character, or a line that is too long, goes through the
+line-at-a-time rules. Both give the same records and the same counts (`tests/test_text_blocks.py` checks
+them against a plain line-at-a-time reference at block sizes from 1 byte up).
 
 The line rules (the same as bilm-tf's `line.strip().split()`, with every skipped line counted):
 - a line ends at b"\\n"; a UTF-8 byte-order mark at the start of the file is dropped and counted;

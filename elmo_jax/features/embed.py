@@ -22,9 +22,9 @@ from elmo_jax.model.lstm import LSTMState, zero_state
 from elmo_jax.model.params import N_DIRECTIONS, BiLMParams, iter_flat
 from elmo_jax.model.precision import ComputeOptions
 
-# No unrolling by default: on the 2-core CPU, unrolling the LSTM scan 2 / 4 / 20 times made the small
-# model's train step 0.88x / 0.68x / 0.50x as fast (bench/RESULTS.md): XLA:CPU does not overlap the
-# unrolled steps, it only makes the loop body larger. Accelerators may differ, hence the knob.
+# No unrolling by default: on the 2-core CPU, unrolling the LSTM scan 2, 4 or 20 times made the small
+# model's train step slower (measured: bench/RESULTS.md, "The train step, issue #8"): XLA:CPU does not
+# overlap the unrolled steps, it only makes the loop body larger. Accelerators may differ, hence the knob.
 DEFAULT_UNROLL = 1
 
 

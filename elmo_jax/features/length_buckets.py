@@ -8,8 +8,8 @@ that occurs: at most len(LENGTHS) x 7 programs, in practice a handful (most text
 bytes: S = 16). Sentences wait in their bucket until it holds a full batch, so memory is bounded by
 the buckets, never by the input. At the end, `flush` pads the last batches with empty rows to the same
 shapes; a bucket's few leftover sentences ride in the last batch of a longer, wider bucket when there
-is room, instead of filling a batch of their own with padding (2,000 1B-Word-like sentences: 24
-batches before, 18 with it, no new shape). `flush_oldest` lets a caller that must return results in
+is room, instead of filling a batch of their own with padding (fewer batches and no new shape;
+measured: bench/RESULTS.md, "Design figures"). `flush_oldest` lets a caller that must return results in
 input order release the bucket that holds the oldest sentence.
 
 Without bucketing (`InputOrderBatcher`), batches follow the input and take each batch's own longest

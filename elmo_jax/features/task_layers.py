@@ -10,13 +10,13 @@
 The frozen biLM's weights live in their own variable collection, "bilm" (`BILM_COLLECTION`), next to
 "params": `init` fills it from `bilm`, and `apply` reads it from the variables it is given, so under
 `jax.jit` the weights are arguments of the compiled program, never constants baked into it (as a static
-module attribute they were: ~104 MB of program text for the small model, in every compile of a task
-step; now ~0.3 MB). The optimiser is given "params" only, and the weights sit behind
-`jax.lax.stop_gradient` as well, so their gradient is exactly zero (the paper's recipe: the biLM is
-frozen, only s and gamma are learned). Pass the whole `variables` (or `{"params": p, "bilm":
-variables["bilm"]}`) to `apply`. `finetune_bilm=True` instead makes the weights a Flax parameter
-("params"/"bilm", initialised from the given ones), so they train with the task (AllenNLP's
-`requires_grad`).
+module attribute they were, which put the weights into the program text of every compile of a task
+step; measured: bench/RESULTS.md, "Design figures"). The optimiser is given "params" only, and the
+weights sit behind `jax.lax.stop_gradient` as well, so their gradient is exactly zero (the paper's
+recipe: the biLM is frozen, only s and gamma are learned). Pass the whole `variables` (or
+`{"params": p, "bilm": variables["bilm"]}`) to `apply`. `finetune_bilm=True` instead makes the weights a
+Flax parameter ("params"/"bilm", initialised from the given ones), so they train with the task
+(AllenNLP's `requires_grad`).
 
 The mixes are taken with `<S>`/`</S>` present and the boundaries removed afterwards, as AllenNLP's
 `Elmo` does, so layer normalisation sees the same elements (one mean and variance per layer over all

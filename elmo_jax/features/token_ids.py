@@ -2,10 +2,10 @@
 
 Text repeats its words (Zipf: in 1B-Word-like text the 2,000 most frequent types are two thirds of the
 tokens), so `CharIdTable` keeps one row of shifted ids per type it has seen and builds a sentence's
-(n, C) ids with one NumPy gather, instead of converting every token in Python (`chars.token_to_raw_ids`,
-~10 us each). The table also keeps each type's content width, from which a sentence's char-CNN width
-bucket follows without looking at its ids again. Memory is bounded: past `max_types` types the table
-starts over.
+(n, C) ids with one NumPy gather, instead of converting every token in Python (`chars.token_to_raw_ids`;
+its cost per token: bench/RESULTS.md, "Design figures"). The table also keeps each type's content width,
+from which a sentence's char-CNN width bucket follows without looking at its ids again. Memory is
+bounded: past `max_types` types the table starts over.
 """
 
 from __future__ import annotations

@@ -62,8 +62,9 @@ class VectorsWriter:
 
     The file is written where it is told (`embed_file` writes it inside its staging directory and
     renames it onto the output when `commit` has returned); an exception removes it. Datasets are
-    made with h5py's low-level API: the high-level `create_dataset` and slice assignment spend ~4x as
-    long in Python per line, which for short sentences was most of the time of writing the file.
+    made with h5py's low-level API: the high-level `create_dataset` and slice assignment spend several
+    times as long in Python per line, which for short sentences was most of the time of writing the file
+    (measured: bench/RESULTS.md, "Design figures").
 
     Args:
       path: the file to create.

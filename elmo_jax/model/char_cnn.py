@@ -63,7 +63,8 @@ def _conv_max(
 
 
 # Rows (tokens x starts) of the convolution per block and device: its (rows, F) output then stays in
-# the caches between the product and the max (2.7x faster forward for the small model at S = 16 on CPU).
+# the caches between the product and the max, a faster forward on CPU (measured: bench/RESULTS.md,
+# "Design figures").
 CONV_BLOCK_ROWS = 1024
 
 
@@ -73,8 +74,8 @@ def _n_blocks(n_tokens, n_starts: int, shards: int = 1) -> int:
 
     Sized by one device's tokens, not the whole batch's: with the batch's 40,960 tokens split over
     8 chips, blocks sized by the global count held 8 tokens per chip, and each of the 640 loop trips
-    read the whole (Wmax*E, F) kernel from HBM again (~1 GB of the `bilm_large` step's traffic per
-    v5e chip, bench/RESULTS_tpu_compile.md).
+    read the whole (Wmax*E, F) kernel from HBM again (measured: bench/RESULTS_tpu_compile.md, "The char
+    CNN's convolution blocks, sized per device").
     """
     if not isinstance(n_tokens, int):  # symbolic (jax.export): one block
         return 1

@@ -69,8 +69,9 @@ def matmul(x: jax.Array, w: jax.Array, compute_dtype=jnp.float32) -> jax.Array:
 
     With a 2-D w, the leading axes of x are flattened into one row axis first. The product is the same,
     but its autodiff is not: for a 3-D x the weight gradient comes out as (O, I) and XLA:CPU transposes
-    the whole (rows, O) output gradient to get it, which took 37% of the small model's train step (the
-    char CNN's (N*S, O) gradient); from a 2-D x it is one (I, rows) x (rows, O) product.
+    the whole (rows, O) output gradient to get it, the largest single cost of the small model's train step
+    (the char CNN's (N*S, O) gradient; measured: bench/RESULTS.md, "The train step, issue #8"); from a 2-D
+    x it is one (I, rows) x (rows, O) product.
     """
     if w.ndim == 2 and x.ndim > 2:
         y = matmul(x.reshape(-1, x.shape[-1]), w, compute_dtype)

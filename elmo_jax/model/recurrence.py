@@ -8,8 +8,8 @@ two. Its gradient is the autodiff gradient of the same computation, organised di
 `lax.scan` saves every intermediate of every step (the four activations, the cell, its tanh, masks: ~8
 arrays of (D, B, H) per step), zero-fills a stacked buffer for each, and accumulates the gradients of
 the recurrent and projection kernels inside the reverse loop, reading and writing a kernel-sized
-accumulator at every step. The TPU compiler's plan for the `bilm_large` step spent ~10 GB of its ~24 GB
-of HBM traffic there (bench/tpu_compile.py). Here:
+accumulator at every step: a large share of the `bilm_large` step's HBM traffic on a TPU (measured:
+bench/RESULTS_tpu_compile.md, "The LSTM time loop"). Here:
 
 - the forward loop saves only the gate pre-activations z (D, B, 4H), the cell and output state it read
   (after resets) and the projection before its clip, per step;
@@ -23,8 +23,8 @@ of HBM traffic there (bench/tpu_compile.py). Here:
   products cast them anyway: the same numbers, and in bfloat16 half the bytes (dz alone is 0.34 GB
   per layer per v5e chip of the `bilm_large` step in float32, written once and read twice).
   (Computing the inputs' gradient inside the loop instead made the TPU compiler read the input kernel
-  from HBM at every step: 0.85 GB more per `bilm_large` step on v5e-8, and 2.2 GB more when dz's
-  product takes the whole kernel at once.)
+  from HBM at every step, which moved more, the more so when dz's product takes the whole kernel at
+  once: bench/RESULTS_tpu_compile.md, "The LSTM time loop".)
 
 The forward values are the same operations as before; gradients equal autodiff's up to the order of
 float32 sums (tests/test_recurrence.py). Shapes: T steps, D = 2 directions, B rows, H cell, P projection.
@@ -95,8 +95,8 @@ def stacked_scan(step, carry, length: int, *, unroll: int = 1, reverse: bool = F
 
     The stacks are carried buffers allocated with `lax.empty` and written step by step, where
     `lax.scan` fills its output buffers with zeros first: on a TPU `lax.empty` is an uninitialised
-    allocation, and the zero fill of the residual stacks was ~1.3 GB of the `bilm_large` step's traffic
-    (elsewhere `lax.empty` is zeros, as before).
+    allocation, and the zero fill of the residual stacks was a measurable part of the `bilm_large` step's
+    traffic (bench/RESULTS_tpu_compile.md, "The LSTM time loop"; elsewhere `lax.empty` is zeros, as before).
     """
     y_shapes = jax.eval_shape(lambda c: step(c, jnp.int32(0))[1], carry)
     stacks = jax.tree.map(lambda a: _empty((length, *a.shape), a.dtype), y_shapes)
@@ -142,10 +142,10 @@ def _scan(s: Settings, inputs, W_0, bias, W_P, mask, resets, c0, h0, keep_residu
     return lax.platform_dependent(*args, tpu=each_step, default=all_steps)
 
 
-# Rows per device up to which a TPU computes each step's input product inside the loop. Measured on
-# v5e (bench/tpu_compile.py): better at 128 rows (the `bilm_large` train step, 8 x 1 and 1 x 1) and at
-# 64 (feature extraction: 0.72 against 2.05 GB per call), worse at 512 (feature extraction: 20.8
-# against 17.8 GB, where the loop's kernels no longer stay in on-chip memory beside its activations).
+# Rows per device up to which a TPU computes each step's input product inside the loop. On v5e
+# (bench/tpu_compile.py) it moved less at 128 rows (the `bilm_large` train step, 8 x 1 and 1 x 1) and at
+# 64 (feature extraction), more at 512 (feature extraction, where the loop's kernels no longer stay in
+# on-chip memory beside its activations). Measured: bench/RESULTS_tpu_compile.md, "The LSTM time loop".
 IN_LOOP_MAX_ROWS = 128
 
 
@@ -153,11 +153,11 @@ def input_gates(s: Settings, x: jax.Array, W_x: jax.Array, bias: jax.Array) -> j
     """The input half of one step's z on a TPU: x (D, B, P_in), W_x (D, P_in, 4H) -> (D, B, 4H), bias added.
 
     One product over all steps before the loop writes a (D, T, B, 4H) float32 result and reads it back
-    step by step: 0.65 GB per LSTM layer of the `bilm_large` step per v5e chip, while the loop's kernels
-    stay in on-chip memory (bench/RESULTS_tpu_compile.md). On a CPU that one product is faster (a step of
-    the small model 6-21% slower with per-step products, bench/ab_revisions.py), so `_scan` uses this
-    only on TPU (`lax.platform_dependent`, decided when the program is lowered for its platform), and
-    only up to `IN_LOOP_MAX_ROWS` rows per device.
+    step by step, while the loop's kernels stay in on-chip memory. On a CPU that one product is faster (a
+    step of the small model is slower with per-step products, bench/ab_revisions.py), so `_scan` uses
+    this only on TPU (`lax.platform_dependent`, decided when the program is lowered for its platform),
+    and only up to `IN_LOOP_MAX_ROWS` rows per device. Measured: bench/RESULTS_tpu_compile.md, "The LSTM
+    time loop".
     """
     return einsum("dbp,dpg->dbg", x, W_x, s.dtype) + bias[:, None, :]
 

@@ -105,8 +105,8 @@ def warn_if_worse_than_uniform(result: dict[str, float], vocab_size: int) -> lis
     model get there while its training loss looks normal: rows of words it rarely draws as candidates are
     never pushed down, and when one direction's LSTM outputs saturate, those words outscore the right
     ones almost everywhere. Measured on the demo model (bench/RESULTS.md, "State resets"): every seed
-    trained without state resets did this in one direction or the other within 400 steps, some recovering
-    later; none with 5% resets.
+    trained without state resets did this in one direction or the other, some recovering later; none with
+    5% resets.
 
     Args:
       result: `heldout_perplexity`'s dict (forward_perplexity, backward_perplexity).

@@ -6,7 +6,7 @@ never waits on the device), log, evaluate and checkpoint on schedule; at the end
 a model directory. Re-running the same command resumes from the newest complete checkpoint (`start`)
 and continues exactly as if never stopped, on any mesh and any number of processes.
 
-Faults (BUILD.md has the table): SIGTERM/SIGINT checkpoint and stop (`preemption`); after a kill the
+Faults (docs/FAULTS.md has the table): SIGTERM/SIGINT checkpoint and stop (`preemption`); after a kill the
 newest complete checkpoint that restores is used (`checkpoint`); non-finite steps stop training or
 are skipped (`step_report`).
 

@@ -34,8 +34,9 @@ from elmo_jax.training.settings import step_config
 from elmo_jax.training.train_step import StepConfig, TrainState, init_train_state, make_optimizer
 
 # What the log and README recommend when fine-tuning starts from a model without optimiser state, from
-# bench/finetune_optimizer.py (bench/RESULTS.md): from an HDF5 export, learning rate 0.02 instead of 0.2
-# left new-domain perplexity at 79.8 instead of 27.6 after 300 steps, and the old domain no better.
+# bench/finetune_optimizer.py: from an HDF5 export, a 10x smaller learning rate left the new domain's
+# perplexity far higher, and the old domain's no better (measured: bench/RESULTS.md, "Fine-tuning and the
+# optimiser state").
 HDF5_FINE_TUNING_ADVICE = (
     "keep the pretraining learning rate (0.2 in bilm-tf's recipe): measured, a 10x smaller one leaves the new "
     "softmax far behind without sparing the old domain; limit the run's length instead, evaluating on heldout text"
