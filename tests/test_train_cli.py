@@ -108,6 +108,7 @@ def test_schedule_settings_below_one_are_refused_before_training(tmp_path):
         ("state_reset_probability", "2", "--config.state_reset_probability=2.0: expected a probability in [0, 1]"),
         ("clip_norm", "0", "--config.clip_norm=0.0: expected a finite number > 0"),
         ("mesh.data", "0", "--config.mesh.data=0: expected a positive integer, or -1"),
+        ("optimizer", "sgd", "--config.optimizer='sgd': expected one of adagrad, adam"),
     ],
     ids=lambda v: str(v),
 )

@@ -27,11 +27,11 @@ from elmo_jax.formats.published_models import MODELS, is_published_name
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.params import BiLMParams
-from elmo_jax.training import sharding
+from elmo_jax.training import settings, sharding
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.jitted_steps import Steps
-from elmo_jax.training.settings import step_config
-from elmo_jax.training.train_step import StepConfig, TrainState, init_train_state, make_optimizer
+from elmo_jax.training.optimizers import Optimizer
+from elmo_jax.training.train_step import StepConfig, TrainState, init_train_state
 
 # What the log and README recommend when fine-tuning starts from a model without optimiser state, from
 # bench/finetune_optimizer.py (bench/RESULTS.md): from an HDF5 export, learning rate 0.02 instead of 0.2
@@ -90,13 +90,13 @@ def _same_architecture(options: dict, model: BiLMConfig) -> bool:
     return all(options.get(section) == expected[section] for section in ("lstm", "char_cnn"))
 
 
-def abstract_state(meta: dict) -> tuple[TrainState, Any]:
+def abstract_state(meta: dict) -> tuple[TrainState, Optimizer]:
     """The shapes of the `TrainState` a checkpoint holds (from its meta), and its run's optimiser."""
-    config = ml_collections.ConfigDict(meta["config"])
+    run_optimizer = settings.optimizer(ml_collections.ConfigDict(meta["config"]))
     model = BiLMConfig.from_options(meta["model_options"], source="checkpoint meta")
-    optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
     cfg = StepConfig(model=model, vocab_size=meta["vocab_size"], unroll_steps=meta["unroll_steps"])
-    return jax.eval_shape(lambda: init_train_state(jax.random.key(0), cfg, optimizer, meta["batch_size"])), optimizer
+    state = jax.eval_shape(lambda: init_train_state(jax.random.key(0), cfg, run_optimizer, meta["batch_size"]))
+    return state, run_optimizer
 
 
 def resume_or_start(
@@ -131,7 +131,7 @@ def continue_optimizer_state(fresh: Any, source: Any, parts: tuple[str, ...]) ->
     """`fresh` (a new run's optimiser state) with the state of the parameters under `parts` ("bilm",
     "softmax") taken from `source`, the optimiser state of the run fine-tuning starts from.
 
-    Both come from `make_optimizer` for the same parameter structure, so their leaves line up by path;
+    Both come from `settings.optimizer` for the same parameter structure, so their leaves line up by path;
     a leaf under a part named in `parts` must be present in `source` with the same shape.
     """
     found = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(source)}
@@ -256,7 +256,7 @@ def load_trained(workdir: str, step: int | None = None):
     config = ml_collections.ConfigDict(meta["config"])
     vocab_file = config.data.vocab_file or storage.join(workdir, "vocab.txt")
     vocab = Vocab.load(vocab_file)
-    return state.params, step_config(config, len(vocab)), config, vocab_file, int(state.step)
+    return state.params, settings.step_config(config, len(vocab)), config, vocab_file, int(state.step)
 
 
 def _check_finite_params(params: dict, source: str) -> None:
