@@ -56,14 +56,13 @@ def compile_case(case: str) -> dict:
 
     from configs import bilm_large
     from elmo_jax.training import jitted_steps, settings, sharding
-    from elmo_jax.training.train_step import make_optimizer
 
     devices, mesh_shape = case.split(":")
     data, model = (int(x) for x in mesh_shape.split("x"))
     config = bilm_large.get_config()
     batch_size = FLAGS.rows_per_shard * data
     cfg = settings.step_config(config, FLAGS.vocab_size)
-    optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
+    optimizer = settings.optimizer(config)
     mesh = sharding.make_mesh(data, model)
     sharding.check_training_mesh(mesh, batch_size, jax.process_count())
     start = time.perf_counter()

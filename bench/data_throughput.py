@@ -67,9 +67,9 @@ from bench.synthetic_corpus import write_synthetic_corpus
 from configs import demo as demo_config
 from elmo_jax.data import batch_stream, local_corpus, vocab_builder
 from elmo_jax.data.training_corpus import open_training_data
+from elmo_jax.training import settings
 from elmo_jax.training.batch_feed import device_batch
-from elmo_jax.training.settings import step_config
-from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
+from elmo_jax.training.train_step import init_train_state, train_step
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("corpora", ["demo", "1b-like"], "Streams to time: demo, 1b-like.")
@@ -188,8 +188,8 @@ def time_stream(stream: batch_stream.BiLMBatchStream, seconds: float, warmup: in
 
 def time_demo_training(config, vocab_size: int, window, steps: int) -> dict[str, float]:
     """The demo config's `train_step` on one stream window, as the trainer calls it (NumPy batch in)."""
-    cfg = step_config(config, vocab_size)
-    optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
+    cfg = settings.step_config(config, vocab_size)
+    optimizer = settings.optimizer(config)
     state = init_train_state(jax.random.key(config.seed), cfg, optimizer, config.batch_size)
     batch, positions = device_batch(window, cfg.model.max_characters_per_token)
     tokens = int(batch["mask"].sum())

@@ -34,8 +34,9 @@ from absl import app, flags, logging
 from bench import train_throughput
 from bench.common import platform_line
 from bench.workloads import synthetic_window
+from elmo_jax.training import settings
 from elmo_jax.training.batch_feed import device_batch
-from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
+from elmo_jax.training.train_step import init_train_state, train_step
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "small", f"Training config: {', '.join(train_throughput.CONFIGS)}.")
@@ -85,7 +86,7 @@ def main(argv):
         raise app.UsageError(f"--model={FLAGS.model!r}: expected one of {', '.join(train_throughput.CONFIGS)}")
     FLAGS.models = [FLAGS.model]
     config, cfg, B, T = train_throughput.resolve(FLAGS.model)
-    optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
+    optimizer = settings.optimizer(config)
     state = init_train_state(jax.random.key(0), cfg, optimizer, B)
     C = cfg.model.max_characters_per_token
     batch, positions = device_batch(synthetic_window(B, T, C, cfg.vocab_size), C)

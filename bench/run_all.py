@@ -145,15 +145,15 @@ def _train_case(c: dict, backend: str):
 
     from bench.workloads import synthetic_window
     from elmo_jax.model.flops import train_flops
+    from elmo_jax.training import settings
     from elmo_jax.training.batch_feed import device_batch
-    from elmo_jax.training.settings import step_config
-    from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
+    from elmo_jax.training.train_step import init_train_state, train_step
 
     config = importlib.import_module(TRAIN_CONFIGS[c["size"]]).get_config()
     vocab_size = CPU_VOCAB_SIZE if backend == "cpu" else LM1B_VOCAB_SIZE
-    cfg = step_config(config, vocab_size)
+    cfg = settings.step_config(config, vocab_size)
     cfg = dataclasses.replace(cfg, unroll_steps=c["T"], compute=dataclasses.replace(cfg.compute, dtype=c["dtype"]))
-    optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
+    optimizer = settings.optimizer(config)
     state = init_train_state(jax.random.key(0), cfg, optimizer, c["B"])
     C = cfg.model.max_characters_per_token
     batch, positions = device_batch(synthetic_window(c["B"], c["T"], C, vocab_size), C)

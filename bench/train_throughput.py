@@ -48,9 +48,9 @@ from absl import app, flags, logging
 from bench.common import matmul_throughput, platform_line
 from bench.workloads import synthetic_window
 from elmo_jax.model.flops import train_flops
+from elmo_jax.training import settings
 from elmo_jax.training.batch_feed import device_batch
-from elmo_jax.training.settings import step_config
-from elmo_jax.training.train_step import init_train_state, make_optimizer, train_step
+from elmo_jax.training.train_step import init_train_state, train_step
 
 CONFIGS = {
     "demo": "configs.demo",
@@ -100,7 +100,7 @@ def resolve(name: str):
         vocab_size = FLAGS.vocab_size
     else:
         vocab_size = CPU_VOCAB_SIZE if jax.default_backend() == "cpu" else LM1B_VOCAB_SIZE
-    cfg = step_config(config, vocab_size)
+    cfg = settings.step_config(config, vocab_size)
     overrides = {"compute": dataclasses.replace(cfg.compute, dtype=FLAGS.compute_dtype)}
     if FLAGS.n_negative_samples >= 0:
         overrides["n_negative_samples"] = FLAGS.n_negative_samples
@@ -111,7 +111,7 @@ def resolve(name: str):
 
 def time_train_step(config, cfg, B: int, T: int) -> dict[str, float]:
     """Compile seconds, best step seconds, tokens, content bucket and peak device memory of `train_step`."""
-    optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
+    optimizer = settings.optimizer(config)
     state = init_train_state(jax.random.key(0), cfg, optimizer, B)
     batch, positions = device_batch(
         synthetic_window(B, T, cfg.model.max_characters_per_token, cfg.vocab_size), cfg.model.max_characters_per_token

@@ -53,9 +53,16 @@ def get_config() -> ml_collections.ConfigDict:
 
     # Optimisation (bilm-tf's recipe).
     config.num_train_steps = 10_000
-    config.learning_rate = 0.2  # Adagrad
-    config.adagrad_initial_accumulator = 1.0
-    config.clip_norm = 10.0  # global-norm gradient clipping
+    # The optimiser, after clipping the gradient to a global norm of clip_norm (elmo_jax/training/optimizers.py):
+    # "adagrad": bilm-tf's, TensorFlow's Adagrad (no epsilon); reads learning_rate and adagrad_initial_accumulator.
+    # "adam": optax.adam (b1 0.9, b2 0.999, eps 1e-8), e.g. to fine-tune on domain text; reads learning_rate,
+    #   which then needs setting (0.2 is Adagrad's; Adam is commonly run near 1e-3). Its moments move every
+    #   softmax row at every step, so the softmax is updated densely (slower with a large vocabulary).
+    # A workdir resumes only with the optimiser it was trained with.
+    config.optimizer = "adagrad"
+    config.learning_rate = 0.2  # the optimiser's step size
+    config.adagrad_initial_accumulator = 1.0  # adagrad's accumulators start here
+    config.clip_norm = 10.0  # global-norm gradient clipping, before the optimiser
     config.dropout = 0.1  # on each LSTM layer's input and on the top output
     config.loss_scale_by_unroll = True  # bilm-tf differentiates loss * unroll_steps
     # Chance that a training sentence is read from a zero LSTM state instead of the carried one. bilm-tf
@@ -104,6 +111,7 @@ def get_config() -> ml_collections.ConfigDict:
     # restores them), so fine-tuning takes steps as small as the source run's last ones; False restarts
     # them at adagrad_initial_accumulator, making the first steps as large as a new run's. A model
     # directory or HDF5 pair holds no optimiser state and always starts afresh (README: Fine-tuning).
+    # True needs the source run's optimiser (its state, Adagrad's accumulators or Adam's moments, continues).
     config.init_from_optimizer = True
 
     # Device mesh (sizes multiply to the device count; one may be -1).

@@ -2,19 +2,31 @@
 biLM both ways gives the same parameters, Adagrad accumulators and metrics (within 1e-6), with the
 global-norm clip live and ids repeated among the candidates, the groups, both directions and the
 targets; rows no step read stay bit-identical. The per-id sums are checked against NumPy's `np.add.at`.
+
+The optimiser (training/optimizers.py): the default is bilm-tf's explicit chain, clip + Adagrad, bit for
+bit on both update paths; an optimiser not declared row-sparse (Adam, or any plain optax transformation)
+gets the dense update even when the sparse one is asked for, since its state changes at rows no step read.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
+from absl import logging
 
+from configs import default
+from elmo_jax.training import settings, sharding
+from elmo_jax.training.jitted_steps import jit_steps
+from elmo_jax.training.optimizers import Optimizer
 from elmo_jax.training.row_update import distinct_rows, row_slots, sum_rows
-from elmo_jax.training.train_step import StepConfig, init_train_state, make_optimizer, softmax_row_slots, train_step
+from elmo_jax.training.train_step import StepConfig, init_train_state, softmax_row_slots, train_step
+from tests.support.compare import assert_trees_equal
 from tests.support.models import random_char_ids, tiny_bilm_config
 
 D, B, T, C, V, S, GROUP = 2, 4, 5, 10, 40, 6, 2
@@ -55,7 +67,7 @@ def states():
     cfg = StepConfig(
         model=config, vocab_size=V, unroll_steps=T, dropout=0.1, n_negative_samples=S, negative_sample_group_rows=GROUP
     )
-    optimizer = make_optimizer(0.2, 1.0, 1.0)
+    optimizer = Optimizer(learning_rate=0.2, clip_norm=1.0, initial_accumulator=1.0)
     state = init_train_state(jax.random.key(0), cfg, optimizer, B)
     W = state.params["softmax"]["W"]
     state = state.replace(params={**state.params, "softmax": {**state.params["softmax"], "W": W * 2 * np.sqrt(8)}})
@@ -74,13 +86,8 @@ def states():
 def test_the_sparse_update_is_the_dense_update(states):
     """Two steps each way from the same state: every parameter, accumulator and metric within 1e-6."""
     state, batch, sparse, dense, optimizer = states
-    assert softmax_row_slots(sparse, B) == V and softmax_row_slots(dense, B) is None
-    results = {}
-    for name, cfg in (("sparse", sparse), ("dense", dense)):
-        s = jax.tree.map(jnp.array, state)
-        s, m1 = train_step(s, batch, cfg=cfg, optimizer=optimizer)
-        s, m2 = train_step(s, batch, cfg=cfg, optimizer=optimizer)
-        results[name] = jax.device_get((s.params, s.opt_state, m1, m2))
+    assert softmax_row_slots(sparse, B, optimizer) == V and softmax_row_slots(dense, B, optimizer) is None
+    results = {name: two_steps(state, batch, cfg, optimizer) for name, cfg in (("sparse", sparse), ("dense", dense))}
     assert results["dense"][2]["grad_norm"] > 1.5  # the clip at 1 is live
     for (path, got), want in zip(
         jax.tree_util.tree_leaves_with_path(results["sparse"]), jax.tree.leaves(results["dense"]), strict=True
@@ -93,11 +100,80 @@ def test_the_sparse_update_is_the_dense_update(states):
 
 def test_the_sparse_update_is_used_only_when_it_reads_fewer_rows(states):
     """The slot count: fewer rows than V' (sparse), or the dense update (full softmax, a large batch)."""
-    _, _, sparse, _, _ = states
-    assert softmax_row_slots(sparse, B) == V  # min(2 x (2 x 6 + 4 x 5), 40)
+    _, _, sparse, _, adagrad = states
+    assert softmax_row_slots(sparse, B, adagrad) == V  # min(2 x (2 x 6 + 4 x 5), 40)
     big = dataclasses.replace(sparse, vocab_size=102_400)  # a multiple of 256: V = V'
-    assert softmax_row_slots(big, B) == 2 * (2 * S + B * T)
-    assert softmax_row_slots(dataclasses.replace(big, full_softmax=True), B) is None
-    assert (
-        softmax_row_slots(dataclasses.replace(big, negative_sample_group_rows=0, n_negative_samples=60_000), B) is None
+    assert softmax_row_slots(big, B, adagrad) == 2 * (2 * S + B * T)
+    assert softmax_row_slots(dataclasses.replace(big, full_softmax=True), B, adagrad) is None
+    fewer_groups = dataclasses.replace(big, negative_sample_group_rows=0, n_negative_samples=60_000)
+    assert softmax_row_slots(fewer_groups, B, adagrad) is None
+    # Only an optimiser declared row-sparse: not Adam, not a plain optax transformation (even Adagrad's).
+    assert softmax_row_slots(big, B, Optimizer(name="adam")) is None
+    assert softmax_row_slots(big, B, adagrad.transform) is None
+
+
+def two_steps(state, batch, cfg: StepConfig, optimizer) -> Any:
+    """(params, opt_state, metrics of step 1, metrics of step 2) of two `train_step`s from `state`, on the host."""
+    s = jax.tree.map(jnp.array, state)
+    s, m1 = train_step(s, batch, cfg=cfg, optimizer=optimizer)
+    s, m2 = train_step(s, batch, cfg=cfg, optimizer=optimizer)
+    return jax.device_get((s.params, s.opt_state, m1, m2))
+
+
+class DeclaredRowSparse(NamedTuple):
+    """A plain optax transformation declared row-sparse, as the step before `optimizers` treated every
+    optimiser: the sparse update with the explicit chain."""
+
+    init: Any
+    update: Any
+    row_sparse: bool = True
+
+
+@pytest.mark.slow
+def test_the_default_optimizer_is_bilm_tfs_explicit_chain_bit_for_bit(states):
+    """The default config's optimiser against `chain(clip_by_global_norm, adagrad(eps=0))` written out
+    here: two steps of each update path give the same parameters, Adagrad state (its structure too, so
+    checkpoints written before `optimizers` restore) and metrics, bit for bit."""
+    state, batch, sparse, dense, _ = states
+    config = default.get_config()
+    config.clip_norm = 1.0  # the states' gradient norm exceeds it: the clip is live
+    optimizer = settings.optimizer(config)
+    assert optimizer.name == "adagrad"
+    explicit = optax.chain(
+        optax.clip_by_global_norm(config.clip_norm),
+        optax.adagrad(config.learning_rate, initial_accumulator_value=config.adagrad_initial_accumulator, eps=0.0),
     )
+    assert_trees_equal(optimizer.init(state.params), explicit.init(state.params))
+    assert_trees_equal(two_steps(state, batch, dense, optimizer), two_steps(state, batch, dense, explicit))
+    explicit_sparse = DeclaredRowSparse(explicit.init, explicit.update)
+    assert_trees_equal(two_steps(state, batch, sparse, optimizer), two_steps(state, batch, sparse, explicit_sparse))
+
+
+@pytest.mark.slow
+def test_adam_gets_the_dense_update_even_when_the_sparse_one_is_asked_for(states):
+    """Adam's moments decay at rows no step read, so the sparse update would leave a row read by the first
+    step but not the second where the dense one moves it again. Asked for the sparse update, a plain
+    clip + Adam chain gives exactly the dense update of the config's "adam" (which also shows that
+    "adam" is that chain); the chain forced through the sparse update (as before `optimizers`) differs."""
+    state, batch, sparse, dense, _ = states
+    adam = Optimizer(name="adam", learning_rate=0.01, clip_norm=1.0)
+    plain = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(0.01))
+    assert softmax_row_slots(sparse, B, adam) is None and softmax_row_slots(sparse, B, plain) is None
+    state = state.replace(opt_state=adam.init(state.params))
+    want = two_steps(state, batch, dense, adam)
+    assert_trees_equal(two_steps(state, batch, sparse, plain), want)
+    forced = two_steps(state, batch, sparse, DeclaredRowSparse(plain.init, plain.update))
+    moved_apart = np.any(forced[0]["softmax"]["W"] != want[0]["softmax"]["W"], axis=1)
+    assert 0 < moved_apart.sum() < V, moved_apart.sum()  # rows the second step did not read
+
+
+def test_the_trainer_logs_why_the_softmax_is_updated_densely(states, caplog):
+    """`jit_steps` with an optimiser not declared row-sparse says so in one line (no compile)."""
+    _, _, sparse, _, adagrad = states
+    mesh = sharding.make_mesh(B, 8 // B)
+    with caplog.at_level(logging.INFO):
+        jit_steps(mesh, sparse, adagrad, B)
+        assert not any("updated densely" in r.getMessage() for r in caplog.records)
+        jit_steps(mesh, sparse, Optimizer(name="adam", learning_rate=0.01, clip_norm=1.0), B)
+    lines = [r.getMessage() for r in caplog.records if "updated densely" in r.getMessage()]
+    assert len(lines) == 1 and "optimizer adam is not known to leave a row" in lines[0], lines

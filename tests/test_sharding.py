@@ -19,8 +19,9 @@ from elmo_jax.model.params import init_params
 from elmo_jax.training import jitted_steps, sharding
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.lm import lm_losses
+from elmo_jax.training.optimizers import Optimizer
 from elmo_jax.training.softmax import VOCAB_PAD_MULTIPLE, padded_vocab_size
-from elmo_jax.training.train_step import StepConfig, make_optimizer
+from elmo_jax.training.train_step import StepConfig
 from tests.support.commands import error_line
 from tests.support.inprocess import run_in_process
 
@@ -44,7 +45,7 @@ MODEL = BiLMConfig(
 # Four candidate draws per direction, two rows each: a group spans two devices of an (8, 1) mesh and a
 # device holds two groups of a (2, 4) one; the draws must not depend on either.
 CFG = StepConfig(model=MODEL, vocab_size=VOCAB, unroll_steps=T, n_negative_samples=16, negative_sample_group_rows=2)
-OPTIMIZER = make_optimizer(0.2, 1.0, 10.0)
+OPTIMIZER = Optimizer(learning_rate=0.2, clip_norm=10.0, initial_accumulator=1.0)
 
 
 def random_batch(seed: int, carry: bool) -> dict[str, np.ndarray]:

@@ -252,6 +252,14 @@ def test_init_from_workdir_can_restart_the_optimiser(trained_run, tmp_path):
     assert np.max(np.asarray(acc_a["bilm"]["CNN_proj"]["W_proj"])) > 1.5  # they did grow
 
 
+def test_checkpoints_without_an_optimizer_name_are_adagrads():
+    """Checkpoints written before the meta named the optimiser resume with Adagrad, the only one then."""
+    meta = {"model_options": {}, "vocab_size": 5, "batch_size": 2, "unroll_steps": 3}
+    start.check_resume(meta, {**meta, "optimizer": "adagrad"}, "W")
+    with pytest.raises(ValueError, match="optimizer is 'adagrad' there but 'adam' in this config"):
+        start.check_resume(meta, {**meta, "optimizer": "adam"}, "W")
+
+
 def test_check_config_refuses_an_init_from_optimizer_that_is_not_a_bool():
     config = tiny.get_config()
     config.init_from_optimizer = None  # ml_collections lets None through; ints and strings are a TypeError

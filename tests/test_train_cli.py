@@ -88,6 +88,26 @@ def test_workdir_of_a_different_model_is_refused_and_left_untouched(corpus, trai
     assert tree_digest(trained / "checkpoints") == before
 
 
+def test_resuming_with_another_optimizer_is_refused_and_left_untouched(corpus, trained):
+    """Adagrad's checkpoints cannot continue as Adam's (the state differs): one line naming both and the
+    fine-tuning start that does work, before any checkpoint is read as corrupt or moved aside."""
+    before = tree_digest(trained / "checkpoints")
+    args = tiny_args(corpus, trained, optimizer="adam", learning_rate=0.001, num_train_steps=4)
+    line = error_line(run_train(*args))
+    assert "optimizer is 'adagrad' there but 'adam' in this config" in line, line
+    assert f"--config.init_from={trained} --config.init_from_optimizer=False" in line, line
+    assert tree_digest(trained / "checkpoints") == before
+
+
+def test_init_from_a_workdir_of_another_optimizer_needs_a_fresh_optimizer_state(corpus, trained, tmp_path):
+    """Fine-tuning a workdir trained with Adagrad with Adam cannot continue its accumulators (the default
+    init_from_optimizer=True): one line saying so and which flag starts Adam afresh."""
+    args = tiny_args(corpus, tmp_path / "w", optimizer="adam", learning_rate=0.001, init_from=trained)
+    line = error_line(run_train(*args))
+    assert f"--config.init_from={trained}: its run trained with --config.optimizer=adagrad" in line, line
+    assert "--config.init_from_optimizer=False" in line
+
+
 def test_schedule_settings_below_one_are_refused_before_training(tmp_path):
     """checkpoint_every_steps=0 used to divide by zero after the first (compiled) step."""
     for key in ("checkpoint_every_steps", "log_every_steps", "num_train_steps"):
@@ -108,6 +128,7 @@ def test_schedule_settings_below_one_are_refused_before_training(tmp_path):
         ("state_reset_probability", "2", "--config.state_reset_probability=2.0: expected a probability in [0, 1]"),
         ("clip_norm", "0", "--config.clip_norm=0.0: expected a finite number > 0"),
         ("mesh.data", "0", "--config.mesh.data=0: expected a positive integer, or -1"),
+        ("optimizer", "sgd", "--config.optimizer='sgd': expected one of adagrad, adam"),
     ],
     ids=lambda v: str(v),
 )

@@ -19,12 +19,12 @@ import pytest
 from elmo_jax.model.char_cnn import content_bucket
 from elmo_jax.model.lstm import LSTMState
 from elmo_jax.model.params import BiLMParams
+from elmo_jax.training.optimizers import Optimizer
 from elmo_jax.training.softmax import sample_candidates
 from elmo_jax.training.train_step import (
     StepConfig,
     TrainState,
     init_train_state,
-    make_optimizer,
     step_keys,
     train_step,
 )
@@ -57,7 +57,7 @@ def setup():
     cfg = StepConfig(
         model=config, vocab_size=V, unroll_steps=T, dropout=0.0, n_negative_samples=S, negative_sample_group_rows=GROUP
     )
-    optimizer = make_optimizer(0.2, 1.0, 10.0)
+    optimizer = Optimizer(learning_rate=0.2, clip_norm=10.0, initial_accumulator=1.0)
     shapes = jax.eval_shape(lambda: init_train_state(jax.random.key(0), cfg, optimizer, B))
     rng = np.random.default_rng(0)
     bilm = randomize(BiLMParams(weights=shapes.params["bilm"], config=config), seed=5).weights
@@ -122,7 +122,7 @@ def test_one_train_step_equals_bilm_tfs_order_of_operations(setup):
     want_params, want_accumulators, norm = np_tf_update(params, grads, lr, clip_norm, initial)
     assert norm > 1.2 * clip_norm, f"test setup: the clip must be live (norm {norm})"
 
-    optimizer = make_optimizer(lr, initial, clip_norm)
+    optimizer = Optimizer(learning_rate=lr, clip_norm=clip_norm, initial_accumulator=initial)
     positions = content_bucket(np.where(batch["mask"][..., None], batch["char_ids"] + 1, 0), C)
     assert positions < C  # the char CNN's position bound is live too
     new, metrics = train_step(

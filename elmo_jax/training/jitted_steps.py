@@ -12,9 +12,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from elmo_jax.model.lstm import zero_state
+from elmo_jax.training.optimizers import Optimizer, declares_row_sparse
 from elmo_jax.training.sharding import RULES, batch_sharding, state_shardings, with_shardings
 from elmo_jax.training.train_step import StepConfig, eval_step_fn, init_train_state, train_step_fn
 
@@ -66,7 +68,7 @@ class Steps:
 def jit_steps(
     mesh: Mesh,
     cfg: StepConfig,
-    optimizer: optax.GradientTransformation,
+    optimizer: Optimizer | optax.GradientTransformation,
     batch_size: int,
     rules=RULES,
     skip_nonfinite: bool = False,
@@ -75,8 +77,16 @@ def jit_steps(
 
     The state's shapes come from `jax.eval_shape` (no allocation); `init` then creates every array
     directly in its shards, so no device ever holds the whole softmax. With `skip_nonfinite` the train
-    step is wrapped by `skip_nonfinite_step`.
+    step is wrapped by `skip_nonfinite_step`. An optimiser that does not declare itself row-sparse gets
+    the dense softmax update even when `cfg.sparse_softmax_update` asks for the sparse one (logged).
     """
+    if cfg.sparse_softmax_update and not cfg.full_softmax and not declares_row_sparse(optimizer):
+        logging.info(
+            "the softmax is updated densely (every row, every step): optimizer %s is not known to leave a "
+            "row with zero gradient and its state unchanged, so updating only the rows a step read would "
+            "change the numbers",
+            getattr(optimizer, "name", "(an optax transformation)"),
+        )
 
     # The char CNN's token blocks and the LSTM's input-product form are chosen by one device's rows
     # (the batch axis's shards), not the global batch's.

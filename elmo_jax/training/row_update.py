@@ -17,7 +17,8 @@ must get right:
 - the optimiser's per-parameter state (Adagrad's accumulators) is read and written at the same rows.
 
 The optimiser must be elementwise, with a zero gradient leaving a parameter and its state unchanged
-(clip + Adagrad is; Adam's moments, for one, would decay everywhere).
+(clip + Adagrad is; Adam's moments, for one, would decay everywhere). The optimiser declares it
+(`optimizers.Optimizer.row_sparse`), and the train step uses this module only when it does.
 
 Shapes: D directions, G candidate groups, S candidates per group, B rows, T steps, P projection,
 V' padded vocabulary, U slots for distinct ids (min(K, vocabulary size)).
@@ -97,7 +98,8 @@ def sparse_update(
     """One optimiser step: the biLM's parameters densely, the softmax's at the rows the step read.
 
     Args:
-      optimizer: elementwise, a zero gradient leaving a parameter and its state unchanged (see above).
+      optimizer: elementwise, a zero gradient leaving a parameter and its state unchanged (see above;
+        `optimizers.declares_row_sparse`).
       params: {"bilm": ..., "softmax": {"W": (V', P), "b": (V',)}}; opt_state: its `optimizer` state.
       bilm_grads: the gradient of params["bilm"].
       row_grads: the gradient of `lm.softmax_rows(params["softmax"], candidates, targets)`.

@@ -8,13 +8,13 @@ import math
 from collections.abc import Iterator
 
 import ml_collections
-import optax
 
 from elmo_jax.data.text_files import INVALID_UTF8_POLICIES
 from elmo_jax.formats.vocab_file import SPECIALS
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.precision import COMPUTE_DTYPES, ComputeOptions
-from elmo_jax.training.train_step import StepConfig, make_optimizer
+from elmo_jax.training.optimizers import ADAGRAD, OPTIMIZERS, Optimizer
+from elmo_jax.training.train_step import StepConfig
 
 
 def model_config(config: ml_collections.ConfigDict) -> BiLMConfig:
@@ -39,9 +39,16 @@ def step_config(config: ml_collections.ConfigDict, vocab_size: int) -> StepConfi
     )
 
 
-def optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """bilm-tf's optimiser with the config's learning rate, Adagrad start and clipping norm."""
-    return make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
+def optimizer(config: ml_collections.ConfigDict) -> Optimizer:
+    """The optimiser `config.optimizer` names, with the config's learning rate, clipping norm and Adagrad
+    start: the only reading of these keys (`optimizers` builds the transformation). Configs saved before
+    the key existed trained with Adagrad."""
+    return Optimizer(
+        name=config.get("optimizer", ADAGRAD),
+        learning_rate=config.learning_rate,
+        clip_norm=config.clip_norm,
+        initial_accumulator=config.adagrad_initial_accumulator,
+    )
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
@@ -105,6 +112,8 @@ def _config_problems(config) -> Iterator[str]:
         yield bad("init_from_optimizer", "True (continue the source workdir's Adagrad accumulators) or False")
     if not isinstance(config.export_extractor, bool):
         yield bad("export_extractor", "True (the export includes extractor.jax) or False")
+    if config.optimizer not in OPTIMIZERS:
+        yield bad("optimizer", f"one of {', '.join(OPTIMIZERS)}")
     if config.compute_dtype not in COMPUTE_DTYPES:
         yield bad("compute_dtype", f"one of {', '.join(COMPUTE_DTYPES)}")
     if config.data.invalid_utf8 not in INVALID_UTF8_POLICIES:

@@ -2,12 +2,12 @@
 
 A run resumes from the newest checkpoint of its workdir that restores (parameters, optimiser, RNG,
 carried LSTM state and the stream's position), after checking that the checkpoint was made for the
-same model, vocabulary and batch. Without one it starts fresh, or from `init_from` (fine-tuning): a
-training workdir (its biLM, and its softmax when the vocabulary is the same; with
-`init_from_optimizer`, the default, also their Adagrad accumulators, as bilm-tf's restart.py restores
-them) or a model directory / published HDF5 pair, also a published model by name (its biLM, a fresh
-softmax, fresh accumulators). The step count, RNG, carried LSTM state and data position always start
-afresh.
+same model, vocabulary, batch and optimiser. Without one it starts fresh, or from `init_from`
+(fine-tuning): a training workdir (its biLM, and its softmax when the vocabulary is the same; with
+`init_from_optimizer`, the default, also their optimiser state — Adagrad's accumulators, as bilm-tf's
+restart.py restores them) or a model directory / published HDF5 pair, also a published model by name
+(its biLM, a fresh softmax, a fresh optimiser state). The step count, RNG, carried LSTM state and data
+position always start afresh.
 
 `restore_checkpoint` and `load_trained` read a workdir's checkpoint on one device, for the commands.
 """
@@ -27,11 +27,11 @@ from elmo_jax.formats.published_models import MODELS, is_published_name
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.params import BiLMParams
-from elmo_jax.training import sharding
+from elmo_jax.training import settings, sharding
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.jitted_steps import Steps
-from elmo_jax.training.settings import step_config
-from elmo_jax.training.train_step import StepConfig, TrainState, init_train_state, make_optimizer
+from elmo_jax.training.optimizers import ADAGRAD, Optimizer
+from elmo_jax.training.train_step import StepConfig, TrainState, init_train_state
 
 # What the log and README recommend when fine-tuning starts from a model without optimiser state, from
 # bench/finetune_optimizer.py: from an HDF5 export, a 10x smaller learning rate left the new domain's
@@ -41,20 +41,29 @@ HDF5_FINE_TUNING_ADVICE = (
     "keep the pretraining learning rate (0.2 in bilm-tf's recipe): measured, a 10x smaller one leaves the new "
     "softmax far behind without sparing the old domain; limit the run's length instead, evaluating on heldout text"
 )
-RESUME_KEYS = ("model_options", "vocab_size", "vocab_sha256", "batch_size", "unroll_steps")  # must agree to resume
+# Must agree to resume (the optimiser: its state's structure; every checkpoint without it is Adagrad's).
+RESUME_KEYS = ("model_options", "vocab_size", "vocab_sha256", "batch_size", "unroll_steps", "optimizer")
 
 
 def run_meta(config: ml_collections.ConfigDict, cfg: StepConfig, vocab: Vocab) -> dict[str, Any]:
     """What a checkpoint was made for (saved with it): the model, the vocabulary (its size and a digest of
-    its words in order, since a softmax row means the word at that id), the batch, and the config."""
+    its words in order, since a softmax row means the word at that id), the batch, the optimiser's name
+    and the config."""
     return {
         "model_options": cfg.model.to_options(),
         "vocab_size": cfg.vocab_size,
         "vocab_sha256": vocab.sha256(),
         "batch_size": config.batch_size,
         "unroll_steps": config.unroll_steps,
+        "optimizer": settings.optimizer(config).name,
         "config": json.loads(config.to_json_best_effort()),
     }
+
+
+def meta_optimizer(meta: dict) -> str:
+    """The name of the optimiser a checkpoint's run used (checkpoints written before the name was saved
+    are of Adagrad's runs)."""
+    return meta.get("optimizer", ADAGRAD)
 
 
 def _differences(there: Any, here: Any, path: str) -> list[str]:
@@ -70,7 +79,9 @@ def _differences(there: Any, here: Any, path: str) -> list[str]:
 
 def check_resume(meta: dict, expected: dict, directory: str) -> None:
     """Raises ValueError naming every difference when a checkpoint's meta is of another run. Checkpoints
-    written before the vocabulary digest was saved are compared on the rest."""
+    written before the vocabulary digest was saved are compared on the rest; those written before the
+    optimiser's name was saved are Adagrad's."""
+    meta = {**meta, "optimizer": meta_optimizer(meta)}
     keys = [key for key in RESUME_KEYS if key in meta or key != "vocab_sha256"]
     differences = [d for key in keys for d in _differences(meta.get(key), expected[key], key)]
     if any(d.startswith("vocab_sha256") for d in differences):
@@ -79,10 +90,13 @@ def check_resume(meta: dict, expected: dict, directory: str) -> None:
             "the checkpoints were trained with (each softmax row belongs to the word at its id)"
         ]
     if differences:
-        raise ValueError(
-            f"{directory} holds checkpoints of a different run: {'; '.join(differences)}. Use "
-            "another --workdir (the existing checkpoints are left untouched)."
-        )
+        advice = "Use another --workdir (the existing checkpoints are left untouched)"
+        if meta["optimizer"] != expected["optimizer"]:  # its state cannot continue; its weights can
+            advice += (
+                f"; to train these weights with {expected['optimizer']}, give it --config.init_from={directory} "
+                "--config.init_from_optimizer=False"
+            )
+        raise ValueError(f"{directory} holds checkpoints of a different run: {'; '.join(differences)}. {advice}.")
 
 
 def _same_architecture(options: dict, model: BiLMConfig) -> bool:
@@ -91,13 +105,13 @@ def _same_architecture(options: dict, model: BiLMConfig) -> bool:
     return all(options.get(section) == expected[section] for section in ("lstm", "char_cnn"))
 
 
-def abstract_state(meta: dict) -> tuple[TrainState, Any]:
+def abstract_state(meta: dict) -> tuple[TrainState, Optimizer]:
     """The shapes of the `TrainState` a checkpoint holds (from its meta), and its run's optimiser."""
-    config = ml_collections.ConfigDict(meta["config"])
+    run_optimizer = settings.optimizer(ml_collections.ConfigDict(meta["config"]))
     model = BiLMConfig.from_options(meta["model_options"], source="checkpoint meta")
-    optimizer = make_optimizer(config.learning_rate, config.adagrad_initial_accumulator, config.clip_norm)
     cfg = StepConfig(model=model, vocab_size=meta["vocab_size"], unroll_steps=meta["unroll_steps"])
-    return jax.eval_shape(lambda: init_train_state(jax.random.key(0), cfg, optimizer, meta["batch_size"])), optimizer
+    state = jax.eval_shape(lambda: init_train_state(jax.random.key(0), cfg, run_optimizer, meta["batch_size"]))
+    return state, run_optimizer
 
 
 def resume_or_start(
@@ -132,8 +146,9 @@ def continue_optimizer_state(fresh: Any, source: Any, parts: tuple[str, ...]) ->
     """`fresh` (a new run's optimiser state) with the state of the parameters under `parts` ("bilm",
     "softmax") taken from `source`, the optimiser state of the run fine-tuning starts from.
 
-    Both come from `make_optimizer` for the same parameter structure, so their leaves line up by path;
-    a leaf under a part named in `parts` must be present in `source` with the same shape.
+    Both come from the same optimiser (`_initial_weights` checks its name) for the same parameter
+    structure, so their leaves line up by path; a leaf under a part named in `parts` must be present in
+    `source` with the same shape.
     """
     found = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(source)}
 
@@ -151,7 +166,8 @@ def continue_optimizer_state(fresh: Any, source: Any, parts: tuple[str, ...]) ->
 def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMParams | None, dict | None, Any]:
     """Fine-tuning start: (biLM, softmax, optimiser state) from `init_from`, or (None, None, None) for a
     fresh model. The optimiser state is that of the source run (its Adagrad accumulators) when it is a
-    workdir and `init_from_optimizer` is set, else None.
+    workdir and `init_from_optimizer` is set, else None; the source run must then have used this
+    config's optimiser.
 
     A checkpoint's arrays are restored directly into their shards on `mesh`.
     """
@@ -174,21 +190,20 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
                 "config.model; set config.model to match the options file"
             )
         logging.info("initialising the biLM from %s (fresh softmax)", weights)
-        logging.warning(
-            "%s holds no optimiser state: Adagrad's accumulators start afresh at %g, so the first updates "
-            "are as large as a new run's (up to learning_rate = %g per weight and step) where a long "
-            "pretraining run ended with larger accumulators and smaller steps, and the softmax is new. "
-            "Advice: %s (README, Fine-tuning)",
-            source,
-            config.adagrad_initial_accumulator,
-            config.learning_rate,
-            HDF5_FINE_TUNING_ADVICE,
-        )
+        _warn_no_optimizer_state(config, source)
         return bilm, None, None
+    run_optimizer = settings.optimizer(config).name
+    keep_optimizer = bool(config.init_from_optimizer)
 
     def check(meta):
         if not _same_architecture(meta["model_options"], cfg.model):
             raise ValueError(f"--config.init_from={source}: its checkpoint is of a different model than config.model")
+        if keep_optimizer and meta_optimizer(meta) != run_optimizer:
+            raise ValueError(
+                f"--config.init_from={source}: its run trained with --config.optimizer={meta_optimizer(meta)}, "
+                f"whose state cannot continue into {run_optimizer}'s; set --config.init_from_optimizer=False "
+                f"to start {run_optimizer} afresh from its weights"
+            )
 
     def target(meta):
         abstract, optimizer = abstract_state(meta)
@@ -207,18 +222,36 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
     step, state = found[:2]
     source_vocab = storage.join(source, "vocab.txt")
     same_vocab = storage.exists(source_vocab) and Vocab.load(source_vocab).words == vocab.words
-    keep_optimizer = bool(config.init_from_optimizer)
     logging.info(
-        "initialising from %s step %d (softmax %s; Adagrad accumulators %s)",
+        "initialising from %s step %d (softmax %s; %s state %s)",
         source,
         step,
         "kept" if same_vocab else "fresh: another vocabulary",
+        run_optimizer,
         ("kept for the biLM and softmax" if same_vocab else "kept for the biLM")
         if keep_optimizer
-        else f"fresh at {config.adagrad_initial_accumulator:g} (init_from_optimizer=False)",
+        else "fresh (init_from_optimizer=False)",
     )
     bilm = BiLMParams(weights=state.params["bilm"], config=cfg.model)
     return bilm, (state.params["softmax"] if same_vocab else None), (state.opt_state if keep_optimizer else None)
+
+
+def _warn_no_optimizer_state(config, source: str) -> None:
+    """The log line of a fine-tuning start from a model without optimiser state (an HDF5 pair)."""
+    name = settings.optimizer(config).name
+    if name != ADAGRAD:
+        logging.info("%s holds no optimiser state: %s starts afresh", source, name)
+        return
+    logging.warning(
+        "%s holds no optimiser state: Adagrad's accumulators start afresh at %g, so the first updates "
+        "are as large as a new run's (up to learning_rate = %g per weight and step) where a long "
+        "pretraining run ended with larger accumulators and smaller steps, and the softmax is new. "
+        "Advice: %s (README, Fine-tuning)",
+        source,
+        config.adagrad_initial_accumulator,
+        config.learning_rate,
+        HDF5_FINE_TUNING_ADVICE,
+    )
 
 
 def restore_checkpoint(workdir: str, step: int | None = None) -> tuple[TrainState, dict, dict]:
@@ -257,7 +290,7 @@ def load_trained(workdir: str, step: int | None = None):
     config = ml_collections.ConfigDict(meta["config"])
     vocab_file = config.data.vocab_file or storage.join(workdir, "vocab.txt")
     vocab = Vocab.load(vocab_file)
-    return state.params, step_config(config, len(vocab)), config, vocab_file, int(state.step)
+    return state.params, settings.step_config(config, len(vocab)), config, vocab_file, int(state.step)
 
 
 def _check_finite_params(params: dict, source: str) -> None:

@@ -1,15 +1,15 @@
-"""The pure, jittable parts of training: state, optimiser, one training step, one evaluation step.
+"""The pure, jittable parts of training: state, one training step, one evaluation step.
 
-`TrainState` holds everything that changes during training — parameters, Adagrad accumulators, the
-step, the base RNG key and each row's carried LSTM state — as one pytree, so a checkpoint of it plus
-the data stream's position resumes a run exactly. Per-step randomness is `fold_in(key, step)`:
-nothing random depends on how often the process was restarted.
+`TrainState` holds everything that changes during training — parameters, the optimiser's state
+(`optimizers.Optimizer`; Adagrad's accumulators by default), the step, the base RNG key and each row's
+carried LSTM state — as one pytree, so a checkpoint of it plus the data stream's position resumes a run
+exactly. Per-step randomness is `fold_in(key, step)`: nothing random depends on how often the process
+was restarted.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import flax.struct
 import jax
@@ -30,6 +30,7 @@ from elmo_jax.training.lm import (
     sampled_lm_losses,
     softmax_rows,
 )
+from elmo_jax.training.optimizers import Optimizer, declares_row_sparse
 from elmo_jax.training.row_update import row_slots, sparse_update
 from elmo_jax.training.softmax import padded_vocab_size
 
@@ -49,7 +50,8 @@ class StepConfig:
     loss_scale_by_unroll: bool = True
     compute: ComputeOptions = ComputeOptions()  # its content_positions is set per batch (`train_step_fn`)
     # Update only the softmax rows the sampled softmax read (`row_update`): the dense update's numbers
-    # without a (V', P) gradient. Used when those rows are fewer than V'; ignored with full_softmax.
+    # without a (V', P) gradient. Used when those rows are fewer than V' and the optimiser declares that
+    # this is exact (`optimizers.declares_row_sparse`: Adagrad, not Adam); ignored with full_softmax.
     sparse_softmax_update: bool = True
 
 
@@ -72,19 +74,6 @@ class TrainState:
     lstm: LSTMState
 
 
-@functools.lru_cache(maxsize=8)
-def make_optimizer(learning_rate: float, initial_accumulator: float, clip_norm: float) -> optax.GradientTransformation:
-    """bilm-tf's optimiser: global-norm clipping, then Adagrad (TF's: no epsilon).
-
-    Cached: the jitted step takes the optimiser as a static argument, so the same settings must give the
-    same object, or every run would compile the step again.
-    """
-    return optax.chain(
-        optax.clip_by_global_norm(clip_norm),
-        optax.adagrad(learning_rate, initial_accumulator_value=initial_accumulator, eps=0.0),
-    )
-
-
 def init_softmax(key: jax.Array, vocab_size: int, dim: int) -> dict[str, jax.Array]:
     """bilm-tf's softmax initialisation: W ~ N(0, 1/dim), b = 0.
 
@@ -102,7 +91,7 @@ def init_softmax(key: jax.Array, vocab_size: int, dim: int) -> dict[str, jax.Arr
 def init_train_state(
     key: jax.Array,
     cfg: StepConfig,
-    optimizer: optax.GradientTransformation,
+    optimizer: Optimizer | optax.GradientTransformation,
     batch_size: int,
     bilm: BiLMParams | None = None,
     softmax: dict[str, jax.Array] | None = None,
@@ -177,10 +166,11 @@ def _scaled_loss(cfg: StepConfig, sums, counts, final):
     return scaled, (loss, per_direction, counts, final)
 
 
-def softmax_row_slots(cfg: StepConfig, batch_size: int) -> int | None:
+def softmax_row_slots(cfg: StepConfig, batch_size: int, optimizer) -> int | None:
     """U, the rows a sparse softmax update handles (`row_update.row_slots`), or None for a dense update:
-    with the full softmax, with `sparse_softmax_update` off, or when U would not be fewer than V'."""
-    if cfg.full_softmax or not cfg.sparse_softmax_update:
+    with the full softmax, with `sparse_softmax_update` off, with an optimiser that does not declare
+    itself row-sparse (`optimizers.declares_row_sparse`), or when U would not be fewer than V'."""
+    if cfg.full_softmax or not cfg.sparse_softmax_update or not declares_row_sparse(optimizer):
         return None
     groups = candidate_groups(batch_size, cfg.negative_sample_group_rows)
     slots = row_slots(2, groups, cfg.n_negative_samples, batch_size, cfg.unroll_steps, cfg.vocab_size)
@@ -230,17 +220,20 @@ def train_step_fn(
     batch: dict[str, jax.Array],
     *,
     cfg: StepConfig,
-    optimizer: optax.GradientTransformation,
+    optimizer: Optimizer | optax.GradientTransformation,
     content_positions: int | None = None,
 ):
     """One optimisation step on one window of both directions (pure; `train_step` is it jitted on one
     device, `jitted_steps.jit_steps` jitted for a mesh).
 
     With the sampled softmax the softmax is updated only at the rows the step read when they are fewer
-    than its V' rows (`softmax_row_slots`, `row_update`): the same numbers as the dense update.
+    than its V' rows and the optimiser declares that exact (`softmax_row_slots`, `row_update`): the
+    same numbers as the dense update.
 
     Args:
       state: donated; the new state replaces it.
+      optimizer: static (hashable): the run's `optimizers.Optimizer`, or any optax transformation
+        (which gets the dense softmax update).
       batch: {"char_ids": int (D, B, T, C) raw, "targets": int (D, B, T), "mask": bool (D, B, T),
         "carry": bool (D, B), optionally "reset": bool (D, B, T)}.
 
@@ -249,7 +242,7 @@ def train_step_fn(
       backward_loss, grad_norm (before clipping), tokens (targets scored in both directions).
     """
     keys = step_keys(state.key, state.step)
-    slots = softmax_row_slots(cfg, batch["targets"].shape[1])
+    slots = softmax_row_slots(cfg, batch["targets"].shape[1], optimizer)
     if slots is None:
         step = _dense_step(state, batch, keys, cfg, optimizer, content_positions)
     else:
