@@ -71,7 +71,7 @@ def _fresh_flags(module_name: str) -> Iterator[None]:
     put back as they were."""
     FLAGS = flags.FLAGS
     before = set(FLAGS)
-    verbosity = logging.get_verbosity()
+    level = logging.get_absl_logger().level  # its own level, NOTSET included (get_verbosity resolves it)
     try:
         yield
     finally:
@@ -79,7 +79,7 @@ def _fresh_flags(module_name: str) -> Iterator[None]:
             if name in FLAGS and FLAGS.find_module_defining_flag(name) in (module_name, *_RUN_FLAG_MODULES):
                 delattr(FLAGS, name)
         FLAGS.unparse_flags()
-        logging.set_verbosity(verbosity)
+        logging.get_absl_logger().setLevel(level)
 
 
 def _module(command: str):
