@@ -15,7 +15,8 @@ import optax
 import pytest
 
 import elmo_jax
-from elmo_jax.features.task_layers import ElmoTaskLayers, elmo_penalty
+from elmo_jax.features.task_layers import BILM_COLLECTION, ElmoTaskLayers, elmo_penalty
+from tests.support.compare import assert_trees_equal
 
 ATOL = 1e-5
 ONE_TOKEN = np.ones((1, 1, 50), np.int32)  # variables do not depend on the batch: init on the smallest one
@@ -250,3 +251,29 @@ def test_a_jitted_task_step_holds_no_weight_constants():
     step = jax.jit(jax.grad(lambda v, c: _loss(*module.apply(v, c))))
     text = step.lower(variables, chars).as_text()
     assert len(text) < 1_000_000, f"{len(text):,} characters of lowered program"
+
+
+def test_init_traces_the_bilm_for_shapes_and_never_runs_it(tiny_params, monkeypatch):
+    """Issue #33: `init` ran the biLM eagerly, op by op (about 30 s for the small model), though the
+    mixes' parameters depend on the layers' shapes only. Now `init` traces it (`jax.eval_shape`) and
+    `apply` runs it; the variables are the same."""
+    from elmo_jax.features import task_layers
+
+    calls = []
+    real = task_layers.bilm_layers
+
+    def spy(params, chars, *args, **kwargs):
+        calls.append("traced" if isinstance(chars, jax.core.Tracer) else "run")
+        return real(params, chars, *args, **kwargs)
+
+    monkeypatch.setattr(task_layers, "bilm_layers", spy)
+    module = ElmoTaskLayers(bilm=tiny_params, num_output_representations=2, do_layer_norm=True)
+    variables = module.init(jax.random.key(0), ONE_TOKEN)
+    assert calls == ["traced"]
+    assert_trees_equal(variables[BILM_COLLECTION]["weights"], tiny_params.weights)
+    for mix in ("scalar_mix_0", "scalar_mix_1"):
+        mixed = variables["params"]["mixes"][mix]
+        np.testing.assert_array_equal(np.asarray(mixed["scalar_parameters"]), np.zeros(3, np.float32))
+        np.testing.assert_array_equal(np.asarray(mixed["gamma"]), np.ones((), np.float32))
+    (reps, mask) = module.apply(variables, ONE_TOKEN)
+    assert calls == ["traced", "run"] and len(reps) == 2 and np.asarray(mask).all()

@@ -21,6 +21,10 @@ Flax parameter ("params"/"bilm", initialised from the given ones), so they train
 The mixes are taken with `<S>`/`</S>` present and the boundaries removed afterwards, as AllenNLP's
 `Elmo` does, so layer normalisation sees the same elements (one mean and variance per layer over all
 unmasked positions, boundaries included).
+
+Initialising (`init`, also of a task model holding this module) does not run the biLM: its layers are
+taken as zeros of their shapes (`jax.eval_shape`), since no parameter depends on their values; so the
+outputs of `init_with_output` are zeros, and `apply` computes the real ones.
 """
 
 from __future__ import annotations
@@ -84,12 +88,22 @@ class ElmoTaskLayers(nn.Module):
         config = self.bilm.config
         chars = check_char_ids(char_ids, config.max_characters_per_token)
         weights = self._weights()
-        layers, mask, _ = bilm_layers(
-            BiLMParams(weights, config),
-            chars,
-            zero_state(config, chars.shape[0]),
-            compute=ComputeOptions(dtype=self.compute_dtype),
-        )
+
+        def run_bilm(weights, chars):
+            layers, mask, _ = bilm_layers(
+                BiLMParams(weights, config),
+                chars,
+                zero_state(config, chars.shape[0]),
+                compute=ComputeOptions(dtype=self.compute_dtype),
+            )
+            return layers, mask
+
+        if self.is_initializing():
+            # Initialisation needs only the shapes: the mixes' parameters do not depend on the layers'
+            # values. Running the biLM here (eagerly, op by op) took ~30 s for the small model.
+            layers, mask = (jnp.zeros(x.shape, x.dtype) for x in jax.eval_shape(run_bilm, weights, chars))
+        else:
+            layers, mask = run_bilm(weights, chars)
         mixes = ElmoRepresentations(
             num_output_representations=self.num_output_representations,
             num_layers=config.n_output_layers,
