@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -299,3 +300,21 @@ def test_a_model_directory_without_the_extractor_loads_and_says_how_to_add_it(ti
     (complete / "extractor.jax").unlink()
     with pytest.raises(FileNotFoundError, match="extractor.jax"):
         elmo_jax.load(complete)
+
+
+def test_params_and_weights_from_two_models_are_refused_naming_both(tiny_params, tmp_path):
+    """Issue #31: a hand-merged model directory (weights.hdf5 and its manifest entry taken from another
+    model) loaded silently: `load` read params.npz, AllenNLP and bilm-tf read the other model's HDF5."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    model_dir.write_model_dir(tiny_params, first, extractor=False)
+    doubled = elmo_jax.BiLMParams(jax.tree.map(lambda w: w * 2, tiny_params.weights), tiny_params.config)
+    model_dir.write_model_dir(doubled, second, extractor=False)
+    shutil.copy(second / "weights.hdf5", first / "weights.hdf5")
+    manifest = json.loads((first / "manifest.json").read_text())
+    manifest["files"]["weights.hdf5"] = json.loads((second / "manifest.json").read_text())["files"]["weights.hdf5"]
+    (first / "manifest.json").write_text(json.dumps(manifest))
+    for verify in (True, False):
+        with pytest.raises(ValueError, match="params.npz and weights.hdf5 hold different weights") as info:
+            elmo_jax.load(first, verify=verify)
+        assert str(first / "params.npz") in str(info.value) and str(first / "weights.hdf5") in str(info.value)
+    elmo_jax.load(second)  # a directory written whole is consistent

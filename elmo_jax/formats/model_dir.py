@@ -38,7 +38,7 @@ from elmo_jax import storage
 from elmo_jax.formats import output_paths
 from elmo_jax.formats.output_paths import MODEL_FORMAT, MODEL_MANIFEST, is_model_directory
 from elmo_jax.model.config import BiLMConfig, read_options
-from elmo_jax.model.params import BiLMParams, check_finite, from_flat, iter_flat, weight_shapes
+from elmo_jax.model.params import BiLMParams, check_finite, from_flat, iter_flat, lstm_cell_path, weight_shapes
 
 FORMAT = MODEL_FORMAT
 FORMAT_VERSION = 1
@@ -168,7 +168,34 @@ def _load_local(path: str, verify: bool) -> BiLMParams:
         if flat[key].shape != shape or flat[key].dtype != np.float32:
             raise ValueError(f"{params_file}: {key!r} is {flat[key].dtype} {flat[key].shape}, expected float32 {shape}")
     check_finite(flat, params_file)
+    _check_same_weights(path, config, flat)
     return BiLMParams(weights=from_flat({k: jax.numpy.asarray(v) for k, v in flat.items()}), config=config)
+
+
+def _cross_checked(config: BiLMConfig) -> tuple[str, ...]:
+    """Two small datasets from opposite ends of the network (the first filter's bias, the last LSTM
+    layer's bias): weights of two different models, or two steps of one run, differ in both."""
+    return ("CNN/b_cnn_0", f"{lstm_cell_path(1, config.n_layers - 1)}/B")
+
+
+def _check_same_weights(path: str, config: BiLMConfig, flat: dict[str, np.ndarray]) -> None:
+    """Raises ValueError naming both files when weights.hdf5 and params.npz hold different weights (a
+    hand-merged directory: `load` and the extractor read params.npz, bilm-tf and AllenNLP the HDF5 file).
+    Two small datasets are compared exactly; the files' own digests are the manifest's business."""
+    import h5py
+
+    weights_file, params_file = os.path.join(path, WEIGHTS), os.path.join(path, PARAMS)
+    try:
+        with h5py.File(weights_file, "r") as f:
+            differing = [key for key in _cross_checked(config) if not np.array_equal(f[key][...], flat[key])]
+    except (OSError, KeyError) as e:
+        raise ValueError(f"{weights_file}: cannot read it to compare with {params_file} ({e})") from None
+    if differing:
+        raise ValueError(
+            f"{path}: {PARAMS} and {WEIGHTS} hold different weights ({differing[0]!r} differs), so readers of "
+            f"this directory would get different models (elmo_jax.load and extractor.jax read {params_file}; "
+            f"bilm-tf and AllenNLP read {weights_file}). Copied from two models? Export the model again"
+        )
 
 
 def read_manifest(directory: str, *, verify: bool = True) -> dict[str, Any]:
