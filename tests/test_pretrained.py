@@ -146,9 +146,20 @@ def test_a_download_that_differs_from_the_first_one_is_refused(first_download, s
     cache = tmp_path / "cache"
     shutil.rmtree(cache / "models")
     server.files[WEIGHTS_PATH] = served[WEIGHTS_PATH][:-8] + b"12345678"  # same size, other bytes
-    with pytest.raises(elmo_jax.pretrained.PretrainedError, match="recorded at its first download"):
+    with pytest.raises(elmo_jax.pretrained.PretrainedError, match="recorded at its first download") as error:
         elmo_jax.pretrained.fetch(NAME, progress=False)
     assert not (cache / "models" / NAME).exists()
+    # Issue #31: the record itself may be the damaged one (trust on first use): the message says so, and
+    # how to record afresh; doing that accepts the new file.
+    message = str(error.value)
+    assert "either that first download or this file is damaged" in message
+    assert f"delete the entry {WEIGHTS_PATH!r} from {cache / 'known_files.json'}" in message
+    known = json.loads((cache / "known_files.json").read_text())
+    del known[WEIGHTS_PATH]
+    (cache / "known_files.json").write_text(json.dumps(known))
+    elmo_jax.pretrained.fetch(NAME, progress=False)  # checked structurally, then recorded
+    digest = hashlib.sha256(server.files[WEIGHTS_PATH]).hexdigest()
+    assert json.loads((cache / "known_files.json").read_text())[WEIGHTS_PATH]["sha256"] == digest
 
 
 def test_a_cut_connection_resumes_in_the_same_call(server, served, tmp_path):

@@ -168,8 +168,20 @@ def _expected(root: str, file: PublishedFile) -> tuple[int | None, str | None, s
         return file.bytes, file.sha256, file.checksum_source
     known = _read_known(root).get(file.path)
     if known:
-        return known["bytes"], known["sha256"], f"recorded at its first download, {known.get('recorded', '')}"
+        return known["bytes"], known["sha256"], _recorded_source(root, file, known)
     return file.bytes, None, "no published checksum; this download's is recorded"
+
+
+def _recorded_source(root: str, file: PublishedFile, known: dict) -> str:
+    """Where a recorded size and SHA-256 come from, and what to do when a file does not match them: no
+    checksum was published for it, so the record may be the damaged one (trust on first use)."""
+    return (
+        f"recorded at its first download, {known.get('recorded', '?')}, from {known.get('url', '?')}; no "
+        f"checksum is published for it, so either that first download or this file is damaged. If this file "
+        f"is the right one (from a source you trust), delete the entry {file.path!r} from "
+        f"{os.path.join(root, KNOWN_FILES)} (or the whole file: it holds only such records) and it is "
+        "recorded afresh"
+    )
 
 
 def _check_structure(model: PublishedModel, options, weights) -> BiLMParams:
