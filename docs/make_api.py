@@ -151,15 +151,21 @@ def _entry(shown: str, obj) -> list[str]:
     return [f"`elmo_jax.{shown}`: a {type(obj).__name__} of {len(obj)} entries: {', '.join(map(str, obj))}", ""]
 
 
-def _flag_rows(tree: ast.Module) -> list[str]:
+def _flag_rows(tree: ast.Module, *, in_cli: bool = False) -> list[str]:
     """Markdown table rows for every `*.DEFINE_*("name", default, "help")` call in a module, in source
-    order; a call of a shared definition in elmo_jax/cli.py (`cli.define_*()`) brings that function's rows."""
+    order; a call of a shared definition in elmo_jax/cli.py (`cli.define_*()`, or `define_*()` inside
+    cli.py itself) brings that function's rows."""
     rows = []
-    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)]
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
     for node in sorted(calls, key=lambda n: (n.lineno, n.col_offset)):
         func = node.func
+        if isinstance(func, ast.Name) and in_cli and func.id.startswith("define_"):
+            rows += _flag_rows(_shared_definition(func.id), in_cli=True)
+            continue
+        if not isinstance(func, ast.Attribute):
+            continue
         if isinstance(func.value, ast.Name) and func.value.id == "cli" and func.attr.startswith("define_"):
-            rows += _flag_rows(_shared_definition(func.attr))
+            rows += _flag_rows(_shared_definition(func.attr), in_cli=True)
             continue
         if not (func.attr.startswith("DEFINE_") and node.args):
             continue

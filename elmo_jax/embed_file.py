@@ -47,14 +47,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    flags.DEFINE_string(
-        "model",
-        None,
-        "A model directory from python -m elmo_jax.export, or a published model by name (small, medium, original, "
-        "original-5.5b, pubmed: downloaded once into $ELMO_JAX_CACHE).",
-    )
-    flags.DEFINE_string("options", None, "Instead of --model: a published-format options JSON (with --weights).")
-    flags.DEFINE_string("weights", None, "Instead of --model: a published-format HDF5 weight file.")
+    cli.define_model_flags()
     flags.DEFINE_string("input", None, "Text file: one tokenized sentence per line.")
     flags.DEFINE_string("output", None, "The HDF5 file to write.")
     flags.DEFINE_enum(

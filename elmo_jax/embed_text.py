@@ -25,14 +25,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    flags.DEFINE_string(
-        "model",
-        None,
-        "A model directory (python -m elmo_jax.export, or a training run's export/), or a published model by name "
-        "(small, medium, original, original-5.5b, pubmed: downloaded once into $ELMO_JAX_CACHE).",
-    )
-    flags.DEFINE_string("options", None, "Instead of --model: a bilm-tf/AllenNLP options JSON file.")
-    flags.DEFINE_string("weights", None, "Instead of --model: an HDF5 weight file in the published layout.")
+    cli.define_model_flags()
     flags.DEFINE_string("output", None, "Optional .npz file for the layers and mask.")
     flags.DEFINE_bool("overwrite", False, "Replace an existing --output, if it is an .npz of layers and mask.")
     flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Matmul precision.")

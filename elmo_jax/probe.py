@@ -25,9 +25,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    flags.DEFINE_string("model", None, "A model directory (python -m elmo_jax.export, or a training run's export/).")
-    flags.DEFINE_string("options", None, "Instead of --model: a published-format options JSON (with --weights).")
-    flags.DEFINE_string("weights", None, "Instead of --model: a published-format HDF5 weight file.")
+    cli.define_model_flags()
     flags.DEFINE_string("train", None, "Labelled training targets (.jsonl or CoNLL).")
     flags.DEFINE_string("test", None, "Labelled test targets (.jsonl or CoNLL).")
     flags.DEFINE_string("output", None, "Write the results as JSON here.")
