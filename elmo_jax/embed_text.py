@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 from absl import flags
 
 from elmo_jax import cli
@@ -40,15 +39,17 @@ def read_sentences(argv: list[str]) -> list[list[str]]:
 
 
 def run(argv: list[str]) -> None:
-    import elmo_jax  # after flag parsing, so --help is fast
-    from elmo_jax.formats import layers_npz, output_paths
-    from elmo_jax.formats.model_source import load_model
+    import numpy as np
 
+    import elmo_jax  # after flag parsing, so --help is fast
+    from elmo_jax.formats import layers_npz
+    from elmo_jax.formats.model_source import ModelSource
+
+    model = ModelSource(FLAGS.model, FLAGS.options, FLAGS.weights)
     if FLAGS.output:  # checked before the model is loaded
-        model_files = [p for p in (FLAGS.model, FLAGS.options, FLAGS.weights) if p]
-        output_paths.check_output(FLAGS.output, layers_npz.LAYERS_NPZ, overwrite=FLAGS.overwrite, inputs=model_files)
+        layers_npz.check_target(FLAGS.output, FLAGS.overwrite, inputs=model.paths)
     sentences = read_sentences(argv[1:])
-    params = load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
+    params = model.load()
     layers, mask = elmo_jax.embed(
         params,
         elmo_jax.batch_to_ids(sentences, params.config.max_characters_per_token),

@@ -18,8 +18,7 @@ from collections.abc import Sequence
 from absl import flags
 
 from elmo_jax import cli
-from elmo_jax.data import lm1b, local_corpus, text_files
-from elmo_jax.formats import storage
+from elmo_jax.data import lm1b, text_files
 
 FLAGS = flags.FLAGS
 
@@ -49,18 +48,7 @@ def run() -> None:
         max_line_chars=FLAGS.max_line_chars or None,
         invalid_utf8=FLAGS.invalid_utf8,
     )
-    print(lm1b.summary(corpus))
-    if storage.is_remote(FLAGS.data_dir):
-        remote = storage.join(storage.absolute(FLAGS.data_dir), local_corpus.DIRECTORY, corpus.name)
-        print(f"prepared in {remote} (and its local copy {corpus.directory})")
-    else:
-        print(f"prepared in {corpus.directory}")
-    train, heldout = lm1b.text_globs(FLAGS.data_dir)
-    print(
-        "train with: python train.py --config=configs/bilm_large.py:" + FLAGS.data_dir + " --workdir=WORKDIR\n"
-        f"or, with another config: --config.data.train_files='{train}' --config.data.heldout_files='{heldout}' "
-        f"--config.data.cache_dir={FLAGS.data_dir}"
-    )
+    print(lm1b.report(FLAGS.data_dir, corpus))
 
 
 def main(argv: Sequence[str]) -> None:
