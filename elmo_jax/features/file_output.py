@@ -87,7 +87,7 @@ def _join(output: OutputMode, line: int, pieces, n_tokens: int) -> np.ndarray:
             f"internal error: line {line + 1} has {n_tokens} tokens but the spool holds "
             f"{sum(n for _, n, _ in pieces)} of them"
         )
-    arrays = [np.frombuffer(raw, output.batch_dtype).reshape(output.piece_shape(n)) for _, n, raw in pieces]
+    arrays = [np.frombuffer(raw, output.batch_dtype).reshape(output.shape(n)) for _, n, raw in pieces]
     return output.sentence(arrays, n_tokens)
 
 

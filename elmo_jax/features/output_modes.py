@@ -10,12 +10,13 @@
 
 A mode owns everything that depends on it: the reduction of the layers on the device (`reduce`, inside
 the batch program), what a fetched batch row holds for one piece of a sentence (`piece`, the sums for
-sentence_mean), how the pieces of a split sentence are joined into its vectors (`sentence`: the token
-axis of a layer mode; for sentence_mean the sums added up and divided by the sentence's token count,
-`pooled`), the vectors of a sentence of no tokens (`empty`), its dtypes (`dtype`, what the device
-returns: `batch_dtype`) and which flags go with it (`takes_mix`). `output_mode` checks the choices
-(errors name the flags) and returns the mode. Callers (batch_runner, sentences, file_output,
-file_embedding, the embed_file command's flags) ask the mode; none of them tests its name.
+sentence_mean) and its shape (`shape`), how the pieces of a split sentence are joined into its vectors
+(`sentence`: the token axis of a layer mode; for sentence_mean the sums added up and divided by the
+sentence's token count, `pooled`), the vectors of a sentence of no tokens (`empty`), its dtypes
+(`dtype`, what the device returns: `batch_dtype`) and which flags go with it (`takes_mix`).
+`output_mode` checks the choices (errors name the flags) and returns the mode. Callers (batch_runner,
+sentences, file_output, file_embedding, the embed_file command's flags) ask the mode; none of them
+tests its name.
 
 A module of its own rather than a part of `batch_runner`: the spool's reader (`file_output`) and the
 command's flags need the modes without the device code. JAX is imported where the reduction is traced,
@@ -77,8 +78,9 @@ class OutputMode:
         inside the batch program; `dtype` is the name of `batch_dtype`)."""
         raise NotImplementedError
 
-    def piece_shape(self, n_tokens: int) -> tuple[int, ...]:
-        """The shape of one piece of `n_tokens` tokens taken from a batch (`piece`)."""
+    def shape(self, n_tokens: int) -> tuple[int, ...]:
+        """The shape of the vectors of `n_tokens` tokens: a sentence's, and a piece's of a split sentence
+        (`piece`; sentence_mean's pieces are (2P,) sums whatever their count). A batch's is in the module doc."""
         return (n_tokens, self.dim)
 
     def piece(self, result: np.ndarray, row: int, n_tokens: int) -> np.ndarray:
@@ -91,7 +93,7 @@ class OutputMode:
 
     def empty(self) -> np.ndarray:
         """The vectors of a sentence of no tokens (a blank line)."""
-        return np.zeros(self.piece_shape(0), self.dtype)
+        return np.zeros(self.shape(0), self.dtype)
 
 
 class AllLayers(OutputMode):
@@ -102,7 +104,7 @@ class AllLayers(OutputMode):
     def reduce(layers, mix, dtype: str):
         return layers.astype(dtype)
 
-    def piece_shape(self, n_tokens: int) -> tuple[int, ...]:
+    def shape(self, n_tokens: int) -> tuple[int, ...]:
         return (self.n_layers, n_tokens, self.dim)
 
     def piece(self, result: np.ndarray, row: int, n_tokens: int) -> np.ndarray:
@@ -150,7 +152,7 @@ class SentenceMean(OutputMode):
 
         return jnp.sum(_mixed(layers, mix), axis=1).astype(dtype)  # padding is exactly zero
 
-    def piece_shape(self, n_tokens: int) -> tuple[int, ...]:
+    def shape(self, n_tokens: int) -> tuple[int, ...]:
         return (self.dim,)
 
     def piece(self, result: np.ndarray, row: int, n_tokens: int) -> np.ndarray:
