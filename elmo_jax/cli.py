@@ -189,8 +189,8 @@ def parse_flags(
     describe: Callable[[BaseException, list[str]], str] = lambda error, argv: str(error),
 ) -> list[str]:
     """absl's parsing, with a bad flag reported like any other input error: one line, exit code 1
-    (`app.run(main, flags_parser=cli.parse_flags)`); --help (or --helpshort, -?) prints the command's
-    usage and flags and exits 0, --helpfull every flag (absl's own exit 1).
+    (`app.run(main, flags_parser=cli.parse_flags)`). --help (or --helpshort, -?) prints the command's
+    usage and its flags (`command_help`), --helpfull every flag; both exit 0 (absl's exit 1).
 
     Args:
       argv: the program name and its arguments.
