@@ -22,13 +22,13 @@ import sys
 from absl import flags, logging
 from ml_collections import config_flags
 
+from elmo_jax import cli
+
 FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
     """train.py's flags (defined when it runs as a program; the tests run `main` in-process too)."""
-    from elmo_jax import cli
-
     config_flags.DEFINE_config_file("config", None, "Training config file (see configs/default.py).", lock_config=True)
     flags.DEFINE_string(
         "workdir", None, "Directory (or gs://BUCKET/PATH) for checkpoints, metrics, the vocabulary and the export."
@@ -51,58 +51,49 @@ class _QuietLibraries:
 
 
 def main(argv):
-    from elmo_jax import cli  # after flag parsing: --help stays fast
     from elmo_jax.training.checkpoint import CheckpointWriteError
-    from elmo_jax.training.loop import train_and_evaluate
     from elmo_jax.training.preemption import Stopped
     from elmo_jax.training.step_report import TrainingError
 
-    if len(argv) > 1:
-        print(f"error: unexpected arguments {argv[1:]}; settings go in --config.KEY=VALUE flags", file=sys.stderr)
-        sys.exit(1)
     logging.get_absl_handler().addFilter(_QUIET_LIBRARIES)
+    cli.run_main(
+        _train,
+        argv,
+        hint="; settings go in --config.KEY=VALUE flags",
+        errors=(ValueError, OSError, TrainingError),  # a person's mistake or a stopped run: one line
+        # Orbax threads of the failed write may still be running or waiting; none of them may outlive (or
+        # print after) the one error line.
+        fatal=(CheckpointWriteError,),
+        stops=(Stopped,),  # preemption (SIGTERM) or Ctrl-C: the checkpoint is saved, a re-run resumes
+        # Before the training loop installs its own handlers (after start-up), or after it.
+        interrupted=" outside the training loop; no step was lost (re-run the same command to resume from the "
+        "newest checkpoint)",
+        log=True,
+    )
+
+
+def _train() -> None:
+    from elmo_jax.training.loop import train_and_evaluate
+
+    config = _config()
+    _start_distributed()
+    train_and_evaluate(config, FLAGS.workdir)
+
+
+def _config():
+    """--config's value: config_flags loads the file when it is first asked for it."""
     try:
-        config = FLAGS.config
-    except Exception as e:  # config_flags defers loading the file until first use
+        return FLAGS.config
+    except Exception as e:
         print(f"error: --config: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(1)
-    try:
-        # Until the training loop installs its own handlers (after start-up), SIGTERM ends start-up like
-        # Ctrl-C does, with one line.
-        with cli.sigterm_raises():
-            _start_distributed()
-            train_and_evaluate(config, FLAGS.workdir)
-    except Stopped as e:  # preemption (SIGTERM) or Ctrl-C: the checkpoint is saved, a re-run resumes
-        logging.warning("%s", e)
-        print(str(e), file=sys.stderr)
-    except CheckpointWriteError as e:
-        _error_line(e)
-        # Orbax threads of the failed write may still be running or waiting; none of them may outlive
-        # (or print after) the one error line.
-        cli.exit_now(1)
-    except (ValueError, OSError, TrainingError) as e:  # a person's mistake or a stopped run: one line
-        _error_line(e)
-        sys.exit(1)
-    except (KeyboardInterrupt, cli.Terminated) as e:  # before the loop took over the signals, or after it
-        print(
-            f"stopped by {cli.signal_name(e)} outside the training loop; no step was lost (re-run the same "
-            "command to resume from the newest checkpoint)",
-            file=sys.stderr,
-        )
-        cli.exit_now(cli.interrupted_exit_code(e))
 
 
 _QUIET_LIBRARIES = _QuietLibraries()
 
 
-def _error_line(error: BaseException) -> None:
-    logging.error("%s", error)
-    print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
-
-
 def _start_distributed() -> None:
     """`jax.distributed.initialize()` when this is one of several processes (before any device use)."""
-    from elmo_jax import cli
     from elmo_jax.training import multihost
 
     local_devices = [int(i) for i in FLAGS.local_device_ids] if FLAGS.local_device_ids else None
@@ -110,27 +101,29 @@ def _start_distributed() -> None:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, with config mistakes (unknown key, bad value, missing file) as one line and exit 1."""
-    try:
-        return FLAGS(argv)
-    except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
-        message = " ".join(str(e).replace("\\n", " ").replace("\\'", "'").split()).strip("\"'")
-        key = next(
-            (
-                a.split("=", 1)[0]
-                for a in argv[1:]
-                if a.startswith("--config.") and a.split("=", 1)[0].rsplit(".", 1)[-1] in message
-            ),
-            None,
-        )
-        if key and isinstance(e.__context__ or e, (AttributeError, KeyError)):
-            message = f"unknown config key ({message})"
-        print(f"error: {key + ': ' if key else ''}{message}", file=sys.stderr)
-        sys.exit(1)
+    """absl's parsing (`cli.parse_flags`), with config mistakes (unknown key, bad value, missing file) as one
+    line and exit 1."""
+    return cli.parse_flags(
+        argv, errors=(flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError), describe=_config_error
+    )
+
+
+def _config_error(error: BaseException, argv: list[str]) -> str:
+    """The error line of a config mistake, naming the --config.KEY it comes from."""
+    message = " ".join(str(error).replace("\\n", " ").replace("\\'", "'").split()).strip("\"'")
+    key = next(
+        (
+            a.split("=", 1)[0]
+            for a in argv[1:]
+            if a.startswith("--config.") and a.split("=", 1)[0].rsplit(".", 1)[-1] in message
+        ),
+        None,
+    )
+    if key and isinstance(error.__context__ or error, (AttributeError, KeyError)):
+        message = f"unknown config key ({message})"
+    return f"{key + ': ' if key else ''}{message}"
 
 
 if __name__ == "__main__":
-    from elmo_jax import cli
-
     flags.FLAGS.alsologtostderr = True
     cli.start(main, define_flags, flags_parser=parse_flags)

@@ -8,13 +8,15 @@ The docstrings are the source; API.md is never edited by hand (tests/test_api_do
 is stale). Functions are shown with `inspect.signature`; classes with their own fields (Flax modules:
 the attributes a user sets, without Flax's `parent` and `name`) and the public methods they define.
 The command-line tools are read with `ast`, without importing them, so their flags are listed exactly
-as their `DEFINE_*` calls declare them (and the shared ones of elmo_jax/cli.py where they call them).
+as their `DEFINE_*` calls declare them (and the shared ones of elmo_jax/cli.py where they call them); a
+help text kept with the library concept it describes (`output_modes.LAYERS_HELP`) is read from there.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import inspect
 import sys
 import typing
@@ -151,15 +153,21 @@ def _entry(shown: str, obj) -> list[str]:
     return [f"`elmo_jax.{shown}`: a {type(obj).__name__} of {len(obj)} entries: {', '.join(map(str, obj))}", ""]
 
 
-def _flag_rows(tree: ast.Module) -> list[str]:
+def _flag_rows(tree: ast.Module, *, in_cli: bool = False) -> list[str]:
     """Markdown table rows for every `*.DEFINE_*("name", default, "help")` call in a module, in source
-    order; a call of a shared definition in elmo_jax/cli.py (`cli.define_*()`) brings that function's rows."""
+    order; a call of a shared definition in elmo_jax/cli.py (`cli.define_*()`, or `define_*()` inside
+    cli.py itself) brings that function's rows."""
     rows = []
-    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)]
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
     for node in sorted(calls, key=lambda n: (n.lineno, n.col_offset)):
         func = node.func
+        if isinstance(func, ast.Name) and in_cli and func.id.startswith("define_"):
+            rows += _flag_rows(_shared_definition(func.id), in_cli=True)
+            continue
+        if not isinstance(func, ast.Attribute):
+            continue
         if isinstance(func.value, ast.Name) and func.value.id == "cli" and func.attr.startswith("define_"):
-            rows += _flag_rows(_shared_definition(func.attr))
+            rows += _flag_rows(_shared_definition(func.attr), in_cli=True)
             continue
         if not (func.attr.startswith("DEFINE_") and node.args):
             continue
@@ -172,12 +180,29 @@ def _flag_rows(tree: ast.Module) -> list[str]:
         try:
             help_text = ast.literal_eval(help_node) if help_node is not None else ""
         except ValueError:
-            help_text = ast.unparse(help_node)
+            help_text = _imported_constant(tree, help_node)
         kind = func.attr[len("DEFINE_") :].lower()
         default_text = ast.unparse(default) if default is not None else ""
         help_text = " ".join(help_text.split()).replace("|", "\\|")  # one table cell
         rows.append(f"| `--{name}` | {kind} | `{default_text}` | {help_text} |")
     return rows
+
+
+def _imported_constant(tree: ast.Module, node: ast.expr) -> str:
+    """The value of `module.NAME` where `tree` imports `module` (`from elmo_jax.features import
+    output_modes`); anything else as written."""
+    if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)):
+        return ast.unparse(node)
+    for statement in ast.walk(tree):
+        if isinstance(statement, ast.ImportFrom) and statement.level == 0:
+            names = {a.asname or a.name: f"{statement.module}.{a.name}" for a in statement.names}
+        elif isinstance(statement, ast.Import):
+            names = {a.asname or a.name: a.name for a in statement.names}
+        else:
+            continue
+        if node.value.id in names:
+            return getattr(importlib.import_module(names[node.value.id]), node.attr)
+    return ast.unparse(node)
 
 
 def _shared_definition(name: str) -> ast.Module:

@@ -5,50 +5,62 @@ layers, mask = elmo_jax.embed(params, elmo_jax.batch_to_ids([["Hello", "world", 
 # layers: float32 (B, 3, T, 1024); mask: bool (B, T)
 """
 
-from elmo_jax import pretrained
-from elmo_jax.features.embed import embed, embed_tokens
-from elmo_jax.features.mix import ElmoRepresentations, ScalarMix, mix_l2_penalty, scalar_mix
-from elmo_jax.features.sentences import SentenceEmbedder, embed_sentences, stream_sentences
-from elmo_jax.features.task_layers import ElmoTaskLayers, elmo_penalty
-from elmo_jax.features.token_cache import TokenCache, build_token_cache, load_token_cache, save_token_cache
-from elmo_jax.formats.model_dir import load
-from elmo_jax.formats.weights_hdf5 import load_hdf5, save_hdf5
-from elmo_jax.model.bilm import add_boundaries, remove_boundaries
-from elmo_jax.model.chars import batch_to_ids, token_to_raw_ids, tokens_to_raw_ids
-from elmo_jax.model.config import BiLMConfig, read_options
-from elmo_jax.model.lstm import LSTMState, zero_state
-from elmo_jax.model.params import BiLMParams, count_parameters, init_params
+# The public names are imported on first use (PEP 562's module `__getattr__`, as SciPy does for its
+# submodules and JAX for its deprecated names): `import elmo_jax` alone imports neither JAX nor Flax, so
+# a command's `--help` (`python -m elmo_jax.X` imports this package first) answers at once.
+# `elmo_jax.embed`, `from elmo_jax import embed`, `__all__` and `dir(elmo_jax)` work as with eager imports.
 
-__all__ = [
-    "BiLMConfig",
-    "BiLMParams",
-    "ElmoRepresentations",
-    "ElmoTaskLayers",
-    "LSTMState",
-    "ScalarMix",
-    "SentenceEmbedder",
-    "TokenCache",
-    "add_boundaries",
-    "batch_to_ids",
-    "build_token_cache",
-    "count_parameters",
-    "elmo_penalty",
-    "embed",
-    "embed_sentences",
-    "embed_tokens",
-    "init_params",
-    "load",
-    "load_hdf5",
-    "load_token_cache",
-    "mix_l2_penalty",
-    "pretrained",
-    "read_options",
-    "remove_boundaries",
-    "save_hdf5",
-    "save_token_cache",
-    "scalar_mix",
-    "stream_sentences",
-    "token_to_raw_ids",
-    "tokens_to_raw_ids",
-    "zero_state",
-]
+import importlib
+
+# Public name -> the module that defines it ("pretrained" is a public module of its own).
+_LAZY = {
+    "pretrained": "elmo_jax.pretrained",
+    "embed": "elmo_jax.features.embed",
+    "embed_tokens": "elmo_jax.features.embed",
+    "ElmoRepresentations": "elmo_jax.features.mix",
+    "ScalarMix": "elmo_jax.features.mix",
+    "mix_l2_penalty": "elmo_jax.features.mix",
+    "scalar_mix": "elmo_jax.features.mix",
+    "SentenceEmbedder": "elmo_jax.features.sentences",
+    "embed_sentences": "elmo_jax.features.sentences",
+    "stream_sentences": "elmo_jax.features.sentences",
+    "ElmoTaskLayers": "elmo_jax.features.task_layers",
+    "elmo_penalty": "elmo_jax.features.task_layers",
+    "TokenCache": "elmo_jax.features.token_cache",
+    "build_token_cache": "elmo_jax.features.token_cache",
+    "load_token_cache": "elmo_jax.features.token_cache",
+    "save_token_cache": "elmo_jax.features.token_cache",
+    "load": "elmo_jax.formats.model_dir",
+    "load_hdf5": "elmo_jax.formats.weights_hdf5",
+    "save_hdf5": "elmo_jax.formats.weights_hdf5",
+    "add_boundaries": "elmo_jax.model.bilm",
+    "remove_boundaries": "elmo_jax.model.bilm",
+    "batch_to_ids": "elmo_jax.model.chars",
+    "token_to_raw_ids": "elmo_jax.model.chars",
+    "tokens_to_raw_ids": "elmo_jax.model.chars",
+    "BiLMConfig": "elmo_jax.model.config",
+    "read_options": "elmo_jax.model.config",
+    "LSTMState": "elmo_jax.model.lstm",
+    "zero_state": "elmo_jax.model.lstm",
+    "BiLMParams": "elmo_jax.model.params",
+    "count_parameters": "elmo_jax.model.params",
+    "init_params": "elmo_jax.model.params",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    """Imports a public name's module on first access and keeps the name here (later accesses are
+    plain attribute reads)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'elmo_jax' has no attribute {name!r}")
+    imported = importlib.import_module(module)
+    value = imported if module == f"elmo_jax.{name}" else getattr(imported, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,5 +1,9 @@
 """How the command-line tools start and end: one line on standard error, never a traceback.
 
+    def define_flags():
+        cli.define_model_flags()          # flags several commands share are defined here, once
+        flags.DEFINE_string(...)
+
     def main(argv):
         cli.run_main(run, argv)
 
@@ -8,7 +12,13 @@
 
 A person's mistake or a broken file (ValueError, OSError) prints `error: ...` and exits 1. SIGTERM
 (`timeout`, Slurm, `docker stop`) is turned into an exception like Ctrl-C, so the tool's cleanup runs
-(temporary outputs are removed) before it exits 143 (SIGTERM) or 130 (SIGINT) with a one-line note.
+(temporary outputs are removed) before it exits 143 (SIGTERM) or 130 (SIGINT) with a one-line note. A
+command with more kinds of ending (train.py: a stop that saved a checkpoint, a failed checkpoint write)
+says so in `run_main`'s arguments. `--help` prints the command's usage (its module docstring) and its
+own flags, shared ones included, and exits 0.
+
+This module imports absl alone: every command imports it before its flags are parsed, and `--help`
+must answer without importing JAX.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from absl import app, flags
+from absl import app, flags, logging
 
 
 class Terminated(BaseException):
@@ -49,7 +59,22 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-def run_main(run: Callable[[], object], argv: list[str] | None = None, hint: str = "") -> None:
+# What `run_main` says after "stopped by SIGTERM" (or SIGINT) by default: a command that writes files
+# removes its unfinished outputs before it exits.
+INTERRUPTED = ": nothing was written under the output name (existing outputs are untouched)"
+
+
+def run_main(
+    run: Callable[[], object],
+    argv: list[str] | None = None,
+    hint: str = "",
+    *,
+    errors: tuple[type[BaseException], ...] = (ValueError, OSError),
+    fatal: tuple[type[BaseException], ...] = (),
+    stops: tuple[type[BaseException], ...] = (),
+    interrupted: str = INTERRUPTED,
+    log: bool = False,
+) -> None:
     """Calls `run()` and turns its failures and interruptions into one line and an exit code.
 
     Args:
@@ -57,6 +82,13 @@ def run_main(run: Callable[[], object], argv: list[str] | None = None, hint: str
       argv: absl's remaining arguments, which must be only the program name; None when the tool takes
         positional arguments itself.
       hint: appended to the "unexpected arguments" error (e.g. which flag takes them).
+      errors: exceptions that are a person's mistake or a broken file: `error: MESSAGE`, exit 1.
+      fatal: errors after which the process ends at once, skipping interpreter teardown (threads of the
+        failed work could print after the error line or keep the process alive): `error: MESSAGE`, exit 1.
+      stops: a clean stop the work reports itself (its message is the last line), exit 0.
+      interrupted: what follows "stopped by SIGTERM" (or SIGINT) when a signal interrupts `run`; exit
+        143 (130), at once.
+      log: errors and stops are logged too (absl's log, e.g. a training run's log file).
     """
     if argv is not None and len(argv) > 1:
         print(f"error: unexpected arguments {argv[1:]}{hint}", file=sys.stderr)
@@ -64,19 +96,28 @@ def run_main(run: Callable[[], object], argv: list[str] | None = None, hint: str
     try:
         with sigterm_raises():
             run()
-    except (ValueError, OSError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+    except fatal as e:
+        _error_line(e, log)
+        exit_now(1)
+    except stops as e:
+        if log:
+            logging.warning("%s", e)
+        print(str(e), file=sys.stderr)
+    except errors as e:
+        _error_line(e, log)
         sys.exit(1)
     except (KeyboardInterrupt, Terminated) as e:
         notes = "".join(f"; {note}" for note in getattr(e, "__notes__", ()))  # e.g. where the progress is kept
-        print(
-            f"stopped by {signal_name(e)}: nothing was written under the output name (existing outputs are "
-            f"untouched){notes}",
-            file=sys.stderr,
-        )
+        print(f"stopped by {signal_name(e)}{interrupted}{notes}", file=sys.stderr)
         # The cleanup has run; skip interpreter teardown, which can crash while XLA still runs the batch
         # that was in flight (observed: a segfault after the message).
         exit_now(interrupted_exit_code(e))
+
+
+def _error_line(error: BaseException, log: bool) -> None:
+    if log:
+        logging.error("%s", error)
+    print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
 
 
 def signal_name(interruption: BaseException) -> str:
@@ -110,6 +151,24 @@ def distributed_start_args() -> tuple[bool, str | None, int | None, int | None]:
     return f.distributed, f.coordinator_address, f.num_processes, f.process_id
 
 
+def define_model_flags() -> None:
+    """--model, or --options and --weights: the biLM a command reads (`formats.model_source.ModelSource`)."""
+    flags.DEFINE_string(
+        "model",
+        None,
+        "A model directory (python -m elmo_jax.export, or a training run's export/), or a published model by name "
+        "(small, medium, original, original-5.5b, pubmed: downloaded once into $ELMO_JAX_CACHE); or --options "
+        "and --weights instead.",
+    )
+    define_hdf5_flags()
+
+
+def define_hdf5_flags() -> None:
+    """--options and --weights: a biLM in the published two-file format (bilm-tf, AllenNLP)."""
+    flags.DEFINE_string("options", None, "A published-format options JSON file; goes with --weights.")
+    flags.DEFINE_string("weights", None, "A published-format HDF5 weight file; goes with --options.")
+
+
 def start(
     main: Callable[[list[str]], object],
     define_flags: Callable[[], object] | None = None,
@@ -123,11 +182,58 @@ def start(
     app.run(main, flags_parser=flags_parser or parse_flags)
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+def parse_flags(
+    argv: list[str],
+    *,
+    errors: tuple[type[BaseException], ...] = (flags.Error,),
+    describe: Callable[[BaseException, list[str]], str] = lambda error, argv: str(error),
+) -> list[str]:
     """absl's parsing, with a bad flag reported like any other input error: one line, exit code 1
-    (`app.run(main, flags_parser=cli.parse_flags)`)."""
+    (`app.run(main, flags_parser=cli.parse_flags)`). --help (or --helpshort, -?) prints the command's
+    usage and its flags (`command_help`), --helpfull every flag; both exit 0 (absl's exit 1).
+
+    Args:
+      argv: the program name and its arguments.
+      errors: what a bad flag raises (a command whose flags load files, like train.py's --config, adds
+        those files' errors).
+      describe: the error line's text (after "error: ") for an error and argv.
+    """
+    arguments = argv[1 : argv.index("--") if "--" in argv else len(argv)]
+    if any(a in HELP_ARGUMENTS or a in FULL_HELP_ARGUMENTS for a in arguments):
+        print(command_help(argv[0], full=not any(a in HELP_ARGUMENTS for a in arguments)))
+        sys.exit(0)
     try:
         return flags.FLAGS(argv)
-    except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
+    except errors as e:
+        print(f"error: {describe(e, argv)}", file=sys.stderr)
         sys.exit(1)
+
+
+HELP_ARGUMENTS = ("--help", "-help", "--helpshort", "-helpshort", "-?")
+FULL_HELP_ARGUMENTS = ("--helpfull", "-helpfull")
+
+
+def command_help(program: str, *, full: bool = False) -> str:
+    """The running command's usage (its module docstring) and its flags: those its module defines and
+    the shared ones of this module that it defined (absl's --help lists only the former); with `full`,
+    every flag the process knows (absl's and libraries' too)."""
+    module = _command_module(program)
+    usage = (module.__doc__ or f"usage: {program} [flags]\n").rstrip("\n")
+    if full:
+        listing = flags.FLAGS.get_help(prefix="  ", include_special_flags=False)
+    else:
+        own = flags.FlagValues()  # a listing of its own: absl renders one module's flags at a time
+        for flag in flags.FLAGS.get_flags_for_module(module) + flags.FLAGS.get_flags_for_module(__name__):
+            own[flag.name] = flag
+        listing = own.get_help(prefix="  ", include_special_flags=False)
+    if not listing:
+        return usage
+    more = "" if full else "\n\nTry --helpfull to get a list of all flags."
+    return f"{usage}\n\nflags:\n{listing}{more}"
+
+
+def _command_module(program: str):
+    """The running command's module: `__main__` in its own process; where a test runs its `main` in-process
+    (tests/support/inprocess.py), the module argv[0] names ("elmo_jax.vocab", "train.py")."""
+    name = program[: -len(".py")].replace("/", ".") if program.endswith(".py") else program
+    return sys.modules.get(name) or sys.modules["__main__"]

@@ -40,37 +40,18 @@ from __future__ import annotations
 from absl import flags
 
 from elmo_jax import cli
-from elmo_jax.features import sentence_input
-from elmo_jax.features.file_embedding import LAYER_MODES, TOKEN_CACHE_MODES
+from elmo_jax.features import file_options, output_modes, sentence_input
 
 FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    flags.DEFINE_string(
-        "model",
-        None,
-        "A model directory from python -m elmo_jax.export, or a published model by name (small, medium, original, "
-        "original-5.5b, pubmed: downloaded once into $ELMO_JAX_CACHE).",
-    )
-    flags.DEFINE_string("options", None, "Instead of --model: a published-format options JSON (with --weights).")
-    flags.DEFINE_string("weights", None, "Instead of --model: a published-format HDF5 weight file.")
+    cli.define_model_flags()
     flags.DEFINE_string("input", None, "Text file: one tokenized sentence per line.")
     flags.DEFINE_string("output", None, "The HDF5 file to write.")
-    flags.DEFINE_enum(
-        "layers",
-        "all",
-        LAYER_MODES,
-        "all: (L+1, n, 2P) per sentence; top, average, mix: (n, 2P); sentence_mean: (2P,), the mean over "
-        "tokens of the mix.",
-    )
-    flags.DEFINE_list(
-        "mix_scalars",
-        None,
-        "--layers=mix or sentence_mean: the L+1 mix scalars s_j (softmax-normalised), "
-        "e.g. a trained ScalarMix's; default all 0 (the average).",
-    )
-    flags.DEFINE_float("gamma", 1.0, "--layers=mix or sentence_mean: the scale gamma.")
+    flags.DEFINE_enum("layers", "all", output_modes.NAMES, output_modes.LAYERS_HELP)
+    flags.DEFINE_list("mix_scalars", None, output_modes.MIX_SCALARS_HELP)
+    flags.DEFINE_float("gamma", 1.0, output_modes.GAMMA_HELP)
     flags.DEFINE_integer("batch_tokens", 4096, "Padded tokens per batch (rows x length bucket); bounds memory.")
     flags.DEFINE_bool("float16", False, "Store float16 vectors (half the size).")
     flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Matmul precision.")
@@ -97,7 +78,7 @@ def define_flags() -> None:
     flags.DEFINE_enum(
         "token_cache",
         "auto",
-        TOKEN_CACHE_MODES,
+        file_options.TOKEN_CACHE_MODES,
         "auto: with --model holding a vocab.txt, its words that occur in the input skip the char CNN; off: never.",
     )
     flags.DEFINE_bool("resume", True, "Continue a stopped run of the same command (false: start over).")
@@ -105,14 +86,10 @@ def define_flags() -> None:
 
 
 def run() -> dict:
-    from elmo_jax import storage
-    from elmo_jax.features.file_embedding import Options, check_output_path, embed_file
-    from elmo_jax.formats import model_dir, model_source
+    from elmo_jax.features.file_embedding import Options, embed_model_file
+    from elmo_jax.formats.model_source import ModelSource
     from elmo_jax.training import multihost
 
-    for name in ("input", "output"):
-        if not getattr(FLAGS, name):
-            raise ValueError(f"--{name} is required")
     try:
         devices = None if not FLAGS.devices else tuple(int(d) for d in FLAGS.devices)
     except ValueError:
@@ -143,32 +120,13 @@ def run() -> dict:
         token_cache=FLAGS.token_cache,
         resume=FLAGS.resume,
     )
-    if options.batch_tokens < 1:
-        raise ValueError(f"--batch_tokens must be positive, found {options.batch_tokens}")
-    # Everything that can be checked cheaply is, before the model is loaded.
-    model_files = [p for p in (FLAGS.model, FLAGS.options, FLAGS.weights) if p]
-    check_output_path(FLAGS.output, options.overwrite, inputs=[FLAGS.input, *model_files], remove_stale=False)
-    vocab_file = storage.join(FLAGS.model, model_dir.VOCAB) if FLAGS.model else None
-    use_vocabulary = options.token_cache == "auto" and vocab_file is not None and storage.isfile(vocab_file)
-    with storage.local_copy(FLAGS.input) as local_input:  # a gs:// input: downloaded once, here
-        try:
-            summary = sentence_input.scan(
-                local_input,
-                blank_lines=options.blank_lines,
-                max_tokens=options.max_sentence_tokens,
-                long_sentences=options.long_sentences,
-                collect_types=use_vocabulary,
-            )
-        except (OSError, ValueError) as e:  # name the input as given, not its local copy
-            raise type(e)(str(e).replace(local_input, FLAGS.input)) from None
-        multihost.start(*cli.distributed_start_args())
-        params = model_source.load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
-        vocabulary = None
-        if use_vocabulary:
-            from elmo_jax.formats.vocab_file import Vocab
-
-            vocabulary = Vocab.load(vocab_file).words
-        counts = embed_file(params, local_input, FLAGS.output, options, summary=summary, vocabulary=vocabulary)
+    counts = embed_model_file(
+        ModelSource(FLAGS.model, FLAGS.options, FLAGS.weights),
+        FLAGS.input,
+        FLAGS.output,
+        options,
+        start_processes=lambda: multihost.start(*cli.distributed_start_args()),
+    )
     share = f" (process {counts['process']} of {counts['processes']})" if counts["processes"] > 1 else ""
     resumed = f", {counts['resumed_lines']:,} of them from the stopped run" if counts["resumed_lines"] else ""
     print(

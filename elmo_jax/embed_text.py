@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 from absl import flags
 
 from elmo_jax import cli
@@ -25,14 +24,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    flags.DEFINE_string(
-        "model",
-        None,
-        "A model directory (python -m elmo_jax.export, or a training run's export/), or a published model by name "
-        "(small, medium, original, original-5.5b, pubmed: downloaded once into $ELMO_JAX_CACHE).",
-    )
-    flags.DEFINE_string("options", None, "Instead of --model: a bilm-tf/AllenNLP options JSON file.")
-    flags.DEFINE_string("weights", None, "Instead of --model: an HDF5 weight file in the published layout.")
+    cli.define_model_flags()
     flags.DEFINE_string("output", None, "Optional .npz file for the layers and mask.")
     flags.DEFINE_bool("overwrite", False, "Replace an existing --output, if it is an .npz of layers and mask.")
     flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Matmul precision.")
@@ -47,15 +39,17 @@ def read_sentences(argv: list[str]) -> list[list[str]]:
 
 
 def run(argv: list[str]) -> None:
-    import elmo_jax  # after flag parsing, so --help is fast
-    from elmo_jax.formats import layers_npz, output_paths
-    from elmo_jax.formats.model_source import load_model
+    import numpy as np
 
+    import elmo_jax  # after flag parsing, so --help is fast
+    from elmo_jax.formats import layers_npz
+    from elmo_jax.formats.model_source import ModelSource
+
+    model = ModelSource(FLAGS.model, FLAGS.options, FLAGS.weights)
     if FLAGS.output:  # checked before the model is loaded
-        model_files = [p for p in (FLAGS.model, FLAGS.options, FLAGS.weights) if p]
-        output_paths.check_output(FLAGS.output, layers_npz.LAYERS_NPZ, overwrite=FLAGS.overwrite, inputs=model_files)
+        layers_npz.check_target(FLAGS.output, FLAGS.overwrite, inputs=model.paths)
     sentences = read_sentences(argv[1:])
-    params = load_model(FLAGS.model, FLAGS.options, FLAGS.weights)
+    params = model.load()
     layers, mask = elmo_jax.embed(
         params,
         elmo_jax.batch_to_ids(sentences, params.config.max_characters_per_token),

@@ -17,8 +17,6 @@ import json
 from absl import flags
 
 from elmo_jax import cli
-from elmo_jax.data import text_files, tfds_corpus
-from elmo_jax.formats.vocab_file import Vocab
 
 FLAGS = flags.FLAGS
 
@@ -33,31 +31,24 @@ def define_flags() -> None:
     flags.DEFINE_integer("max_batches", 0, "Stop after this many windows (0: all).")
 
 
-def heldout_sentences(config, workdir: str):
-    """The sentences named by the flags, or the training run's own heldout set."""
-    if FLAGS.files and FLAGS.tfds_name:
-        raise ValueError("pass --files or --tfds_name, not both")
-    if FLAGS.files:
-        return [" ".join(tokens) for tokens in text_files.iter_sentences(FLAGS.files)]
-    if FLAGS.tfds_name:
-        return tfds_corpus.open_sentences(FLAGS.split, tfds_name=FLAGS.tfds_name, data_dir=FLAGS.tfds_data_dir)
-    from elmo_jax.data.training_corpus import open_training_data
-
-    heldout = open_training_data(config.data, workdir, write_files=False).heldout
-    if heldout is None:
-        raise ValueError(f"the run in {workdir} has no heldout data; pass --files or --tfds_name")
-    return heldout
-
-
 def run() -> dict:
+    from elmo_jax.data.training_corpus import heldout_sentences
+    from elmo_jax.formats.vocab_file import Vocab
     from elmo_jax.training.heldout import heldout_perplexity
     from elmo_jax.training.start import load_trained
 
     if not FLAGS.workdir:
         raise ValueError("--workdir is required")
     params, cfg, config, vocab_file, step = load_trained(FLAGS.workdir)
-    vocab = Vocab.load(vocab_file)
-    sentences = heldout_sentences(config, FLAGS.workdir)
+    vocab = Vocab.load(vocab_file)  # training.start gives the run's vocabulary as a path
+    sentences = heldout_sentences(
+        config.data,
+        FLAGS.workdir,
+        files=FLAGS.files,
+        tfds_name=FLAGS.tfds_name,
+        split=FLAGS.split,
+        tfds_data_dir=FLAGS.tfds_data_dir,
+    )
     batch_size = FLAGS.batch_size or config.batch_size
     result = {"step": step, **heldout_perplexity(params, cfg, sentences, vocab, batch_size, FLAGS.max_batches)}
     print(json.dumps(result))

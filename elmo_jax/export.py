@@ -24,8 +24,7 @@ def define_flags() -> None:
     flags.DEFINE_string("output", None, "The model directory to write.")
     flags.DEFINE_string("workdir", None, "A training workdir: export its newest checkpoint (or --step).")
     flags.DEFINE_integer("step", None, "With --workdir: the checkpoint step to export (default: the newest).")
-    flags.DEFINE_string("options", None, "A published-format options JSON (with --weights).")
-    flags.DEFINE_string("weights", None, "A published-format HDF5 weight file (with --options).")
+    cli.define_hdf5_flags()
     flags.DEFINE_string("vocab", None, "With --options/--weights: a bilm-tf vocabulary file to include.")
     flags.DEFINE_enum(
         "compute_dtype",

@@ -48,14 +48,7 @@ def run() -> None:
         max_line_chars=FLAGS.max_line_chars or None,
         invalid_utf8=FLAGS.invalid_utf8,
     )
-    print(lm1b.summary(corpus))
-    print(f"prepared in {lm1b.location(FLAGS.data_dir, corpus)}")
-    train, heldout = lm1b.text_globs(FLAGS.data_dir)
-    print(
-        "train with: python train.py --config=configs/bilm_large.py:" + FLAGS.data_dir + " --workdir=WORKDIR\n"
-        f"or, with another config: --config.data.train_files='{train}' --config.data.heldout_files='{heldout}' "
-        f"--config.data.cache_dir={FLAGS.data_dir}"
-    )
+    print(lm1b.report(FLAGS.data_dir, corpus))
 
 
 def main(argv: Sequence[str]) -> None:

@@ -12,9 +12,6 @@ from absl import flags
 
 from elmo_jax import cli
 from elmo_jax.data import text_files
-from elmo_jax.data.vocab_builder import build_vocab, check_size_args, count_tokens
-from elmo_jax.formats.output_paths import check_output
-from elmo_jax.formats.vocab_file import SPECIALS, VOCABULARY
 
 FLAGS = flags.FLAGS
 
@@ -37,25 +34,19 @@ def define_flags() -> None:
 
 
 def run() -> None:
-    for name in ("files", "output"):
-        if not getattr(FLAGS, name):
-            raise ValueError(f"--{name} is required")
-    output = FLAGS.output
-    # Before the (long) count, not after it: the output rules, with the corpus files as inputs.
-    check_output(output, VOCABULARY, overwrite=FLAGS.overwrite, inputs=text_files.expand_glob(FLAGS.files))
-    check_size_args(FLAGS.min_count, FLAGS.max_size)
-    counts, stats = count_tokens(
-        FLAGS.files, max_line_chars=FLAGS.max_line_chars, invalid_utf8=FLAGS.invalid_utf8, log_every=FLAGS.log_every
+    from elmo_jax.data.vocab_builder import write_vocab_file
+
+    summary = write_vocab_file(
+        FLAGS.files,
+        FLAGS.output,
+        min_count=FLAGS.min_count,
+        max_size=FLAGS.max_size,
+        max_line_chars=FLAGS.max_line_chars,
+        invalid_utf8=FLAGS.invalid_utf8,
+        log_every=FLAGS.log_every,
+        overwrite=FLAGS.overwrite,
     )
-    vocab = build_vocab(counts, FLAGS.min_count, FLAGS.max_size)
-    vocab.save(output)
-    kept = len(vocab) - len(SPECIALS)
-    print(stats.summary())
-    print(
-        f"types: {len(counts)} seen, {kept} kept, {len(counts) - kept} dropped "
-        f"(min_count={FLAGS.min_count}, max_size={FLAGS.max_size}); "
-        f"wrote {len(vocab)} entries ({kept} + {', '.join(SPECIALS)}) to {output}"
-    )
+    print(summary)
 
 
 def main(argv: Sequence[str]) -> None:

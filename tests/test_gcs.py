@@ -335,7 +335,7 @@ def test_embed_text_and_probe_read_and_write_in_the_bucket(bucket, tmp_path):
     """embed_text's --output and probe's --output, --plot, --train and --test in the bucket: the outputs are
     written there (a local file uploaded whole) and read back as written; the overwrite rules hold on the
     URLs; the probe files read as the same files do locally."""
-    from elmo_jax import probe
+    from elmo_jax.features import probe_files
     from elmo_jax.features.probe_data import read_probe_file
     from elmo_jax.formats import layers_npz
 
@@ -364,15 +364,15 @@ def test_embed_text_and_probe_read_and_write_in_the_bucket(bucket, tmp_path):
         "counts": {"train": 2, "test": 2},
     }
     output, plot = f"{bucket}/outputs/r.json", f"{bucket}/outputs/r.png"
-    for path, artifact in ((output, probe._JSON_RESULTS), (plot, probe._PLOT)):
+    for path, artifact in ((output, probe_files.RESULTS_JSON), (plot, probe_files.PLOT)):
         check_output(path, artifact)
-    probe.write_outputs(results, output, plot)
+    probe_files.write_outputs(results, output, plot)
     assert json.loads(storage.read_bytes(output)) == results
     assert storage.read_bytes(plot)[:8] == b"\x89PNG\r\n\x1a\n"
-    for path, artifact in ((output, probe._JSON_RESULTS), (plot, probe._PLOT)):
+    for path, artifact in ((output, probe_files.RESULTS_JSON), (plot, probe_files.PLOT)):
         check_output(path, artifact, overwrite=True)  # recognised in the bucket: replaceable
     with pytest.raises(FileExistsError, match="is not a probe results JSON file"):
-        check_output(npz, probe._JSON_RESULTS, overwrite=True)
+        check_output(npz, probe_files.RESULTS_JSON, overwrite=True)
 
 
 def test_prepare_lm1b_into_a_bucket_then_train_from_it_on_another_machine(bucket, tmp_path, monkeypatch):

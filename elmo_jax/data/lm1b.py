@@ -195,3 +195,16 @@ def summary(corpus: local_corpus.PreparedCorpus) -> str:
         f"{stats[split].summary()}"
         for split in corpus.splits
     )
+
+
+def report(data_dir: str, corpus: local_corpus.PreparedCorpus) -> str:
+    """What `python -m elmo_jax.prepare_lm1b` prints once `prepare_lm1b(data_dir)` returned `corpus`: the
+    `summary`, where the corpus is (in a bucket: there, and its local copy) and the training flags that
+    read it."""
+    train, heldout = text_globs(data_dir)
+    return (
+        f"{summary(corpus)}\nprepared in {location(data_dir, corpus)}\n"
+        f"train with: python train.py --config=configs/bilm_large.py:{data_dir} --workdir=WORKDIR\n"
+        f"or, with another config: --config.data.train_files='{train}' --config.data.heldout_files='{heldout}' "
+        f"--config.data.cache_dir={data_dir}"
+    )

@@ -87,6 +87,34 @@ def open_training_data(data, workdir: str, *, write_files: bool = True) -> Train
     return TrainingData(vocab=vocab, train=train, heldout=heldout, description=description)
 
 
+def heldout_sentences(
+    data,
+    workdir: str,
+    *,
+    files: text_files.Files | None = None,
+    tfds_name: str | None = None,
+    split: str = "test",
+    tfds_data_dir: str | None = None,
+):
+    """The sentences to evaluate a trained run on (`python -m elmo_jax.evaluate`): the text `files`, the
+    `split` of the TFDS dataset `tfds_name`, or else the run's own heldout set (its config's `data`
+    section in `workdir`, as `open_training_data` reads it, writing nothing).
+
+    Raises:
+      ValueError: both `files` and `tfds_name`, or neither and the run has no heldout set.
+    """
+    if files and tfds_name:
+        raise ValueError("pass --files or --tfds_name, not both")
+    if files:
+        return [" ".join(tokens) for tokens in text_files.iter_sentences(files)]
+    if tfds_name:
+        return tfds_corpus.open_sentences(split, tfds_name=tfds_name, data_dir=tfds_data_dir)
+    heldout = open_training_data(data, workdir, write_files=False).heldout
+    if heldout is None:
+        raise ValueError(f"the run in {workdir} has no heldout data; pass --files or --tfds_name")
+    return heldout
+
+
 def _optional_split(split: str, **kwargs) -> SentenceSource | None:
     if not split:
         return None

@@ -3,6 +3,7 @@
 
     counts, stats = count_tokens("corpus/news.en-*")
     vocab = build_vocab(counts, min_count=3)
+    print(write_vocab_file("corpus/news.en-*", "vocab.txt", min_count=3))   # both, as python -m elmo_jax.vocab
 
 Reserved words in the text: a literal `<S>`, `</S>` or `<UNK>` token in the corpus is not counted as a
 word (the three always sit at ids 0-2, whatever their frequency); `iter_sentences` reports how many
@@ -17,7 +18,43 @@ import time
 from absl import logging
 
 from elmo_jax.data import text_files
-from elmo_jax.formats.vocab_file import SPECIALS, Vocab
+from elmo_jax.formats.output_paths import check_output
+from elmo_jax.formats.vocab_file import SPECIALS, VOCABULARY, Vocab
+
+
+def write_vocab_file(
+    files: text_files.Files | None,
+    output: str | None,
+    *,
+    min_count: int = 1,
+    max_size: int | None = None,
+    max_line_chars: int | None = text_files.DEFAULT_MAX_LINE_CHARS,
+    invalid_utf8: str = "replace",
+    log_every: int = 1_000_000,
+    overwrite: bool = False,
+) -> str:
+    """Counts the corpus `files` and writes its vocabulary to `output` (`count_tokens`, `build_vocab`;
+    replaced atomically). The output rules (`output_paths`, the corpus files as inputs) and the sizes are
+    checked before the (long) count.
+
+    Returns:
+      what `python -m elmo_jax.vocab` prints: what reading found, then the types seen, kept and dropped.
+    """
+    for flag, value in (("files", files), ("output", output)):
+        if not value:
+            raise ValueError(f"--{flag} is required")
+    check_output(output, VOCABULARY, overwrite=overwrite, inputs=text_files.expand_glob(files))
+    check_size_args(min_count, max_size)
+    counts, stats = count_tokens(files, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8, log_every=log_every)
+    vocab = build_vocab(counts, min_count, max_size)
+    vocab.save(output)
+    kept = len(vocab) - len(SPECIALS)
+    return (
+        f"{stats.summary()}\n"
+        f"types: {len(counts)} seen, {kept} kept, {len(counts) - kept} dropped "
+        f"(min_count={min_count}, max_size={max_size}); "
+        f"wrote {len(vocab)} entries ({kept} + {', '.join(SPECIALS)}) to {output}"
+    )
 
 
 def count_tokens(

@@ -7,14 +7,9 @@ communication at all (every sentence is independent; the char CNN's sequential t
 another device's rows). Programs are cached per mesh and output, and XLA compiles one per batch shape
 (rows, T, S) that occurs, i.e. one per bucket; `shapes` records them.
 
-The output is reduced on the device, so only what is kept comes back to the host (`OUTPUT_MODES`):
-
-    all            (B, L+1, T, 2P)   every layer
-    top            (B, T, 2P)        the last LSTM layer
-    average        (B, T, 2P)        the mean of the L+1 layers
-    mix            (B, T, 2P)        gamma * sum_j softmax(s)_j * layer_j (`Output.mix`)
-    sentence_mean  (B, 2P) float32   the sum over each row's real tokens of that mix; `pooled` divides
-                                     by the token count (summed over the pieces of a split sentence)
+The output is reduced on the device, so only what is kept comes back to the host: the output mode
+(`output_modes`: all, top, average, mix, sentence_mean) supplies the reduction, traced inside the
+program, and says what a fetched row holds.
 
 With a `TokenCache`, the char CNN is replaced by a gather from the cache's (V, P) table, kept on the
 devices, for the tokens it holds (`token_cache.lookup_rows`); the others go through the char CNN in
@@ -23,7 +18,6 @@ the same program, as in `embed_tokens`.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Sequence
 
@@ -34,7 +28,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from elmo_jax.features.embed import check_params
-from elmo_jax.features.length_buckets import Batch, Piece
+from elmo_jax.features.length_buckets import Batch
+from elmo_jax.features.output_modes import MODES, OutputMode
 from elmo_jax.features.token_cache import TokenCache, check_token_cache, lookup_rows
 from elmo_jax.model.bilm import bilm_layers, contextual_layers, remove_boundaries
 from elmo_jax.model.char_cnn import token_embedding
@@ -42,50 +37,7 @@ from elmo_jax.model.lstm import zero_state
 from elmo_jax.model.params import BiLMParams
 from elmo_jax.model.precision import ComputeOptions
 
-OUTPUT_MODES = ("all", "top", "average", "mix", "sentence_mean")
 AXIS = "batch"
-
-
-@dataclasses.dataclass(frozen=True)
-class Output:
-    """What each sentence's vectors become.
-
-    Attributes:
-      mode: one of `OUTPUT_MODES`.
-      mix: (L+1,) layer weights gamma * softmax(s) of "mix" and "sentence_mean".
-      float16: return float16 instead of float32.
-    """
-
-    mode: str
-    mix: tuple[float, ...]
-    float16: bool = False
-
-    @property
-    def dtype(self):
-        return np.float16 if self.float16 else np.float32
-
-
-def output_spec(
-    layers: str, n_layers: int, mix_scalars: Sequence[float] | None = None, gamma: float = 1.0, float16: bool = False
-) -> Output:
-    """Checks the --layers / --mix_scalars / --gamma choices (errors name the flags) and returns the `Output`.
-
-    Without `mix_scalars` the mix is the plain average of the `n_layers` layers (s = 0), so
-    `sentence_mean` is then the mean over tokens of `average`'s vectors.
-    """
-    if layers not in OUTPUT_MODES:
-        raise ValueError(f"--layers must be one of {OUTPUT_MODES}, found {layers!r}")
-    if mix_scalars is not None and layers not in ("mix", "sentence_mean"):
-        raise ValueError("--mix_scalars goes with --layers=mix or --layers=sentence_mean")
-    scalars = (0.0,) * n_layers if mix_scalars is None else tuple(mix_scalars)
-    if len(scalars) != n_layers:
-        raise ValueError(f"--mix_scalars: expected {n_layers} values (one per layer), found {len(scalars)}")
-    s = np.asarray(scalars, np.float64)
-    if not np.all(np.isfinite(s)) or not np.isfinite(gamma):
-        raise ValueError("--mix_scalars and --gamma must be finite numbers")
-    weights = np.exp(s - s.max())
-    mix = (gamma * weights / weights.sum()).astype(np.float32)
-    return Output(layers, tuple(float(w) for w in mix), bool(float16))
 
 
 def local_devices(devices=None) -> list[jax.Device]:
@@ -122,13 +74,13 @@ class BatchRunner:
 
     Args:
       params: the biLM (checked finite once).
-      output: from `output_spec`.
+      output: the output mode (`output_modes.output_mode`).
       devices: see `local_devices`.
       compute_dtype: "float32" or "bfloat16" matrix products.
       cache: a `TokenCache` of this biLM, or None (the char CNN for every token).
     """
 
-    def __init__(self, params: BiLMParams, output: Output, *, devices=None, compute_dtype="float32", cache=None):
+    def __init__(self, params: BiLMParams, output: OutputMode, *, devices=None, compute_dtype="float32", cache=None):
         check_params(params)
         if cache is not None:
             if not isinstance(cache, TokenCache):
@@ -159,7 +111,7 @@ class BatchRunner:
             raise ValueError(f"internal error: {rows} batch rows do not split over {self.row_multiple} devices")
         compute = ComputeOptions(dtype=self.compute_dtype, content_positions=S)
         self.padded_tokens += rows * T
-        mode, dtype = self.output.mode, "float16" if self.output.float16 else "float32"
+        mode, dtype = self.output.name, np.dtype(self.output.batch_dtype).name
         if self.cache is None:
             self.shapes.add(("chars", rows, T, S))
             program = _chars_program(self.mesh, mode, dtype)
@@ -178,25 +130,6 @@ class BatchRunner:
             jax.device_put(found.mask, self._rows),
             self._mix,
         )
-
-    def vectors(self, result: np.ndarray, row: int, piece: Piece) -> np.ndarray:
-        """One piece's part of a fetched batch result: (L+1, n, 2P), (n, 2P) or the (2P,) token sum."""
-        mode = self.output.mode
-        if mode == "all":
-            return result[row, :, : piece.n_tokens]
-        if mode == "sentence_mean":
-            return result[row]
-        return result[row, : piece.n_tokens]
-
-    def pooled(self, sums: np.ndarray, n_tokens: int) -> np.ndarray:
-        """`sentence_mean`: the token sum divided by the token count (zeros for an empty sentence)."""
-        return (sums / max(n_tokens, 1)).astype(self.output.dtype)
-
-    def empty(self) -> np.ndarray:
-        """The vectors of a sentence of no tokens."""
-        D, L = self.config.output_dim, self.config.n_output_layers
-        shape = {"all": (L, 0, D), "sentence_mean": (D,)}.get(self.output.mode, (0, D))
-        return np.zeros(shape, self.output.dtype)
 
 
 def _padded_tokens(batch: Batch) -> list[list[str]]:
@@ -222,25 +155,12 @@ def _shard_map(body, **specs):
     return shard_map(body, check_rep=False, **specs)
 
 
-def _reduce(layers, mix, mode: str, dtype: str):
-    """(B, L+1, T, D) layers with zeros at padding -> the `mode` output (see the module doc)."""
-    if mode == "top":
-        layers = layers[:, -1]
-    elif mode == "average":
-        layers = jnp.mean(layers, axis=1)
-    elif mode in ("mix", "sentence_mean"):
-        layers = jnp.einsum("l,bltd->btd", mix, layers, precision=jax.lax.Precision.HIGHEST)
-    if mode == "sentence_mean":
-        return jnp.sum(layers, axis=1)  # padding is exactly zero; the host divides by the token count
-    return layers.astype(dtype)
-
-
 def _embed_chars(weights, chars, mix, *, config, compute, mode, dtype):
     """One device's rows: chars (b, T, C) -> its output."""
     layers, mask, _ = bilm_layers(
         BiLMParams(weights, config), chars, zero_state(config, chars.shape[0]), compute=compute
     )
-    return _reduce(remove_boundaries(layers, mask)[0], mix, mode, dtype)
+    return MODES[mode].reduce(remove_boundaries(layers, mask)[0], mix, dtype)
 
 
 def _embed_cached(weights, table, rows, oov_index, oov_chars, mask, mix, *, config, compute, mode, dtype):
@@ -251,12 +171,13 @@ def _embed_cached(weights, table, rows, oov_index, oov_chars, mask, mix, *, conf
     tokens = jnp.where((oov_index >= 0)[..., None], computed, known)
     params = BiLMParams(weights, config)
     layers, mask, _ = contextual_layers(params, tokens, mask, zero_state(config, rows.shape[0]), compute=compute)
-    return _reduce(remove_boundaries(layers, mask)[0], mix, mode, dtype)
+    return MODES[mode].reduce(remove_boundaries(layers, mask)[0], mix, dtype)
 
 
 @functools.cache
 def _chars_program(mesh, mode: str, dtype: str):
-    """The jitted char-path program for `mesh` (weights and mix replicated, rows split)."""
+    """The jitted char-path program for `mesh` (weights and mix replicated, rows split) and the output mode
+    named `mode`, returning `dtype` (names, so that the cache finds the program again)."""
     rows, replicated = NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())
 
     def program(config, compute, weights, chars, mix):
@@ -273,7 +194,8 @@ def _chars_program(mesh, mode: str, dtype: str):
 
 @functools.cache
 def _cache_program(mesh, mode: str, dtype: str):
-    """The jitted token-cache program for `mesh` (weights, table, uncached ids and mix replicated)."""
+    """The jitted token-cache program for `mesh` (weights, table, uncached ids and mix replicated) and the
+    output mode named `mode`, returning `dtype`."""
     rows, replicated = NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())
     specs = (P(), P(), P(AXIS), P(AXIS), P(), P(AXIS), P())
 

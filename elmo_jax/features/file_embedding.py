@@ -13,6 +13,10 @@ the library half of `python -m elmo_jax.embed_file`.
 4. Process 0 writes the output from every process's spool in line order (`file_output`) and renames it
    into place; the staging directories are removed.
 
+`embed_model_file` is the command's entry: it takes the model as the command names it
+(`formats.model_source.ModelSource`), checks what is cheap to check before loading it, and decides the
+token cache (a model directory's vocab.txt, with --token_cache=auto).
+
 SIGTERM and Ctrl-C keep the staging directory (its spool synced to disk), as does `kill -9`, so running
 the same command again continues; an error removes it. HDF5 and the spool need a file system: a gs://
 input is read from a local copy and a gs:// output written to a local working copy of this machine
@@ -28,61 +32,78 @@ import collections
 import dataclasses
 import hashlib
 import json
-import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 from absl import logging
 
 from elmo_jax import storage
 from elmo_jax.features import processes, sentence_input
-from elmo_jax.features.batch_runner import OUTPUT_MODES, BatchRunner, output_spec
+from elmo_jax.features.batch_runner import BatchRunner
+from elmo_jax.features.file_options import IDENTITY_OPTIONS, Options
 from elmo_jax.features.file_output import write_output
 from elmo_jax.features.length_buckets import BucketBatcher, InputOrderBatcher, Piece
+from elmo_jax.features.output_modes import output_mode
+from elmo_jax.features.progress import Progress
 from elmo_jax.features.token_ids import CharIdTable, width_bucket
 from elmo_jax.formats import output_paths, vector_spool
+from elmo_jax.formats.model_source import ModelSource
 from elmo_jax.formats.vectors_hdf5 import VECTORS_FILE
+from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.params import iter_flat
 from elmo_jax.storage import atomic
 
-LAYER_MODES = OUTPUT_MODES
-TOKEN_CACHE_MODES = ("auto", "off")
 IN_FLIGHT = 2  # batches on the devices while the host writes the one before
-# The options that decide the vectors: a spool made with other values is not continued. --batch_tokens,
-# --devices and --bucketing only decide how the work is batched (the vectors agree to float32 rounding).
-IDENTITY_OPTIONS = (
-    "layers",
-    "mix_scalars",
-    "gamma",
-    "float16",
-    "compute_dtype",
-    "blank_lines",
-    "max_sentence_tokens",
-    "long_sentences",
-    "sentence_index",
-)
 
 
-@dataclasses.dataclass(frozen=True)
-class Options:
-    """How to embed a file; the fields mirror the command-line flags."""
+def embed_model_file(
+    model: ModelSource,
+    input_path: str | None,
+    output_path: str | None,
+    options: Options = Options(),
+    *,
+    start_processes: Callable[[], object] = lambda: None,
+) -> dict:
+    """`embed_file` with the biLM a command names, as `python -m elmo_jax.embed_file` runs it.
 
-    layers: str = "all"
-    mix_scalars: tuple[float, ...] | None = None
-    gamma: float = 1.0
-    batch_tokens: int = 4096
-    float16: bool = False
-    compute_dtype: str = "float32"
-    blank_lines: str = "empty"
-    max_sentence_tokens: int = 1024
-    long_sentences: str = "error"
-    bucketing: bool = True
-    sentence_index: bool = True
-    progress: bool = False
-    overwrite: bool = False  # replace an existing output, if it is an elmo-command HDF5 file
-    devices: tuple[int, ...] | None = None  # indices into jax.local_devices(); None: all
-    token_cache: str = "auto"  # "auto": cache the vocabulary's words (when there is one); "off"
-    resume: bool = True  # continue a killed run's work on the same input and arguments
+    Everything that can be checked cheaply is, before the model is loaded: the options, the output path
+    (which may not be one of the model's files either) and the input, every line (a gs:// input once
+    downloaded, `storage.local_copy`). With --token_cache=auto and a model directory that holds a
+    vocab.txt (`ModelSource.vocabulary_file`), the vocabulary's words that occur in the input skip the
+    char CNN.
+
+    Args:
+      model: --model, or --options and --weights.
+      input_path, output_path: --input and --output (both required).
+      options: see `Options`.
+      start_processes: called once the checks have passed, before the model is loaded or a device used:
+        the command's start of `jax.distributed` (`training.multihost.start`, which features cannot import).
+
+    Returns:
+      `embed_file`'s counts.
+    """
+    for flag, path in (("input", input_path), ("output", output_path)):
+        if not path:
+            raise ValueError(f"--{flag} is required")
+    options.check()
+    check_output_path(output_path, options.overwrite, inputs=[input_path, *model.paths], remove_stale=False)
+    vocab_file = model.vocabulary_file() if options.token_cache == "auto" else None
+    with storage.local_copy(input_path) as local_input:  # a gs:// input: downloaded once, here
+        try:
+            summary = sentence_input.scan(
+                local_input,
+                blank_lines=options.blank_lines,
+                max_tokens=options.max_sentence_tokens,
+                long_sentences=options.long_sentences,
+                collect_types=vocab_file is not None,
+            )
+        except (OSError, ValueError) as e:  # name the input as given, not its local copy
+            raise type(e)(str(e).replace(local_input, input_path)) from None
+        start_processes()
+        params = model.load()
+        vocabulary = None if vocab_file is None else Vocab.load(vocab_file).words
+        return embed_file(params, local_input, output_path, options, summary=summary, vocabulary=vocabulary)
 
 
 def embed_file(
@@ -133,13 +154,11 @@ def _embed_local_file(
 ) -> dict:
     """`embed_file` of a local input into a local output."""
     target = check_output_path(output_path, options.overwrite, inputs=[input_path], remove_stale=False)
-    output = output_spec(
-        options.layers, params.config.n_output_layers, options.mix_scalars, options.gamma, options.float16
+    config = params.config
+    output = output_mode(
+        options.layers, config.n_output_layers, config.output_dim, options.mix_scalars, options.gamma, options.float16
     )
-    if options.token_cache not in TOKEN_CACHE_MODES:
-        raise ValueError(f"--token_cache must be one of {TOKEN_CACHE_MODES}, found {options.token_cache!r}")
-    if options.batch_tokens < 1:
-        raise ValueError(f"--batch_tokens must be positive, found {options.batch_tokens}")
+    options.check()
     start = time.perf_counter()
     use_vocabulary = vocabulary is not None and options.token_cache == "auto"
     summary = summary or sentence_input.scan(
@@ -172,7 +191,6 @@ def _embed_local_file(
                 staging_dirs,
                 summary,
                 output,
-                params.config,
                 skip_blank=options.blank_lines == "skip",
                 sentence_index=options.sentence_index,
             )
@@ -288,7 +306,7 @@ def _embed_share(runner: BatchRunner, spool, summary, options: Options, index: i
     done = _DonePieces(spool.pieces.sorted())
     resumed = len(spool.pieces.lines())
     total_lines = -(-(summary.lines - summary.blank) // count)
-    progress = _Progress(total_lines - resumed, -(-summary.tokens // count), enabled=options.progress)
+    progress = Progress(total_lines - resumed, -(-summary.tokens // count), enabled=options.progress)
     ids, keep_tokens = CharIdTable(C), runner.cache is not None
     pending: collections.deque = collections.deque()
     counts = {"batches": 0, "lines_read": 0}
@@ -331,7 +349,7 @@ def _finish(runner: BatchRunner, spool, progress, batch, result) -> None:
     pieces = batch.pieces
     spool.append(
         [(p.line, p.offset, p.n_tokens) for p in pieces],
-        [runner.vectors(result, row, p) for row, p in enumerate(pieces)],
+        [runner.output.piece(result, row, p.n_tokens) for row, p in enumerate(pieces)],
     )
     progress.update(sum(p.offset == 0 for p in pieces), sum(p.n_tokens for p in pieces))  # lines by first piece
 
@@ -348,47 +366,6 @@ class _DonePieces:
         while self.cursor < n and (lines[self.cursor].item(), offsets[self.cursor].item()) < (line, offset):
             self.cursor += 1
         return self.cursor < n and (lines[self.cursor].item(), offsets[self.cursor].item()) == (line, offset)
-
-
-class _Progress:
-    """A progress line on standard error: sentences, sentences/s, tokens/s, ETA (blank lines not counted)."""
-
-    def __init__(self, total_lines: int, total_tokens: int, enabled: bool):
-        self.total_lines, self.total_tokens, self.enabled = total_lines, max(total_tokens, 1), enabled
-        self.lines = self.tokens = 0
-        self.start = self.last = time.perf_counter()
-        self.tty = sys.stderr.isatty()
-
-    def update(self, lines: int, tokens: int) -> None:
-        self.lines, self.tokens = self.lines + lines, self.tokens + tokens
-        now = time.perf_counter()
-        if self.enabled and now - self.last >= (0.5 if self.tty else 30.0):
-            self.last = now
-            self._print(now, end="\r" if self.tty else "\n")
-
-    def close(self) -> None:
-        if self.enabled:
-            self._print(time.perf_counter(), end="\n")
-
-    def _print(self, now: float, end: str) -> None:
-        elapsed = max(now - self.start, 1e-9)
-        rate = self.tokens / elapsed
-        eta = (self.total_tokens - self.tokens) / rate if rate > 0 else float("nan")
-        print(
-            f"{self.lines:,}/{self.total_lines:,} sentences  {self.lines / elapsed:,.1f} sentences/s  "
-            f"{rate:,.0f} tokens/s  "
-            f"{100 * self.tokens / self.total_tokens:5.1f}%  ETA {_clock(eta)}",
-            end=end,
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-def _clock(seconds: float) -> str:
-    if not np.isfinite(seconds):
-        return "--:--"
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
 
 
 def _log_summary(summary: sentence_input.InputSummary, counts: dict, options: Options) -> None:

@@ -1,8 +1,9 @@
 """The end of `embed_file`: every process's spool into one HDF5 file in the `elmo`-command layout.
 
 Process 0 reads the input once more, in line order, and for each line takes its pieces from the spool of
-the process that embedded it (`processes.owns`), joins them (the token axis of a split sentence; the sums
-of `sentence_mean`, divided by the line's token count) and writes the line's dataset
+the process that embedded it (`processes.owns`), has the output mode join them (`OutputMode.sentence`:
+the token axis of a split sentence; the sums of `sentence_mean`, divided by the line's token count) and
+writes the line's dataset
 (`vectors_hdf5.VectorsWriter`). The file is written inside process 0's staging directory and renamed
 onto the output when complete, so the output is the same file whatever the number of processes, the
 batch size, the devices or the interruptions on the way.
@@ -17,10 +18,9 @@ import os
 import numpy as np
 
 from elmo_jax.features import processes, sentence_input
-from elmo_jax.features.batch_runner import Output
+from elmo_jax.features.output_modes import OutputMode
 from elmo_jax.formats import vector_spool
 from elmo_jax.formats.vectors_hdf5 import VectorsWriter
-from elmo_jax.model.config import BiLMConfig
 from elmo_jax.storage import atomic
 
 
@@ -29,8 +29,7 @@ def write_output(
     shown: str,
     staging_dirs: list[str],
     summary: sentence_input.InputSummary,
-    output: Output,
-    config: BiLMConfig,
+    output: OutputMode,
     *,
     skip_blank: bool,
     sentence_index: bool,
@@ -41,13 +40,12 @@ def write_output(
       target: the output path; shown: how to name it in errors (--output=...).
       staging_dirs: by process index; the file is built in the first and renamed onto `target`.
       summary: `sentence_input.scan` of the input (its lines, size and SHA-256 are checked again).
-      output, config: what the vectors are (`batch_runner.Output`) and the biLM's sizes.
+      output: what the vectors are (`output_modes`).
       skip_blank: blank lines get no dataset (--blank_lines=skip) instead of an empty one.
       sentence_index: write sentence_to_index.
     """
     readers = [_reader(directory) for directory in staging_dirs]
     count = len(readers)
-    layout = _Layout(output, config)
     staged = os.path.join(staging_dirs[0], vector_spool.OUTPUT)
     digest = hashlib.sha256()
     lines = 0
@@ -56,10 +54,10 @@ def write_output(
             lines += 1
             if not tokens:
                 if not skip_blank:
-                    writer.add(line, tokens, layout.empty())
+                    writer.add(line, tokens, output.empty())
                 continue
             pieces = readers[line % count].pieces(line)
-            writer.add(line, tokens, layout.join(line, pieces, len(tokens)))
+            writer.add(line, tokens, _join(output, line, pieces, len(tokens)))
         if lines != summary.lines or digest.hexdigest() != summary.sha256:
             raise ValueError(f"--input={summary.path}: the file changed while it was read; embed it again")
         writer.commit()
@@ -82,33 +80,15 @@ def _reader(directory: str) -> vector_spool.SpoolReader:
     return vector_spool.SpoolReader(os.path.join(directory, vector_spool.VECTORS), table)
 
 
-class _Layout:
-    """How a piece's bytes in the spool become the line's vectors."""
-
-    def __init__(self, output: Output, config: BiLMConfig):
-        self.mode, self.dtype = output.mode, output.dtype
-        self.L, self.D = config.n_output_layers, config.output_dim
-
-    def empty(self) -> np.ndarray:
-        shape = {"all": (self.L, 0, self.D), "sentence_mean": (self.D,)}.get(self.mode, (0, self.D))
-        return np.zeros(shape, self.dtype)
-
-    def join(self, line: int, pieces, n_tokens: int) -> np.ndarray:
-        if sum(n for _, n, _ in pieces) != n_tokens:
-            raise RuntimeError(
-                f"internal error: line {line + 1} has {n_tokens} tokens but the spool holds "
-                f"{sum(n for _, n, _ in pieces)} of them"
-            )
-        if self.mode == "sentence_mean":  # float32 sums of the pieces
-            total = sum(np.frombuffer(raw, np.float32).astype(np.float64) for _, _, raw in pieces)
-            return (total / n_tokens).astype(self.dtype)
-        arrays = [
-            np.frombuffer(raw, self.dtype).reshape((self.L, n, self.D) if self.mode == "all" else (n, self.D))
-            for _, n, raw in pieces
-        ]
-        if len(arrays) == 1:
-            return arrays[0]
-        return np.concatenate(arrays, axis=1 if self.mode == "all" else 0)
+def _join(output: OutputMode, line: int, pieces, n_tokens: int) -> np.ndarray:
+    """A line's vectors from its pieces' bytes in the spool."""
+    if sum(n for _, n, _ in pieces) != n_tokens:
+        raise RuntimeError(
+            f"internal error: line {line + 1} has {n_tokens} tokens but the spool holds "
+            f"{sum(n for _, n, _ in pieces)} of them"
+        )
+    arrays = [np.frombuffer(raw, output.batch_dtype).reshape(output.shape(n)) for _, n, raw in pieces]
+    return output.sentence(arrays, n_tokens)
 
 
 def staging_dirs_of_all(own: str) -> list[str]:

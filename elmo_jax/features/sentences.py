@@ -15,7 +15,7 @@ programs are bounded by the buckets that occur, whatever the number of sentences
 split over all local devices (`batch_runner`). Each sentence starts from a zero LSTM state, so its
 vectors do not depend on its neighbours.
 
-`--layers` modes (`batch_runner.OUTPUT_MODES`): "all" (L+1, n, 2P); "top", "average", "mix" (n, 2P);
+`layers` modes (`output_modes`): "all" (L+1, n, 2P); "top", "average", "mix" (n, 2P);
 "sentence_mean" (2P,): the mean over the sentence's tokens of the mix gamma * sum_j softmax(s)_j h_j
 (with no `mix_scalars`, s = 0 and gamma = 1: the average of the layers), padding excluded; an empty
 sentence gets zeros. `stream` returns vectors in input order while holding at most `window` sentences
@@ -31,8 +31,9 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
-from elmo_jax.features.batch_runner import BatchRunner, output_spec
+from elmo_jax.features.batch_runner import BatchRunner
 from elmo_jax.features.length_buckets import BucketBatcher, Piece
+from elmo_jax.features.output_modes import output_mode
 from elmo_jax.features.token_ids import CharIdTable, width_bucket
 from elmo_jax.model.params import BiLMParams
 
@@ -75,7 +76,8 @@ class SentenceEmbedder:
             )
         if not isinstance(batch_tokens, int) or batch_tokens < 1:
             raise ValueError(f"batch_tokens must be a positive integer, found {batch_tokens!r}")
-        output = output_spec(layers, params.config.n_output_layers, mix_scalars, gamma, float16)
+        config = params.config
+        output = output_mode(layers, config.n_output_layers, config.output_dim, mix_scalars, gamma, float16)
         self.runner = BatchRunner(params, output, devices=devices, compute_dtype=compute_dtype, cache=token_cache)
         self.batch_tokens = batch_tokens
         self.C = params.config.max_characters_per_token
@@ -125,7 +127,7 @@ class SentenceEmbedder:
             self.stats["sentences"] += 1
             self.stats["tokens"] += len(tokens)
             if not tokens:
-                flight.done[i] = self.runner.empty()
+                flight.done[i] = self.runner.output.empty()
             else:
                 ids, width = self._ids.ids(tokens)
                 piece = Piece(i, 0, ids, width_bucket(width, self.C), tokens if self.runner.cache else None)
@@ -173,10 +175,9 @@ class _Flight:
     def collect(self) -> None:
         batch, result = self.pending.popleft()
         result = np.asarray(result)  # waits for the devices
-        pooled = self.runner.output.mode == "sentence_mean"
-        for row, piece in enumerate(batch.pieces):
-            vectors = self.runner.vectors(result, row, piece)
-            self.done[piece.line] = self.runner.pooled(vectors, piece.n_tokens) if pooled else vectors.copy()
+        mode = self.runner.output
+        for row, piece in enumerate(batch.pieces):  # each sentence is one piece here
+            self.done[piece.line] = mode.sentence([mode.piece(result, row, piece.n_tokens)], piece.n_tokens)
 
 
 def _checked(sentence, index: int) -> Sequence[str]:

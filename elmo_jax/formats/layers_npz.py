@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from elmo_jax import storage
-from elmo_jax.formats.output_paths import Artifact
+from elmo_jax.formats.output_paths import Artifact, check_output
 
 
 def is_layers_npz(path: str) -> bool:
@@ -16,6 +16,13 @@ def is_layers_npz(path: str) -> bool:
             return sorted(archive.files) == ["layers", "mask"]
     except (OSError, ValueError, EOFError):
         return False
+
+
+def check_target(path: str, overwrite: bool = False, *, inputs=()) -> str:
+    """Raises (naming --output) unless such a file may be written at `path` (`output_paths.check_output`:
+    an existing file only with `overwrite` and only if it is such an .npz, never one of `inputs`);
+    returns the absolute path."""
+    return check_output(path, LAYERS_NPZ, overwrite=overwrite, inputs=inputs)
 
 
 def write_npz(path: str, layers: np.ndarray, mask: np.ndarray) -> None:

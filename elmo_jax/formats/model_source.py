@@ -1,12 +1,14 @@
 """What a command's --model names: a model directory, a published model by name, or (with --options and
 --weights instead) an options JSON + HDF5 pair. One function, `load_model`, for every command that
-takes --model.
+takes --model, and `ModelSource`, the three flags as one value that the library's entry points take.
 
 A path that exists is always a path: `--model=small` is the published small model unless a file or
 directory called `small` is where the command runs.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from elmo_jax import storage
 from elmo_jax.formats import model_dir, pretrained
@@ -55,3 +57,29 @@ def load_model(model: str | None, options_file: str | None, weight_file: str | N
     from elmo_jax.formats.weights_hdf5 import load_hdf5
 
     return load_hdf5(options_file, weight_file)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """A command's --model, or its --options and --weights (the flags `cli.define_model_flags` defines)."""
+
+    model: str | None = None
+    options_file: str | None = None
+    weight_file: str | None = None
+
+    @property
+    def paths(self) -> list[str]:
+        """The paths given: inputs, which no output of the command may replace."""
+        return [p for p in (self.model, self.options_file, self.weight_file) if p]
+
+    def load(self) -> BiLMParams:
+        """The biLM (`load_model`)."""
+        return load_model(self.model, self.options_file, self.weight_file)
+
+    def vocabulary_file(self) -> str | None:
+        """The vocabulary of --model when it is a path to a model directory that holds one (a training
+        run's export, `model_dir.VOCAB`); None for a published name or an HDF5 pair."""
+        if not self.model:
+            return None
+        path = storage.join(self.model, model_dir.VOCAB)
+        return path if storage.isfile(path) else None

@@ -1,0 +1,210 @@
+"""What each sentence's vectors become: the output modes of `embed_sentences` and `embed_file` (their
+`layers` argument, embed_file's --layers), one object each.
+
+    mode           a batch on the device           a sentence of n tokens   what it is
+    all            (B, L+1, T, 2P)                 (L+1, n, 2P)              every layer
+    top            (B, T, 2P)                      (n, 2P)                   the last LSTM layer
+    average        (B, T, 2P)                      (n, 2P)                   the mean of the L+1 layers
+    mix            (B, T, 2P)                      (n, 2P)                   gamma * sum_j softmax(s)_j * layer_j
+    sentence_mean  (B, 2P), float32 token sums     (2P,)                     the mean over its tokens of that mix
+
+A mode owns everything that depends on it: the reduction of the layers on the device (`reduce`, inside
+the batch program), what a fetched batch row holds for one piece of a sentence (`piece`, the sums for
+sentence_mean) and its shape (`shape`), how the pieces of a split sentence are joined into its vectors
+(`sentence`: the token axis of a layer mode; for sentence_mean the sums added up and divided by the
+sentence's token count, `pooled`), the vectors of a sentence of no tokens (`empty`), its dtypes
+(`dtype`, what the device returns: `batch_dtype`) and which flags go with it (`takes_mix`).
+`output_mode` checks the choices (errors name the flags) and returns the mode. Callers (batch_runner,
+sentences, file_output, file_embedding, the embed_file command's flags) ask the mode; none of them
+tests its name.
+
+A module of its own rather than a part of `batch_runner`: the spool's reader (`file_output`) and the
+command's flags need the modes without the device code. JAX is imported where the reduction is traced,
+so importing this module costs NumPy alone (the command's `--help` lists the modes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import ClassVar
+
+import numpy as np
+
+# The flag help texts of embed_file, written here, where the modes are.
+LAYERS_HELP = (
+    "all: (L+1, n, 2P) per sentence; top, average, mix: (n, 2P); sentence_mean: (2P,), the mean over tokens of the mix."
+)
+MIX_SCALARS_HELP = (
+    "--layers=mix or sentence_mean: the L+1 mix scalars s_j (softmax-normalised), e.g. a trained ScalarMix's; "
+    "default all 0 (the average)."
+)
+GAMMA_HELP = "--layers=mix or sentence_mean: the scale gamma."
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputMode:
+    """One output mode for one biLM (see the module doc); subclasses are the modes.
+
+    Attributes:
+      n_layers: L+1, the biLM's output layers.
+      dim: 2P, the width of a layer's vectors.
+      mix: (L+1,) layer weights gamma * softmax(s) (all modes carry them; those that `takes_mix` use them).
+      float16: sentence vectors in float16 instead of float32.
+    """
+
+    n_layers: int
+    dim: int
+    mix: tuple[float, ...]
+    float16: bool = False
+
+    name: ClassVar[str]
+    takes_mix: ClassVar[bool] = False  # --mix_scalars and --gamma go with it
+    token_axis: ClassVar[int] = 0  # of a sentence's vectors (a sentence_mean piece has none)
+
+    @property
+    def dtype(self) -> type:
+        """A sentence's vectors' dtype."""
+        return np.float16 if self.float16 else np.float32
+
+    @property
+    def batch_dtype(self) -> type:
+        """What the device returns (and the spool keeps): the sentence dtype, unless the mode pools."""
+        return self.dtype
+
+    @staticmethod
+    def reduce(layers, mix, dtype: str):
+        """(B, L+1, T, 2P) layers with zeros at padding, (L+1,) mix weights -> a batch's output (traced
+        inside the batch program; `dtype` is the name of `batch_dtype`)."""
+        raise NotImplementedError
+
+    def shape(self, n_tokens: int) -> tuple[int, ...]:
+        """The shape of the vectors of `n_tokens` tokens: a sentence's, and a piece's of a split sentence
+        (`piece`; sentence_mean's pieces are (2P,) sums whatever their count). A batch's is in the module doc."""
+        return (n_tokens, self.dim)
+
+    def piece(self, result: np.ndarray, row: int, n_tokens: int) -> np.ndarray:
+        """One piece's part of a fetched batch result: its `n_tokens` real tokens in batch row `row`."""
+        return result[row, :n_tokens]
+
+    def sentence(self, pieces: Sequence[np.ndarray], n_tokens: int) -> np.ndarray:
+        """A sentence's vectors from its pieces in order (one piece unless it was split), a new array."""
+        return np.concatenate(pieces, axis=self.token_axis).astype(self.dtype, copy=False)
+
+    def empty(self) -> np.ndarray:
+        """The vectors of a sentence of no tokens (a blank line)."""
+        return np.zeros(self.shape(0), self.dtype)
+
+
+class AllLayers(OutputMode):
+    name = "all"
+    token_axis = 1
+
+    @staticmethod
+    def reduce(layers, mix, dtype: str):
+        return layers.astype(dtype)
+
+    def shape(self, n_tokens: int) -> tuple[int, ...]:
+        return (self.n_layers, n_tokens, self.dim)
+
+    def piece(self, result: np.ndarray, row: int, n_tokens: int) -> np.ndarray:
+        return result[row, :, :n_tokens]
+
+
+class TopLayer(OutputMode):
+    name = "top"
+
+    @staticmethod
+    def reduce(layers, mix, dtype: str):
+        return layers[:, -1].astype(dtype)
+
+
+class Average(OutputMode):
+    name = "average"
+
+    @staticmethod
+    def reduce(layers, mix, dtype: str):
+        import jax.numpy as jnp  # traced on the device only (see the module doc)
+
+        return jnp.mean(layers, axis=1).astype(dtype)
+
+
+class Mix(OutputMode):
+    name = "mix"
+    takes_mix = True
+
+    @staticmethod
+    def reduce(layers, mix, dtype: str):
+        return _mixed(layers, mix).astype(dtype)
+
+
+class SentenceMean(OutputMode):
+    name = "sentence_mean"
+    takes_mix = True
+
+    @property
+    def batch_dtype(self) -> type:
+        return np.float32  # token sums; the host divides by the token count
+
+    @staticmethod
+    def reduce(layers, mix, dtype: str):
+        import jax.numpy as jnp
+
+        return jnp.sum(_mixed(layers, mix), axis=1).astype(dtype)  # padding is exactly zero
+
+    def shape(self, n_tokens: int) -> tuple[int, ...]:
+        return (self.dim,)
+
+    def piece(self, result: np.ndarray, row: int, n_tokens: int) -> np.ndarray:
+        return result[row]
+
+    def sentence(self, pieces: Sequence[np.ndarray], n_tokens: int) -> np.ndarray:
+        """The sums of the pieces (float64) divided by the sentence's token count."""
+        return pooled(sum(np.asarray(p, np.float64) for p in pieces), n_tokens, self.dtype)
+
+
+def pooled(sums: np.ndarray, n_tokens: int, dtype) -> np.ndarray:
+    """`sentence_mean`: token sums divided by the token count (zeros for an empty sentence)."""
+    return (sums / max(n_tokens, 1)).astype(dtype)
+
+
+def _mixed(layers, mix):
+    """gamma * sum_j softmax(s)_j * layer_j: (B, L+1, T, D) -> (B, T, D), in float32."""
+    import jax
+    import jax.numpy as jnp
+
+    return jnp.einsum("l,bltd->btd", mix, layers, precision=jax.lax.Precision.HIGHEST)
+
+
+MODES: dict[str, type[OutputMode]] = {mode.name: mode for mode in (AllLayers, TopLayer, Average, Mix, SentenceMean)}
+NAMES = tuple(MODES)  # "all", "top", "average", "mix", "sentence_mean"
+
+
+def output_mode(
+    layers: str,
+    n_layers: int,
+    dim: int,
+    mix_scalars: Sequence[float] | None = None,
+    gamma: float = 1.0,
+    float16: bool = False,
+) -> OutputMode:
+    """Checks the --layers / --mix_scalars / --gamma choices (errors name the flags) and returns the mode.
+
+    Without `mix_scalars` the mix is the plain average of the `n_layers` layers (s = 0), so
+    `sentence_mean` is then the mean over tokens of `average`'s vectors.
+    """
+    if layers not in MODES:
+        raise ValueError(f"--layers must be one of {NAMES}, found {layers!r}")
+    mode = MODES[layers]
+    if mix_scalars is not None and not mode.takes_mix:
+        mixed = " or ".join(f"--layers={name}" for name, m in MODES.items() if m.takes_mix)
+        raise ValueError(f"--mix_scalars goes with {mixed}")
+    scalars = (0.0,) * n_layers if mix_scalars is None else tuple(mix_scalars)
+    if len(scalars) != n_layers:
+        raise ValueError(f"--mix_scalars: expected {n_layers} values (one per layer), found {len(scalars)}")
+    s = np.asarray(scalars, np.float64)
+    if not np.all(np.isfinite(s)) or not np.isfinite(gamma):
+        raise ValueError("--mix_scalars and --gamma must be finite numbers")
+    weights = np.exp(s - s.max())
+    mix = (gamma * weights / weights.sum()).astype(np.float32)
+    return mode(n_layers, dim, tuple(float(w) for w in mix), bool(float16))
