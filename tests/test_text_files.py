@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tracemalloc
@@ -204,3 +205,33 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_every_reader_of_user_text_follows_one_rule(tmp_path):
+    """Issue #31: the corpus and vocabulary readers accepted a UTF-8 byte-order mark while the probe
+    reader refused a .jsonl starting with one (and kept it as part of a CoNLL token), and the probe reader
+    split lines wherever `str.splitlines` does (U+2028, "\\x85", a lone "\\r"). Now every reader follows
+    `formats.text_lines`: a BOM at the start is no text, "\\n" and "\\r\\n" end lines, nothing else does."""
+    from elmo_jax.features import sentence_input
+    from elmo_jax.features.probe_data import read_probe_file
+    from elmo_jax.formats.vocab_file import Vocab
+
+    BOM = b"\xef\xbb\xbf"
+
+    odd = "cat\u2028dog"  # a line separator inside a token: text, not a line end
+    text = tmp_path / "text.txt"
+    text.write_bytes(BOM + f"the {odd} sat\r\nsecond line\n".encode())
+    expected = [["the", "cat", "dog", "sat"], ["second", "line"]]  # str.split() splits at U+2028 too
+    assert list(text_files.iter_sentences(str(text))) == expected
+    assert [tokens for _, tokens in sentence_input.lines(str(text))] == expected
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_bytes(BOM + b"<S>\r\n</S>\r\n<UNK>\r\nthe\r\n")
+    assert Vocab.load(vocab).words == ["<S>", "</S>", "<UNK>", "the"]
+    record = {"tokens": ["the", odd, "sat"], "target": 1, "label": "N"}
+    jsonl = tmp_path / "probe.jsonl"
+    jsonl.write_bytes(BOM + (json.dumps(record, ensure_ascii=False) + "\r\n").encode() * 2)
+    conll = tmp_path / "probe.conll"
+    conll.write_bytes(BOM + f"the\tD\r\n{odd}\tN\r\n\r\n".encode())
+    for path in (jsonl, conll):
+        items = read_probe_file(str(path))
+        assert items[0].tokens[0] == "the" and odd in items[0].tokens, (path.name, items[0])

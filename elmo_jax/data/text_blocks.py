@@ -37,9 +37,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from elmo_jax import storage
+from elmo_jax.formats.text_lines import BOM  # the text-file rule: a BOM at the start is no text
 
 BLOCK_BYTES = 1 << 20  # 1 MiB of input per block: the per-block passes cost nothing next to the lines'
-_BOM = b"\xef\xbb\xbf"
 _SKIP_CHUNK = 1 << 16  # bytes read at a time while reading past the rest of an over-long line
 
 # The characters `str.split()` splits on beyond ASCII's b" \\t\\n\\r\\x0b\\x0c" (which `bytes.split()` knows
@@ -81,10 +81,10 @@ def read_record_blocks(
     limit = byte_limit(max_line_chars)
     reader = _BlockReader(path, max_line_chars, invalid_utf8, stats, reserved)
     with storage.open_file(path, "rb") as f:
-        data = f.read(max(block_bytes, len(_BOM)))
-        bom = data.startswith(_BOM)
+        data = f.read(max(block_bytes, len(BOM)))
+        bom = data.startswith(BOM)
         if bom:
-            data = data[len(_BOM) :]
+            data = data[len(BOM) :]
             stats.note("bom_files", path)
         while True:
             end = data.rfind(b"\n") + 1

@@ -21,6 +21,7 @@ import json
 import os
 
 from elmo_jax import storage
+from elmo_jax.formats.text_lines import read_lines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,10 +50,7 @@ def read_probe_file(path: str | os.PathLike) -> list[ProbeItem]:
         raise IsADirectoryError(f"{path}: is a directory, expected a probe file (.jsonl or CoNLL)")
     if not storage.exists(path):
         raise FileNotFoundError(f"{path}: probe file not found")
-    try:
-        lines = storage.read_bytes(path).decode("utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    lines = [text for _, text in read_lines(path)]  # the text-file rule: a BOM at the start, "\r\n" line ends
     items = _read_jsonl(path, lines) if path.endswith(".jsonl") else _read_conll(path, lines)
     if not items:
         raise ValueError(f"{path}: no probe items (an empty file?)")

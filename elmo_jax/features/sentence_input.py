@@ -17,6 +17,8 @@ import os
 import stat
 from collections.abc import Iterator
 
+from elmo_jax.formats.text_lines import line_text
+
 BLANK_LINE_POLICIES = ("empty", "skip", "error")
 LONG_SENTENCE_POLICIES = ("error", "split")
 NUL = b"\x00"
@@ -128,14 +130,12 @@ def _numbered_lines(path: str, digest=None) -> Iterator[tuple[int, list[str]]]:
                     f"{path}:{number}: NUL byte at byte {raw.index(NUL)} of the line; expected "
                     "UTF-8 text (is this a binary file?)"
                 )
-            try:
-                text = raw.decode("utf-8")
+            try:  # the text-file rule (`formats.text_lines`): a BOM at the start, "\r\n" line ends
+                text = line_text(raw, number)
             except UnicodeDecodeError as e:
                 raise ValueError(
                     f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start} of the line)"
                 ) from None
-            if number == 1:
-                text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the first token
             yield number, text.split()
 
 

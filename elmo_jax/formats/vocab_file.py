@@ -29,11 +29,11 @@ from absl import logging
 
 from elmo_jax import storage
 from elmo_jax.formats.output_paths import Artifact
+from elmo_jax.formats.text_lines import line_text
 
 BOS, EOS, UNK = "<S>", "</S>", "<UNK>"
 SPECIALS = (BOS, EOS, UNK)
 MAX_TERM_ID = "!!!MAXTERMID"  # bilm-tf bookkeeping line, not a token
-UTF8_BOM = b"\xef\xbb\xbf"
 
 
 class Vocab:
@@ -140,10 +140,8 @@ def _read_words(path: str) -> tuple[list[str], list[int], dict[str, list[tuple[i
     skipped: dict[str, list[tuple[int, str, int]]] = {"blank": [], "duplicate": []}
     with storage.open_file(path, "rb") as f:
         for number, raw in enumerate(f, start=1):
-            if number == 1 and raw.startswith(UTF8_BOM):  # editors on Windows write one; not part of <S>
-                raw = raw[len(UTF8_BOM) :]
-            try:
-                word = raw.decode("utf-8").strip()
+            try:  # the text-file rule (`text_lines`): a BOM at the start is no part of <S>, "\r\n" ends a line
+                word = line_text(raw, number).strip()
             except UnicodeDecodeError as e:
                 raise ValueError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
             if word == MAX_TERM_ID:
