@@ -41,12 +41,12 @@ from elmo_jax.formats import model_dir
 from elmo_jax.formats.output_paths import check_output
 from elmo_jax.formats.vocab_file import VOCABULARY, Vocab
 from elmo_jax.storage import bucket_lock
-from elmo_jax.training import loop, start
+from elmo_jax.training import loop, start, step_report
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.heldout import heldout_perplexity
 from elmo_jax.training.workdir import WorkdirInUseError, WorkdirLock
 from tests.support import gcs
-from tests.support.commands import REPO, command_argv, command_env
+from tests.support.commands import REPO, command_argv, command_env, error_line
 from tests.support.compare import assert_trees_equal, read_metrics, restored, without_timing
 from tests.support.configs import TRAINED_STEPS, tiny_flags, with_overrides
 from tests.support.inprocess import run_in_process
@@ -417,3 +417,32 @@ def test_several_embed_file_processes_are_refused_a_gs_output(bucket, monkeypatc
     monkeypatch.setattr(processes, "share", lambda: (0, 2))
     with pytest.raises(ValueError, match=r"--output=gs://.*every process sees .*or run one process"):
         embed_file(None, f"{bucket}/in.txt", f"{bucket}/vectors.hdf5", Options())
+
+
+def test_a_resume_in_a_bucket_says_its_lost_steps_are_a_lower_bound(bucket, caplog):
+    """Issue #31: a run in a bucket killed 10 steps after a checkpoint resumed saying "0 steps since it
+    were lost": its metrics.jsonl is uploaded every few seconds and before each checkpoint, so the killed
+    run's last records had not reached the bucket. The count read from such a log is a lower bound, and
+    the message and the resume record say so."""
+    workdir = f"{bucket}/lagging"
+    storage.write_bytes(f"{workdir}/metrics.jsonl", b'{"step": 160, "kind": "train"}\n')
+    with caplog.at_level(logging.INFO):
+        fields = step_report.log_resume(workdir, 160, is_main=True)
+    assert fields == {"lost_steps_at_least": 0}
+    assert "; 0 steps since it were lost" not in caplog.text  # the old message
+    assert "at least 0 steps since it were lost, how many more is not known" in caplog.text
+
+
+def test_a_missing_object_or_bucket_is_named_in_one_line(bucket, tmp_path, fixture_dir):
+    """Issue #31: a missing gs:// input to embed_file printed only `error: b/bucket/o/text%2Fnope.txt`, and
+    a bucket that does not exist a raw HTTP exchange (the workdir lock's) or gcsfs's "b/BUCKET/o"."""
+    model = [f"--options={fixture_dir / 'options.json'}", f"--weights={fixture_dir / 'weights.hdf5'}"]
+    missing = f"{bucket}/text/nope.txt"
+    result = run_in_process("elmo_jax.embed_file", *model, f"--input={missing}", f"--output={tmp_path / 'o.hdf5'}")
+    error_line(result, f"{missing}: no such file")
+    result = run_in_process("elmo_jax.vocab", "--files=gs://no-such-bucket/*.txt", f"--output={tmp_path / 'v.txt'}")
+    error_line(result, "gs://no-such-bucket/*.txt: bucket gs://no-such-bucket does not exist")
+    result = run_in_process("train.py", "--config=configs/tiny.py", "--workdir=gs://no-such-bucket/run")
+    line = error_line(result, "--workdir=gs://no-such-bucket/run: bucket gs://no-such-bucket does not exist")
+    assert "404" not in line and "http" not in line  # no raw HTTP exchange
+    assert sorted(os.listdir(tmp_path)) == []

@@ -19,7 +19,7 @@ docs/CLOUD_STORAGE.md.
 """
 
 from elmo_jax.storage import atomic
-from elmo_jax.storage.append_log import AppendLog, SyncedDirectory, read_lines
+from elmo_jax.storage.append_log import AppendLog, SyncedDirectory, may_lag, read_lines
 from elmo_jax.storage.local import (
     Workspace,
     download_tree,
@@ -104,6 +104,7 @@ __all__ = [
     "local_copy",
     "local_directory",
     "makedirs",
+    "may_lag",
     "mirror",
     "open_file",
     "publish_directory",

@@ -151,6 +151,12 @@ class AppendLog:
         self._file = open(self.path, "a", encoding="utf-8")
 
 
+def may_lag(path: str) -> bool:
+    """Whether lines a killed writer had written to the log `path` may be missing from it: in a bucket
+    they reach it with the next upload (at most `UPLOAD_EVERY_S` later, and at every `flush`)."""
+    return places.is_remote(path)
+
+
 def read_lines(path: str) -> bytes:
     """The complete lines of an `AppendLog`'s file (b"" when there is none). A last line cut short (a
     local disk filled mid-write) is removed from the file first, with a warning, so the file stays one

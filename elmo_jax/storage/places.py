@@ -87,12 +87,15 @@ def ancestors(path: str | os.PathLike) -> list[str]:
         directory = parent
 
 
-def creation_problem(path: str | os.PathLike) -> OSError | ValueError | None:
+def creation_problem(path: str | os.PathLike, parents: bool = False) -> OSError | ValueError | None:
     """Why nothing could be created at `path` (an exception to raise, its message without the path), or
-    None: locally its directory must exist and be writable; under a URL it must be inside a bucket that
-    exists (its "directories" are prefixes, which need no creation)."""
+    None: locally its directory must exist (with `parents`, its nearest existing ancestor: the others are
+    created) and be writable; under a URL it must be inside a bucket that exists (its "directories" are
+    prefixes, which need no creation)."""
     if not is_remote(path):
         parent = os.path.dirname(os.path.abspath(path))
+        while parents and not os.path.lexists(parent) and os.path.dirname(parent) != parent:
+            parent = os.path.dirname(parent)
         if not os.path.isdir(parent):
             return FileNotFoundError(f"directory {parent} does not exist")
         if not os.access(parent, os.W_OK | os.X_OK):
@@ -284,7 +287,12 @@ def glob(pattern: str | os.PathLike) -> list[str]:
         return sorted(glob_module.glob(pattern, recursive=True))
     fs, name = _fs(pattern)
     scheme = pattern.split("://", 1)[0]
-    return sorted(f"{scheme}://{found.rstrip('/')}" for found in fs.glob(name))
+    try:
+        found = fs.glob(name)
+    except FileNotFoundError:  # gcsfs says only "b/BUCKET/o" when the bucket does not exist
+        problem = creation_problem(pattern)
+        raise FileNotFoundError(f"{pattern}: {problem or 'nothing there'}") from None
+    return sorted(f"{scheme}://{path.rstrip('/')}" for path in found)
 
 
 def has_magic(pattern: str) -> bool:

@@ -260,8 +260,7 @@ def _log_resumption(run: Run, state: TrainState, workdir: str, is_main: bool) ->
     start = int(state.step)
     # Steps logged after this checkpoint by the interrupted run are logged again: a reader keeps, for
     # each step, the record after the last "resume" marker at or below it.
-    lost = log_resume(workdir, start, is_main)
-    run.report.log.write(start, {} if lost is None else {"lost_steps": lost}, kind="resume")
+    run.report.log.write(start, log_resume(workdir, start, is_main), kind="resume")
     if _eval_due(run.config, start, run.heldout):
         run.report.log.write(start, run.heldout(state.params), kind="eval")
 

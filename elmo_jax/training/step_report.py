@@ -118,16 +118,30 @@ def last_logged_step(workdir: str) -> int | None:
     return max(steps, default=None)
 
 
-def log_resume(workdir: str, start: int, is_main: bool) -> int | None:
+def log_resume(workdir: str, start: int, is_main: bool) -> dict:
     """Logs where training resumes and how many steps the interrupted run had done past it (its last
     logged step; metrics are logged one step late and every log_every_steps, so a few more may have
-    run). Returns that count (None where unknown: no metrics, or not process 0)."""
+    run). Returns the resume record's fields: {"lost_steps": n}, or {"lost_steps_at_least": n} when the
+    log may lag the run (a bucket's is uploaded every few seconds and before each checkpoint, so a
+    killed run may have gone further than it shows), or {} (no metrics, or not process 0)."""
     last = last_logged_step(workdir) if is_main else None
     where = storage.join(workdir, "checkpoints", str(start))
     if last is None:
         logging.info("resumed from step %d (%s)", start, where)
-        return None
+        return {}
     lost = max(0, last - start)
+    if storage.may_lag(storage.join(workdir, "metrics.jsonl")):
+        logging.info(
+            "resumed from step %d (%s); the interrupted run's metrics reach step %d, but in a bucket they are "
+            "uploaded every %.0f s and before each checkpoint, so it may have run further: at least %d steps "
+            "since it were lost, how many more is not known; they are done again",
+            start,
+            where,
+            last,
+            storage.append_log.UPLOAD_EVERY_S,
+            lost,
+        )
+        return {"lost_steps_at_least": lost}
     logging.info(
         "resumed from step %d (%s); %d steps since it were lost (the interrupted run had logged up to "
         "step %d) and are done again",
@@ -136,4 +150,4 @@ def log_resume(workdir: str, start: int, is_main: bool) -> int | None:
         lost,
         last,
     )
-    return lost
+    return {"lost_steps": lost}

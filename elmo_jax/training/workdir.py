@@ -37,6 +37,9 @@ def make_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
     """Creates `workdir` once the data settings have passed their cheap checks; errors name --workdir."""
     if storage.isfile(workdir):
         raise NotADirectoryError(f"--workdir={workdir}: is a file, expected a directory")
+    problem = storage.creation_problem(workdir, parents=True)  # e.g. a bucket that does not exist
+    if problem is not None:
+        raise type(problem)(f"--workdir={workdir}: {problem}")
     check_data(config.data)
     try:
         storage.makedirs(workdir)  # a bucket prefix needs no creation
