@@ -5,11 +5,14 @@
     python -m elmo_jax.embed_text --options=OPTIONS.json --weights=WEIGHTS.hdf5 "The bank of the river ." ...
     echo "one sentence per line" | python -m elmo_jax.embed_text --model=MODEL_DIR
 
-Tokens are split on whitespace. Prints each sentence's tokens with the L2 norm of every layer's vector,
-and with --output writes `layers` (B, L+1, T, 2P) float32 and `mask` (B, T) to an .npz file (written to a
-temporary name and renamed; an existing file is replaced only with --overwrite, and only if it is such
-an .npz). --model and --output may be gs://BUCKET/PATH (the output is written locally, then uploaded).
-For whole files (AllenNLP-style HDF5 output, length bucketing), use `python -m elmo_jax.embed_file`.
+Tokens are split on whitespace. Prints the layers' shapes and what ELMo adds to a word vector: for each
+word that occurs more than once, how similar its vectors are across its occurrences, layer by layer (the
+token layer gives a word one vector wherever it occurs; the LSTM layers one per context:
+`features/word_contexts.py`). With --output it writes `layers` (B, L+1, T, 2P) float32 and `mask` (B, T)
+to an .npz file (written to a temporary name and renamed; an existing file is replaced only with
+--overwrite, and only if it is such an .npz). --model and --output may be gs://BUCKET/PATH (the output is
+written locally, then uploaded). For whole files (AllenNLP-style HDF5 output, length bucketing), use
+`python -m elmo_jax.embed_file`.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ def run(argv: list[str]) -> None:
     import numpy as np
 
     import elmo_jax  # after flag parsing, so --help is fast
+    from elmo_jax.features import word_contexts
     from elmo_jax.formats import layers_npz
     from elmo_jax.formats.model_source import ModelSource
 
@@ -56,12 +60,7 @@ def run(argv: list[str]) -> None:
         compute_dtype=FLAGS.compute_dtype,
     )
     layers, mask = np.asarray(layers), np.asarray(mask)
-    print(f"layers {layers.shape} (sentences, layers, tokens, 2P), mask {mask.shape}")
-    for b, sentence in enumerate(sentences):
-        print(f"[{b}] " + " ".join(sentence))
-        for t, token in enumerate(sentence):
-            norms = " ".join(f"{np.linalg.norm(layers[b, j, t]):8.3f}" for j in range(layers.shape[1]))
-            print(f"    {token[:24]:24} |layer norms| {norms}")
+    print(word_contexts.describe(sentences, layers, mask))
     if FLAGS.output:
         layers_npz.write_npz(FLAGS.output, layers, mask)
         print(f"wrote {FLAGS.output}")
