@@ -165,22 +165,8 @@ def prepare_local_corpus(
     # A data_dir in a bucket: prepared (or downloaded) on this machine, in its workspace, and uploaded.
     workspace = storage.Workspace(os.fspath(data_dir), "corpora")
     relative = f"{DIRECTORY}/{name}_{digest[:16]}"
-    directory = workspace.local_path(*relative.split("/"))
-    corpus = _reusable(directory, digest)
-    published = workspace.published(relative, MANIFEST)
-    if corpus is None and published:  # prepared by another machine: downloaded (nothing to do locally)
-        workspace.fetch(relative)
-        corpus = _reusable(directory, digest)
-        logging.info("downloaded the prepared corpus %s to %s", workspace.place_path(relative), directory)
-    if corpus is not None:
-        _log_stats(corpus, "reusing")
-    else:
-        options = _SplitOptions(max_line_chars, invalid_utf8, shard_bytes, log_every_bytes, writer_processes)
-        corpus = _prepare(directory, digest, {"train": train, "test": test}, options, local_copies)
-        _log_stats(corpus, "prepared")
-    if not published:
-        workspace.publish(relative, last=MANIFEST)
-    return corpus
+    options = _SplitOptions(max_line_chars, invalid_utf8, shard_bytes, log_every_bytes, writer_processes)
+    return _reuse_or_prepare(workspace, relative, digest, {"train": train, "test": test}, options, local_copies)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +203,33 @@ def _split_files(
     if both:  # heldout perplexity on training text would look far better than it is
         raise ValueError(f"{len(both)} file(s) are in both the train and the heldout files: {', '.join(both[:5])}")
     return train, test
+
+
+def _reuse_or_prepare(
+    workspace: storage.Workspace,
+    relative: str,
+    digest: str,
+    files: dict[str, tuple[str, ...]],
+    options: _SplitOptions,
+    local_copies: Mapping[str, str] | None,
+) -> PreparedCorpus:
+    """The corpus at `relative` in `workspace`: reused when it is complete on this machine, downloaded
+    when another machine published it, else prepared here (`_prepare`); then published if it was not."""
+    directory = workspace.local_path(*relative.split("/"))
+    corpus = _reusable(directory, digest)
+    published = workspace.published(relative, MANIFEST)
+    if corpus is None and published:  # prepared by another machine: downloaded (nothing to do locally)
+        workspace.fetch(relative)
+        corpus = _reusable(directory, digest)
+        logging.info("downloaded the prepared corpus %s to %s", workspace.place_path(relative), directory)
+    if corpus is not None:
+        _log_stats(corpus, "reusing")
+    else:
+        corpus = _prepare(directory, digest, files, options, local_copies)
+        _log_stats(corpus, "prepared")
+    if not published:
+        workspace.publish(relative, last=MANIFEST)
+    return corpus
 
 
 def _prepare(
