@@ -39,19 +39,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
 import os
 import re
 import shutil
-import time
 from collections.abc import Mapping, Sequence
 
 from absl import logging
 from array_record.python import array_record_data_source
 
 from elmo_jax import storage
-from elmo_jax.data import shard_writer, text_files
+from elmo_jax.data import shard_writer, split_shards, text_files
 from elmo_jax.data.sentence_source import SentenceSource
 from elmo_jax.storage import atomic
 
@@ -161,6 +159,31 @@ def prepare_local_corpus(
     With several hosts, prepare on one (e.g. process 0, then a barrier) before the others read; two
     preparing at once each write their own staging directory and the second rename gives way to the first.
     """
+    _check_options(name, max_line_chars, invalid_utf8, shard_bytes, writer_processes)
+    train, test = _split_files(train_files, heldout_files)
+    digest = fingerprint(train, test, max_line_chars, invalid_utf8)
+    # A data_dir in a bucket: prepared (or downloaded) on this machine, in its workspace, and uploaded.
+    workspace = storage.Workspace(os.fspath(data_dir), "corpora")
+    relative = f"{DIRECTORY}/{name}_{digest[:16]}"
+    options = _SplitOptions(max_line_chars, invalid_utf8, shard_bytes, log_every_bytes, writer_processes)
+    return _reuse_or_prepare(workspace, relative, digest, {"train": train, "test": test}, options, local_copies)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SplitOptions:
+    """How a split's text files are read and its shards written (`prepare_local_corpus`'s arguments)."""
+
+    max_line_chars: int | None
+    invalid_utf8: str
+    shard_bytes: int
+    log_every_bytes: int
+    writer_processes: int
+
+
+def _check_options(
+    name: object, max_line_chars: object, invalid_utf8: object, shard_bytes: object, writer_processes: object
+) -> None:
+    """Raises ValueError naming the first of `prepare_local_corpus`'s options that is not valid."""
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise ValueError(f"name={name!r}: expected letters, digits and '_' only")
     text_files.check_read_options(max_line_chars, invalid_utf8)
@@ -168,15 +191,30 @@ def prepare_local_corpus(
         raise ValueError(f"shard_bytes={shard_bytes!r}: expected a positive int")
     if isinstance(writer_processes, bool) or not isinstance(writer_processes, int) or writer_processes < 0:
         raise ValueError(f"writer_processes={writer_processes!r}: expected an int >= 0")
+
+
+def _split_files(
+    train_files: text_files.Files, heldout_files: text_files.Files | None
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The absolute paths of the train and the heldout ("test") files; ValueError if a file is in both."""
     train = tuple(map(storage.absolute, text_files.expand_glob(train_files)))
     test = tuple(map(storage.absolute, text_files.expand_glob(heldout_files))) if heldout_files else ()
     both = sorted(set(map(storage.real, train)) & set(map(storage.real, test)))
     if both:  # heldout perplexity on training text would look far better than it is
         raise ValueError(f"{len(both)} file(s) are in both the train and the heldout files: {', '.join(both[:5])}")
-    digest = fingerprint(train, test, max_line_chars, invalid_utf8)
-    # A data_dir in a bucket: prepared (or downloaded) on this machine, in its workspace, and uploaded.
-    workspace = storage.Workspace(os.fspath(data_dir), "corpora")
-    relative = f"{DIRECTORY}/{name}_{digest[:16]}"
+    return train, test
+
+
+def _reuse_or_prepare(
+    workspace: storage.Workspace,
+    relative: str,
+    digest: str,
+    files: dict[str, tuple[str, ...]],
+    options: _SplitOptions,
+    local_copies: Mapping[str, str] | None,
+) -> PreparedCorpus:
+    """The corpus at `relative` in `workspace`: reused when it is complete on this machine, downloaded
+    when another machine published it, else prepared here (`_prepare`); then published if it was not."""
     directory = workspace.local_path(*relative.split("/"))
     corpus = _reusable(directory, digest)
     published = workspace.published(relative, MANIFEST)
@@ -187,38 +225,47 @@ def prepare_local_corpus(
     if corpus is not None:
         _log_stats(corpus, "reusing")
     else:
-        manifest = {
-            "format": FORMAT,
-            "fingerprint": digest,
-            "options": {"max_line_chars": max_line_chars, "invalid_utf8": invalid_utf8, "writer": WRITER_OPTIONS},
-            "files": {"train": list(train), "test": list(test)},
-            "splits": {},
-        }
-
-        def fill(staging: str) -> None:
-            for split, files in (("train", train), ("test", test)):
-                if files:
-                    readable = [(local_copies or {}).get(path, path) for path in files]
-                    manifest["splits"][split] = _write_split(
-                        staging,
-                        split,
-                        readable,
-                        max_line_chars,
-                        invalid_utf8,
-                        shard_bytes,
-                        log_every_bytes,
-                        writer_processes,
-                    )
-            atomic.write_text(os.path.join(staging, MANIFEST), json.dumps(manifest, indent=1) + "\n")
-
-        os.makedirs(os.path.dirname(directory), exist_ok=True)
-        # Two processes preparing at once: the second gives way to the first's complete copy.
-        atomic.publish_directory(directory, fill, existing="keep", accept=lambda d: _reusable(d, digest) is not None)
-        corpus = load_prepared(directory)
+        corpus = _prepare(directory, digest, files, options, local_copies)
         _log_stats(corpus, "prepared")
     if not published:
         workspace.publish(relative, last=MANIFEST)
     return corpus
+
+
+def _prepare(
+    directory: str,
+    digest: str,
+    files: dict[str, tuple[str, ...]],
+    options: _SplitOptions,
+    local_copies: Mapping[str, str] | None,
+) -> PreparedCorpus:
+    """Writes the corpus of `files` ({split: paths}, a split without files left out) into `directory`.
+
+    The shards and the manifest (last) go to a staging directory renamed into place when complete.
+    """
+    manifest = {
+        "format": FORMAT,
+        "fingerprint": digest,
+        "options": {
+            "max_line_chars": options.max_line_chars,
+            "invalid_utf8": options.invalid_utf8,
+            "writer": WRITER_OPTIONS,
+        },
+        "files": {split: list(paths) for split, paths in files.items()},
+        "splits": {},
+    }
+
+    def fill(staging: str) -> None:
+        for split, paths in files.items():
+            if paths:
+                readable = [(local_copies or {}).get(path, path) for path in paths]
+                manifest["splits"][split] = _write_split(staging, split, readable, options)
+        atomic.write_text(os.path.join(staging, MANIFEST), json.dumps(manifest, indent=1) + "\n")
+
+    os.makedirs(os.path.dirname(directory), exist_ok=True)
+    # Two processes preparing at once: the second gives way to the first's complete copy.
+    atomic.publish_directory(directory, fill, existing="keep", accept=lambda d: _reusable(d, digest) is not None)
+    return load_prepared(directory)
 
 
 def local_mirror(data_dir: str) -> str:
@@ -243,93 +290,27 @@ def _reusable(directory: str, digest: str) -> PreparedCorpus | None:
         return None
 
 
-def _write_split(
-    staging: str,
-    split: str,
-    files: Sequence[str],
-    max_line_chars: int | None,
-    invalid_utf8: str,
-    shard_bytes: int,
-    log_every_bytes: int,
-    writer_processes: int,
-) -> dict:
+def _write_split(staging: str, split: str, files: Sequence[str], options: _SplitOptions) -> dict:
     """Streams the sentences of `files` into shards `<split>-NNNNN.array_record`; returns the manifest entry.
 
-    A shard ends after the record that brings its text to `shard_bytes` or more, so the shards depend on
-    the text and `shard_bytes` only. Full shards go to `writer_processes` helper processes (started once
-    a first shard is full, so a small split never starts one) while the text is read on; the last shard,
-    or every shard with `writer_processes=0`, is written here.
+    The shards are cut and written by `split_shards.write_shards` (see there: they depend on the text and
+    `shard_bytes` only).
     """
     stats = text_files.ReadStats()
-    blocks = text_files.iter_record_blocks(files, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8, stats=stats)
-    shards: list[dict] = []
-    shard = _Shard()
-    total, next_log, start = 0, log_every_bytes, time.perf_counter()
-    with shard_writer.ShardProcesses(writer_processes) as helpers:
-        for block in blocks:
-            # Most blocks fit in the current shard whole; a block where the shard fills is cut at the record.
-            while block:
-                block = shard.add(block, shard_bytes)
-                if shard.written < shard_bytes:
-                    continue
-                entry = _shard_entry(split, len(shards), shard)
-                text = b"".join(shard.blocks)
-                shard = _Shard()
-                path = os.path.join(staging, entry["file"])
-                if writer_processes > 0:
-                    helpers.submit(path, text, entry["records"])
-                else:
-                    shard_writer.write_shard(path, text)
-                del text
-                shards.append(entry)
-                total += entry["bytes"]
-                if total >= next_log:
-                    elapsed = time.perf_counter() - start
-                    logging.info(
-                        "%s: %.0f MB of text in %d shards (%.1f MB/s)",
-                        split,
-                        total / 1e6,
-                        len(shards),
-                        total / 1e6 / elapsed,
-                    )
-                    next_log += log_every_bytes
-        if shard.records:
-            entry = _shard_entry(split, len(shards), shard)
-            shard_writer.write_shard(os.path.join(staging, entry["file"]), b"".join(shard.blocks))
-            shards.append(entry)
+    blocks = text_files.iter_record_blocks(
+        files, max_line_chars=options.max_line_chars, invalid_utf8=options.invalid_utf8, stats=stats
+    )
+    shards = split_shards.write_shards(
+        blocks,
+        staging,
+        split,
+        shard_bytes=options.shard_bytes,
+        log_every_bytes=options.log_every_bytes,
+        writer_processes=options.writer_processes,
+    )
     if stats.sentences == 0:
         raise ValueError(f"split {split!r} has no sentences: {stats.summary()}")
     return {"shards": shards, "sentences": stats.sentences, "read_stats": stats.to_dict()}
-
-
-class _Shard:
-    """The text of the shard being filled: blocks of records (`text_files.iter_record_blocks`)."""
-
-    def __init__(self):
-        self.blocks: list[bytes] = []
-        self.records = self.written = 0  # records, and their bytes without the b"\n"s
-
-    def add(self, block: bytes, shard_bytes: int) -> bytes:
-        """Takes the records of `block` until the shard holds `shard_bytes` of text; returns the rest."""
-        records = block.count(b"\n")
-        size = len(block) - records
-        if self.written + size >= shard_bytes:  # the shard fills within this block: find the record
-            lines = block.split(b"\n")
-            lengths = itertools.accumulate(map(len, lines), initial=self.written)
-            records = next(i for i, written in enumerate(lengths) if written >= shard_bytes)
-            cut = sum(map(len, lines[:records])) + records  # the bytes of those records and their b"\n"s
-            block, rest = block[:cut], block[cut:]
-            size = cut - records
-        else:
-            rest = b""
-        self.blocks.append(block)
-        self.records += records
-        self.written += size
-        return rest
-
-
-def _shard_entry(split: str, index: int, shard: _Shard) -> dict:
-    return {"file": f"{split}-{index:05d}.array_record", "records": shard.records, "bytes": shard.written}
 
 
 def load_prepared(directory: str | os.PathLike) -> PreparedCorpus:

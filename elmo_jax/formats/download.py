@@ -62,24 +62,9 @@ def download(
     for attempt in range(attempts):
         if attempt:
             time.sleep(min(RETRY_PAUSE_S * attempt, 2.0))
-        try:
-            if _fetch_rest(url, part, expected_bytes, timeout, progress):
-                break
-            failure = f"the connection closed after {os.path.getsize(part):,} bytes"
-        except urllib.error.HTTPError as e:
-            if e.code == 416 and os.path.exists(part):  # asked for bytes from the part's end: there are none
-                if _range_total(e.headers.get("Content-Range", "")) == os.path.getsize(part):
-                    break  # the part is the whole file
-                _remove(part)  # not a part of the file the server has: start again
-                failure = f"HTTP 416 for a part of {part}, which was deleted"
-                continue
-            if 400 <= e.code < 500:
-                raise DownloadError(f"{url}: HTTP {e.code} {e.reason}") from None
-            failure = f"HTTP {e.code} {e.reason}"
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:  # refused, reset, timed out, cut
-            if isinstance(e, DownloadError):
-                raise
-            failure = str(getattr(e, "reason", None) or e)
+        failure = _attempt(url, part, expected_bytes, timeout, progress)
+        if failure is None:
+            break
     else:
         kept = (
             f"; {os.path.getsize(part):,} bytes are kept in {part} and the next try resumes there"
@@ -92,6 +77,29 @@ def download(
         os.fsync(f.fileno())
     os.replace(part, target)
     return size, digest
+
+
+def _attempt(url: str, part: str, expected_bytes: int | None, timeout: float, progress) -> str | None:
+    """One connection's try at completing `part`: None when it is complete, else what went wrong (worth
+    another try); raises DownloadError when another try cannot help (HTTP 4xx, a server sending other
+    bytes than asked for)."""
+    try:
+        if _fetch_rest(url, part, expected_bytes, timeout, progress):
+            return None
+        return f"the connection closed after {os.path.getsize(part):,} bytes"
+    except urllib.error.HTTPError as e:
+        if e.code == 416 and os.path.exists(part):  # asked for bytes from the part's end: there are none
+            if _range_total(e.headers.get("Content-Range", "")) == os.path.getsize(part):
+                return None  # the part is the whole file
+            _remove(part)  # not a part of the file the server has: start again
+            return f"HTTP 416 for a part of {part}, which was deleted"
+        if 400 <= e.code < 500:
+            raise DownloadError(f"{url}: HTTP {e.code} {e.reason}") from None
+        return f"HTTP {e.code} {e.reason}"
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:  # refused, reset, timed out, cut
+        if isinstance(e, DownloadError):
+            raise
+        return str(getattr(e, "reason", None) or e)
 
 
 def _fetch_rest(url: str, part: str, expected_bytes: int | None, timeout: float, progress) -> bool:

@@ -87,37 +87,54 @@ def write_model_dir(
       FileExistsError, FileNotFoundError, NotADirectoryError, PermissionError, ValueError: the target
         cannot be written (`output_paths.check_output`), or the weights are not finite; nothing is touched.
     """
-    # Imported here: weights_hdf5 imports h5py, and the extractor traces the model.
-    from elmo_jax.formats import extractor as exported
-    from elmo_jax.formats import weights_hdf5
-
     target = storage.absolute(directory)
     check_target(target, overwrite, inputs=inputs, allow_inside=allow_inside)
-    host = BiLMParams(weights=jax.tree.map(np.asarray, jax.device_get(params.weights)), config=params.config)
-    check_finite(host.weights, f"cannot write the model directory {target}")
+    host = _host_params(params, target)
     manifest = {}
 
     def fill(staging: str) -> None:
-        weights_hdf5.save_hdf5(host, os.path.join(staging, OPTIONS), os.path.join(staging, WEIGHTS))
-        with open(os.path.join(staging, PARAMS), "wb") as f:
-            np.savez(f, **{path: np.asarray(a, np.float32) for path, a in iter_flat(host.weights)})
-        if extractor:
-            with open(os.path.join(staging, EXTRACTOR), "wb") as f:
-                f.write(exported.export_extractor(host, compute_dtype))
-        if vocab_file:
-            with open(os.path.join(staging, VOCAB), "wb") as f:
-                f.write(storage.read_bytes(vocab_file))
-        elif vocab is not None:
-            vocab.save(os.path.join(staging, VOCAB))
-        with open(os.path.join(staging, USAGE), "w", encoding="utf-8") as f:
-            f.write(usage_text(params.config) if extractor else usage_without_extractor(source))
-        manifest.update(_manifest(staging, params.config, source, compute_dtype if extractor else None))
-        with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2, sort_keys=True)
-            f.write("\n")
+        manifest.update(_write_files(staging, host, vocab_file, vocab, source, compute_dtype if extractor else None))
 
     # An earlier model directory (allowed by `check_target`) is replaced only once the new one is complete.
     storage.publish_directory(target, fill, last=MANIFEST, existing="replace" if overwrite else "refuse")
+    return manifest
+
+
+def _host_params(params: BiLMParams, target: str) -> BiLMParams:
+    """`params` gathered to the host as NumPy arrays; ValueError naming `target` if one is not finite."""
+    host = BiLMParams(weights=jax.tree.map(np.asarray, jax.device_get(params.weights)), config=params.config)
+    check_finite(host.weights, f"cannot write the model directory {target}")
+    return host
+
+
+def _write_files(
+    staging: str, host: BiLMParams, vocab_file: str | None, vocab, source: str, extractor_dtype: str | None
+) -> dict[str, Any]:
+    """Writes a model directory's files into `staging`, manifest.json last; returns the manifest.
+
+    Args: as `write_model_dir`'s, and extractor_dtype: the extractor's matmul precision, or None to leave
+    extractor.jax out.
+    """
+    # Imported here: weights_hdf5 imports h5py, and the extractor traces the model.
+    from elmo_jax.formats import extractor, weights_hdf5
+
+    weights_hdf5.save_hdf5(host, os.path.join(staging, OPTIONS), os.path.join(staging, WEIGHTS))
+    with open(os.path.join(staging, PARAMS), "wb") as f:
+        np.savez(f, **{path: np.asarray(a, np.float32) for path, a in iter_flat(host.weights)})
+    if extractor_dtype is not None:
+        with open(os.path.join(staging, EXTRACTOR), "wb") as f:
+            f.write(extractor.export_extractor(host, extractor_dtype))
+    if vocab_file:
+        with open(os.path.join(staging, VOCAB), "wb") as f:
+            f.write(storage.read_bytes(vocab_file))
+    elif vocab is not None:
+        vocab.save(os.path.join(staging, VOCAB))
+    with open(os.path.join(staging, USAGE), "w", encoding="utf-8") as f:
+        f.write(usage_text(host.config) if extractor_dtype is not None else usage_without_extractor(source))
+    manifest = _manifest(staging, host.config, source, extractor_dtype)
+    with open(os.path.join(staging, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
+        f.write("\n")
     return manifest
 
 

@@ -39,44 +39,11 @@ def load_hdf5(options_file: str | os.PathLike, weight_file: str | os.PathLike) -
 def read_weights(weight_file: str | os.PathLike, config: BiLMConfig) -> dict[str, np.ndarray]:
     """The weight file's datasets as float32 NumPy arrays keyed by path, checked against `config`."""
     path = os.fspath(weight_file)
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"{path}: expected an HDF5 weight file, found a directory")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: weight file not found")
-    if os.path.getsize(path) == 0:
-        raise ValueError(
-            f"{path}: empty file (expected an ELMo weights .hdf5 as written by bilm-tf; an "
-            "interrupted copy or download?)"
-        )
-    if not h5py.is_hdf5(path):
-        raise ValueError(f"{path}: not an HDF5 file (expected an ELMo weights .hdf5 as written by bilm-tf)")
+    _check_weight_file(path)
     expected = weight_shapes(config)
-    out = {}
     try:
         with h5py.File(path, "r") as f:
-            found = {}
-
-            def collect(name, obj):  # returns None: visititems stops at the first non-None return
-                if isinstance(obj, h5py.Dataset):
-                    found[name] = obj
-
-            f.visititems(collect)
-            for key, shape in expected.items():
-                if key not in found:
-                    raise ValueError(
-                        f"{path}: missing dataset {key!r} (expected shape {shape}); the options "
-                        "may not match these weights"
-                    )
-                dataset = found[key]
-                if tuple(dataset.shape) != shape:
-                    raise ValueError(
-                        f"{path}: dataset {key!r} has shape {tuple(dataset.shape)}, expected {shape} from the options"
-                    )
-                if not np.issubdtype(dataset.dtype, np.floating):
-                    raise ValueError(f"{path}: dataset {key!r} has dtype {dataset.dtype}, expected float32")
-                out[key] = np.asarray(dataset[...], dtype=np.float32)
-                check_finite({key: out[key]}, path)
-            unexpected = sorted(set(found) - set(expected))
+            out, unexpected = _read_datasets(f, path, expected)
     except OSError as e:  # truncated or otherwise unreadable HDF5
         truncated = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", str(e))
         if truncated:
@@ -91,6 +58,52 @@ def read_weights(weight_file: str | os.PathLike, config: BiLMConfig) -> dict[str
             "filters and lstm.n_layers)"
         )
     return out
+
+
+def _check_weight_file(path: str) -> None:
+    """Raises IsADirectoryError, FileNotFoundError or ValueError unless `path` is a non-empty HDF5 file."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: expected an HDF5 weight file, found a directory")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: weight file not found")
+    if os.path.getsize(path) == 0:
+        raise ValueError(
+            f"{path}: empty file (expected an ELMo weights .hdf5 as written by bilm-tf; an "
+            "interrupted copy or download?)"
+        )
+    if not h5py.is_hdf5(path):
+        raise ValueError(f"{path}: not an HDF5 file (expected an ELMo weights .hdf5 as written by bilm-tf)")
+
+
+def _read_datasets(
+    f: h5py.File, path: str, expected: dict[str, tuple[int, ...]]
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The datasets of the open weight file `f` at the `expected` keys ({key: shape}) as float32 NumPy
+    arrays, each checked for shape, dtype and finite values (ValueError naming `path` and the key), and
+    the sorted keys of the datasets there that are not expected."""
+    found = {}
+
+    def collect(name, obj):  # returns None: visititems stops at the first non-None return
+        if isinstance(obj, h5py.Dataset):
+            found[name] = obj
+
+    f.visititems(collect)
+    out = {}
+    for key, shape in expected.items():
+        if key not in found:
+            raise ValueError(
+                f"{path}: missing dataset {key!r} (expected shape {shape}); the options may not match these weights"
+            )
+        dataset = found[key]
+        if tuple(dataset.shape) != shape:
+            raise ValueError(
+                f"{path}: dataset {key!r} has shape {tuple(dataset.shape)}, expected {shape} from the options"
+            )
+        if not np.issubdtype(dataset.dtype, np.floating):
+            raise ValueError(f"{path}: dataset {key!r} has dtype {dataset.dtype}, expected float32")
+        out[key] = np.asarray(dataset[...], dtype=np.float32)
+        check_finite({key: out[key]}, path)
+    return out, sorted(set(found) - set(expected))
 
 
 def save_hdf5(params: BiLMParams, options_file: str | os.PathLike, weight_file: str | os.PathLike) -> None:

@@ -220,11 +220,41 @@ def token_embedding(
     C = config.max_characters_per_token
     compute_dtype, content_positions = compute.dtype, compute.content_positions
     S = C if content_positions is None else min(max(int(content_positions), 1), C)
-    wmax = max(w for w, _ in config.filters)
     # Row 0 is the padding id, which the weight file does not store.
     table = jnp.concatenate([jnp.zeros((1, config.char_embed_dim), jnp.float32), weights["char_embed"]])
     kernel, last_start = _stacked_kernel(weights, config)
     bias = jnp.concatenate([weights["CNN"][f"b_cnn_{i}"] for i in range(len(config.filters))])
+    pooled = _pooled_starts(char_ids, table, kernel, last_start, config, S, compute, token_block)
+    if S < C:  # the all-PAD window, for the filters that have valid starts at or past S
+        pooled = _with_pad_window(pooled, table, kernel, last_start, config, S, compute_dtype)
+    # max(x + b) == max(x) + b exactly (rounding is monotonic), so the bias is added after pooling.
+    x = pooled + broadcast_trailing(bias, pooled.ndim)
+    x = jax.nn.relu(x) if config.activation == "relu" else jnp.tanh(x)
+    for k in range(config.n_highway):
+        x = highway(x, weights[f"CNN_high_{k}"], compute_dtype)
+    if config.has_cnn_projection:
+        x = linear(x, weights["CNN_proj"]["W_proj"], weights["CNN_proj"]["b_proj"], compute_dtype)
+    return x
+
+
+def _pooled_starts(
+    char_ids: jax.Array,
+    table: jax.Array,
+    kernel: jax.Array,
+    last_start: np.ndarray,
+    config: BiLMConfig,
+    n_starts: int,
+    compute: ComputeOptions,
+    token_block: int | None,
+) -> jax.Array:
+    """Every filter's max over the first `n_starts` window starts, before the bias: char_ids int (N, C),
+    table (262, E), kernel (Wmax*E, F), last_start (F,) -> (N, F).
+
+    Tokens go through in `token_block`s of a sequential loop, or all at once (None), as `token_embedding`
+    says.
+    """
+    C, S = config.max_characters_per_token, n_starts
+    wmax = max(w for w, _ in config.filters)
     span = min(C, S + wmax - 1)  # character positions the first S windows read
 
     def block(ids):  # (n, C) -> (n, F)
@@ -235,22 +265,27 @@ def token_embedding(
     N = char_ids.shape[0]
     # A symbolic N (a `jax.export` with symbolic batch/length) cannot be compared: take the blocked path.
     if token_block is None or (isinstance(N, int) and N <= token_block):
-        pooled = block(char_ids)
-    else:  # blocks of padding tokens fill the last block; their rows are dropped
-        n_blocks = -(-N // token_block)
-        padded = jnp.pad(char_ids, ((0, n_blocks * token_block - N), (0, 0)))
-        pooled = jax.lax.map(block, padded.reshape(n_blocks, token_block, -1))
-        pooled = pooled.reshape(n_blocks * token_block, -1)[:N]
-    if S < C:  # the all-PAD window, for the filters that have valid starts at or past S
-        pad_window = jnp.tile(table[PAD_CHAR + 1], wmax)[None, None, :]  # (1, 1, Wmax*E)
-        pad_value = matmul(pad_window, kernel, compute_dtype)[0, 0]  # (F,)
-        pad_value = jnp.where(jnp.asarray(last_start) >= S, pad_value, -jnp.inf)
-        pooled = jnp.maximum(pooled, broadcast_trailing(pad_value, pooled.ndim))
-    # max(x + b) == max(x) + b exactly (rounding is monotonic), so the bias is added after pooling.
-    x = pooled + broadcast_trailing(bias, pooled.ndim)
-    x = jax.nn.relu(x) if config.activation == "relu" else jnp.tanh(x)
-    for k in range(config.n_highway):
-        x = highway(x, weights[f"CNN_high_{k}"], compute_dtype)
-    if config.has_cnn_projection:
-        x = linear(x, weights["CNN_proj"]["W_proj"], weights["CNN_proj"]["b_proj"], compute_dtype)
-    return x
+        return block(char_ids)
+    # Blocks of padding tokens fill the last block; their rows are dropped.
+    n_blocks = -(-N // token_block)
+    padded = jnp.pad(char_ids, ((0, n_blocks * token_block - N), (0, 0)))
+    pooled = jax.lax.map(block, padded.reshape(n_blocks, token_block, -1))
+    return pooled.reshape(n_blocks * token_block, -1)[:N]
+
+
+def _with_pad_window(
+    pooled: jax.Array,
+    table: jax.Array,
+    kernel: jax.Array,
+    last_start: np.ndarray,
+    config: BiLMConfig,
+    n_starts: int,
+    compute_dtype,
+) -> jax.Array:
+    """`pooled` (N, F) raised to the all-PAD window's value (which every start from `n_starts` on sees)
+    for the filters that have valid starts there."""
+    wmax = max(w for w, _ in config.filters)
+    pad_window = jnp.tile(table[PAD_CHAR + 1], wmax)[None, None, :]  # (1, 1, Wmax*E)
+    pad_value = matmul(pad_window, kernel, compute_dtype)[0, 0]  # (F,)
+    pad_value = jnp.where(jnp.asarray(last_start) >= n_starts, pad_value, -jnp.inf)
+    return jnp.maximum(pooled, broadcast_trailing(pad_value, pooled.ndim))

@@ -55,8 +55,23 @@ def heldout_perplexity(
             f"heldout_perplexity: batch_size {batch_size} differs from the {steps.batch_size} rows the "
             "steps were built for"
         )
+    stream = _heldout_stream(sentences, vocab, cfg, batch_size, steps, from_zero_state)
+    sums, counts = _summed_cross_entropies(params, cfg, stream, batch_size, max_batches, steps)
+    return _perplexities(sums, counts)
+
+
+def _heldout_stream(
+    sentences: Sequence[str],
+    vocab: Vocab,
+    cfg: StepConfig,
+    batch_size: int,
+    steps: Steps | None,
+    from_zero_state: bool,
+) -> BiLMBatchStream:
+    """One in-order pass over `sentences`, this process's block of the `batch_size` rows (all of them
+    with `steps` None)."""
     block, blocks = sharding.process_rows(steps.batch, batch_size) if steps is not None else (0, 1)
-    stream = BiLMBatchStream(
+    return BiLMBatchStream(
         sentences,
         vocab,
         batch_size=batch_size,
@@ -68,6 +83,17 @@ def heldout_perplexity(
         max_characters_per_token=cfg.model.max_characters_per_token,
         reset_probability=1.0 if from_zero_state else 0.0,
     )
+
+
+def _summed_cross_entropies(
+    params: dict,
+    cfg: StepConfig,
+    stream: BiLMBatchStream,
+    batch_size: int,
+    max_batches: int,
+    steps: Steps | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(summed cross-entropies, targets scored) per direction over the stream's windows: [2] float64 each."""
     lstm = zero_state(cfg.model, batch_size) if steps is None else steps.zero_lstm()
     several = jax.process_count() > 1
     sums, counts = np.zeros(2), np.zeros(2)
@@ -88,6 +114,11 @@ def heldout_perplexity(
             break
         sums += np.asarray(s, np.float64)
         counts += c
+    return sums, counts
+
+
+def _perplexities(sums: np.ndarray, counts: np.ndarray) -> dict[str, float]:
+    """`heldout_perplexity`'s dict from the summed cross-entropies and target counts ([2]: forward, backward)."""
     ce = sums / np.maximum(counts, 1.0)
     return {
         "forward_perplexity": float(np.exp(ce[0])),

@@ -80,19 +80,8 @@ def jit_steps(
     step is wrapped by `skip_nonfinite_step`. An optimiser that does not declare itself row-sparse gets
     the dense softmax update even when `cfg.sparse_softmax_update` asks for the sparse one (logged).
     """
-    if cfg.sparse_softmax_update and not cfg.full_softmax and not declares_row_sparse(optimizer):
-        logging.info(
-            "the softmax is updated densely (every row, every step): optimizer %s is not known to leave a "
-            "row with zero gradient and its state unchanged, so updating only the rows a step read would "
-            "change the numbers",
-            getattr(optimizer, "name", "(an optax transformation)"),
-        )
-
-    # The char CNN's token blocks and the LSTM's input-product form are chosen by one device's rows
-    # (the batch axis's shards), not the global batch's.
-    batch_axis = dict(rules).get("batch")
-    token_shards = mesh.shape[batch_axis] if batch_axis is not None else 1
-    cfg = dataclasses.replace(cfg, compute=dataclasses.replace(cfg.compute, token_shards=token_shards))
+    _log_dense_softmax_update(cfg, optimizer)
+    cfg = _with_token_shards(cfg, mesh, rules)
 
     def init(key, bilm, softmax):
         return init_train_state(key, cfg, optimizer, batch_size, bilm, softmax)
@@ -101,30 +90,6 @@ def jit_steps(
     shardings = state_shardings(mesh, abstract, optimizer, rules)
     batch = batch_sharding(mesh, rules)
     replicated = NamedSharding(mesh, PartitionSpec())
-
-    def train(state, batch, content_positions):
-        step = functools.partial(train_step_fn, cfg=cfg, optimizer=optimizer, content_positions=content_positions)
-        return skip_nonfinite_step(step, state, batch) if skip_nonfinite else step(state, batch)
-
-    def evaluate(params, lstm, batch, content_positions):
-        return eval_step_fn(params, lstm, batch, cfg=cfg, content_positions=content_positions)
-
-    # content_positions (the char CNN's position bucket) is static and positional: pjit takes no kwargs.
-    train = jax.jit(
-        train,
-        static_argnums=(2,),
-        in_shardings=(shardings, batch),
-        out_shardings=(shardings, replicated),
-        donate_argnums=(0,),
-    )
-    evaluate = jax.jit(
-        evaluate,
-        static_argnums=(3,),
-        in_shardings=(shardings.params, shardings.lstm, batch),
-        out_shardings=(replicated, replicated, shardings.lstm),
-    )
-    zero_lstm = jax.jit(lambda: zero_state(cfg.model, batch_size), out_shardings=shardings.lstm)
-    finite = jax.jit(all_finite, in_shardings=(shardings,), out_shardings=replicated)
     return Steps(
         mesh=mesh,
         batch_size=batch_size,
@@ -132,10 +97,70 @@ def jit_steps(
         batch=batch,
         abstract_state=with_shardings(abstract, shardings),
         init=jax.jit(init, out_shardings=shardings),
-        train=train,
-        eval=evaluate,
-        zero_lstm=zero_lstm,
-        finite=finite,
+        train=_jit_train(cfg, optimizer, skip_nonfinite, shardings, batch, replicated),
+        eval=_jit_eval(cfg, shardings, batch, replicated),
+        zero_lstm=jax.jit(lambda: zero_state(cfg.model, batch_size), out_shardings=shardings.lstm),
+        finite=jax.jit(all_finite, in_shardings=(shardings,), out_shardings=replicated),
+    )
+
+
+def _log_dense_softmax_update(cfg: StepConfig, optimizer: Optimizer | optax.GradientTransformation) -> None:
+    """Logs that the softmax is updated densely when the config asks for the sparse update but the
+    optimiser does not declare itself row-sparse."""
+    if cfg.sparse_softmax_update and not cfg.full_softmax and not declares_row_sparse(optimizer):
+        logging.info(
+            "the softmax is updated densely (every row, every step): optimizer %s is not known to leave a "
+            "row with zero gradient and its state unchanged, so updating only the rows a step read would "
+            "change the numbers",
+            getattr(optimizer, "name", "(an optax transformation)"),
+        )
+
+
+def _with_token_shards(cfg: StepConfig, mesh: Mesh, rules) -> StepConfig:
+    """`cfg` with `compute.token_shards` set to the shards of the batch axis of `rules` on `mesh`."""
+    # The char CNN's token blocks and the LSTM's input-product form are chosen by one device's rows
+    # (the batch axis's shards), not the global batch's.
+    batch_axis = dict(rules).get("batch")
+    token_shards = mesh.shape[batch_axis] if batch_axis is not None else 1
+    return dataclasses.replace(cfg, compute=dataclasses.replace(cfg.compute, token_shards=token_shards))
+
+
+def _jit_train(
+    cfg: StepConfig,
+    optimizer: Optimizer | optax.GradientTransformation,
+    skip_nonfinite: bool,
+    shardings: Any,
+    batch: NamedSharding,
+    replicated: NamedSharding,
+):
+    """`train_step_fn` jitted: (state, batch, content_positions) -> (state, metrics), the state donated."""
+
+    def train(state, batch, content_positions):
+        step = functools.partial(train_step_fn, cfg=cfg, optimizer=optimizer, content_positions=content_positions)
+        return skip_nonfinite_step(step, state, batch) if skip_nonfinite else step(state, batch)
+
+    # content_positions (the char CNN's position bucket) is static and positional: pjit takes no kwargs.
+    return jax.jit(
+        train,
+        static_argnums=(2,),
+        in_shardings=(shardings, batch),
+        out_shardings=(shardings, replicated),
+        donate_argnums=(0,),
+    )
+
+
+def _jit_eval(cfg: StepConfig, shardings: Any, batch: NamedSharding, replicated: NamedSharding):
+    """`eval_step_fn` jitted: (params, lstm, batch, content_positions) -> (loss sums (D,), counts (D,), lstm)."""
+
+    def evaluate(params, lstm, batch, content_positions):
+        return eval_step_fn(params, lstm, batch, cfg=cfg, content_positions=content_positions)
+
+    # content_positions is static and positional, as in the train step.
+    return jax.jit(
+        evaluate,
+        static_argnums=(3,),
+        in_shardings=(shardings.params, shardings.lstm, batch),
+        out_shardings=(replicated, replicated, shardings.lstm),
     )
 
 

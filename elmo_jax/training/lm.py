@@ -128,6 +128,23 @@ def lm_losses(
             num_sampled=num_sampled,
             compute_dtype=compute_dtype,
         )
+    return full_lm_losses(softmax, outputs, targets, mask, vocab_size=vocab_size, chunk=chunk)
+
+
+def full_lm_losses(
+    softmax: dict[str, jax.Array],
+    outputs: jax.Array,
+    targets: jax.Array,
+    mask: jax.Array,
+    *,
+    vocab_size: int,
+    chunk: int | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """`lm_losses` of the full softmax (every word's logit; the arguments as there).
+
+    Returns:
+      float32 (D,) summed losses and float32 (D,) token counts, as `lm_losses`.
+    """
     P = outputs.shape[-1]
     sums, counts = [], []
     for d in range(outputs.shape[0]):

@@ -63,70 +63,99 @@ def check_config(config: ml_collections.ConfigDict) -> None:
         raise ValueError(problem)
 
 
-def _config_problems(config) -> Iterator[str]:
-    def bad(key: str, expected: str) -> str:
-        return f"--config.{key}={_value(config, key)!r}: expected {expected}"
+# The integer keys that must be at least 1, and those that may be 0 (a feature off, or none).
+_POSITIVE_KEYS = (
+    "num_train_steps",
+    "batch_size",
+    "unroll_steps",
+    "checkpoint_every_steps",
+    "log_every_steps",
+    "keep_checkpoints",
+    "n_negative_samples",
+    "softmax_chunk",
+    "scan_unroll",
+)
+_ZERO_OR_MORE_KEYS = (
+    "eval_every_steps",
+    "eval_max_batches",
+    "max_nonfinite_steps",
+    "negative_sample_group_rows",
+    "seed",
+    "data.min_count",
+    "data.max_vocab_size",
+    "data.max_line_chars",
+)
 
-    positive = (
-        "num_train_steps",
-        "batch_size",
-        "unroll_steps",
-        "checkpoint_every_steps",
-        "log_every_steps",
-        "keep_checkpoints",
-        "n_negative_samples",
-        "softmax_chunk",
-        "scan_unroll",
-    )
-    zero_or_more = (
-        "eval_every_steps",
-        "eval_max_batches",
-        "max_nonfinite_steps",
-        "negative_sample_group_rows",
-        "seed",
-        "data.min_count",
-        "data.max_vocab_size",
-        "data.max_line_chars",
-    )
-    for keys, least, wording in ((positive, 1, "must be at least 1"), (zero_or_more, 0, "must be 0 (off) or positive")):
-        for key in keys:
-            value = _value(config, key)
-            if not _is_int(value):
-                yield bad(key, f"an integer >= {least}")
-            elif value < least:
-                yield f"--config.{key} {wording}, found {value}"
-    for key in ("learning_rate", "adagrad_initial_accumulator", "clip_norm"):
-        if not _is_finite(_value(config, key)) or _value(config, key) <= 0:
-            yield bad(key, "a finite number > 0")
-    if not _is_finite(config.dropout) or not 0.0 <= config.dropout < 1.0:
-        yield bad("dropout", "a number in [0, 1) (the fraction of each LSTM input dropped)")
-    if not _is_finite(config.state_reset_probability) or not 0.0 <= config.state_reset_probability <= 1.0:
-        yield bad("state_reset_probability", "a probability in [0, 1]")
-    group = config.negative_sample_group_rows
-    if _is_int(group) and group > 0 and _is_int(config.batch_size) and config.batch_size % group:
-        yield bad(
-            "negative_sample_group_rows",
-            f"0 (one candidate draw for the batch) or a divisor of --config.batch_size={config.batch_size}",
-        )
-    if not isinstance(config.init_from_optimizer, bool):
-        yield bad("init_from_optimizer", "True (continue the source workdir's Adagrad accumulators) or False")
-    if not isinstance(config.export_extractor, bool):
-        yield bad("export_extractor", "True (the export includes extractor.jax) or False")
-    if config.optimizer not in OPTIMIZERS:
-        yield bad("optimizer", f"one of {', '.join(OPTIMIZERS)}")
-    if config.compute_dtype not in COMPUTE_DTYPES:
-        yield bad("compute_dtype", f"one of {', '.join(COMPUTE_DTYPES)}")
-    if config.data.invalid_utf8 not in INVALID_UTF8_POLICIES:
-        yield bad("data.invalid_utf8", f"one of {', '.join(INVALID_UTF8_POLICIES)}")
-    if 0 < config.data.max_vocab_size < len(SPECIALS):
-        yield bad("data.max_vocab_size", f"0 (all) or at least {len(SPECIALS)} (it counts {', '.join(SPECIALS)})")
-    for key in ("mesh.data", "mesh.model"):
-        if not _is_int(_value(config, key)) or (_value(config, key) < 1 and _value(config, key) != -1):
-            yield bad(key, "a positive integer, or -1 (the devices left by the other axis)")
+
+def _config_problems(config) -> Iterator[str]:
+    """One line per problem of a training config, in the order `check_config` reports the first: the
+    integers, the other numbers, the choices, then the architecture. Lazy, so that a later check may
+    assume the keys an earlier one checked are well typed."""
+    yield from _integer_problems(config)
+    yield from _number_problems(config)
+    yield from _choice_problems(config)
     try:
         model_config(config)
     except (TypeError, ValueError) as e:
         yield f"--config.model: {e}"
+
+
+def _bad(config, key: str, expected: str) -> str:
+    """The line for a key whose value is not what is `expected`."""
+    return f"--config.{key}={_value(config, key)!r}: expected {expected}"
+
+
+def _integer_problems(config) -> Iterator[str]:
+    """The integer keys that are not integers, or below their least value."""
+    for keys, least, wording in (
+        (_POSITIVE_KEYS, 1, "must be at least 1"),
+        (_ZERO_OR_MORE_KEYS, 0, "must be 0 (off) or positive"),
+    ):
+        for key in keys:
+            value = _value(config, key)
+            if not _is_int(value):
+                yield _bad(config, key, f"an integer >= {least}")
+            elif value < least:
+                yield f"--config.{key} {wording}, found {value}"
+
+
+def _number_problems(config) -> Iterator[str]:
+    """The rates, probabilities and the candidate draw's group size that are out of their range."""
+    for key in ("learning_rate", "adagrad_initial_accumulator", "clip_norm"):
+        if not _is_finite(_value(config, key)) or _value(config, key) <= 0:
+            yield _bad(config, key, "a finite number > 0")
+    if not _is_finite(config.dropout) or not 0.0 <= config.dropout < 1.0:
+        yield _bad(config, "dropout", "a number in [0, 1) (the fraction of each LSTM input dropped)")
+    if not _is_finite(config.state_reset_probability) or not 0.0 <= config.state_reset_probability <= 1.0:
+        yield _bad(config, "state_reset_probability", "a probability in [0, 1]")
+    group = config.negative_sample_group_rows
+    if _is_int(group) and group > 0 and _is_int(config.batch_size) and config.batch_size % group:
+        yield _bad(
+            config,
+            "negative_sample_group_rows",
+            f"0 (one candidate draw for the batch) or a divisor of --config.batch_size={config.batch_size}",
+        )
+
+
+def _choice_problems(config) -> Iterator[str]:
+    """The switches, names and mesh axes that are not one of the values they take."""
+    if not isinstance(config.init_from_optimizer, bool):
+        yield _bad(config, "init_from_optimizer", "True (continue the source workdir's Adagrad accumulators) or False")
+    if not isinstance(config.export_extractor, bool):
+        yield _bad(config, "export_extractor", "True (the export includes extractor.jax) or False")
+    if config.optimizer not in OPTIMIZERS:
+        yield _bad(config, "optimizer", f"one of {', '.join(OPTIMIZERS)}")
+    if config.compute_dtype not in COMPUTE_DTYPES:
+        yield _bad(config, "compute_dtype", f"one of {', '.join(COMPUTE_DTYPES)}")
+    if config.data.invalid_utf8 not in INVALID_UTF8_POLICIES:
+        yield _bad(config, "data.invalid_utf8", f"one of {', '.join(INVALID_UTF8_POLICIES)}")
+    if 0 < config.data.max_vocab_size < len(SPECIALS):
+        yield _bad(
+            config, "data.max_vocab_size", f"0 (all) or at least {len(SPECIALS)} (it counts {', '.join(SPECIALS)})"
+        )
+    for key in ("mesh.data", "mesh.model"):
+        if not _is_int(_value(config, key)) or (_value(config, key) < 1 and _value(config, key) != -1):
+            yield _bad(config, key, "a positive integer, or -1 (the devices left by the other axis)")
 
 
 def _value(config, key: str):

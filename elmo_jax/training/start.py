@@ -174,6 +174,16 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
     source = config.init_from
     if not source:
         return None, None, None
+    source = _init_from_directory(source)
+    options, weights = storage.join(source, "options.json"), storage.join(source, "weights.hdf5")
+    if storage.exists(weights):  # a published or exported model: the softmax starts fresh
+        return _bilm_from_model(config, cfg, source, options, weights), None, None
+    return _weights_from_workdir(config, cfg, vocab, mesh, source)
+
+
+def _init_from_directory(source: str) -> str:
+    """The directory `init_from` names (a published model's name: its cached model directory); raises
+    FileNotFoundError when it is not a directory."""
     if not storage.is_location(source) and is_published_name(source):
         source = pretrained.fetch(source)  # a published model by name: its cached model directory
     if not storage.isdir(source):
@@ -181,19 +191,53 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
             f"--config.init_from={source}: not a directory (expected a training workdir, "
             f"a model directory with options.json and weights.hdf5, or a published model: {', '.join(MODELS)})"
         )
-    options, weights = storage.join(source, "options.json"), storage.join(source, "weights.hdf5")
-    if storage.exists(weights):  # a published or exported model: the softmax starts fresh
-        bilm = weights_hdf5.load_hdf5(options, weights)
-        if not _same_architecture(bilm.config.to_options(), cfg.model):
-            raise ValueError(
-                f"--config.init_from={source}: its options describe a different model than "
-                "config.model; set config.model to match the options file"
-            )
-        logging.info("initialising the biLM from %s (fresh softmax)", weights)
-        _warn_no_optimizer_state(config, source)
-        return bilm, None, None
+    return source
+
+
+def _bilm_from_model(config, cfg: StepConfig, source: str, options: str, weights: str) -> BiLMParams:
+    """The biLM of a model directory's (or published) options and weights files, checked against
+    `cfg.model`; the optimiser state starts afresh (logged)."""
+    bilm = weights_hdf5.load_hdf5(options, weights)
+    if not _same_architecture(bilm.config.to_options(), cfg.model):
+        raise ValueError(
+            f"--config.init_from={source}: its options describe a different model than "
+            "config.model; set config.model to match the options file"
+        )
+    logging.info("initialising the biLM from %s (fresh softmax)", weights)
+    _warn_no_optimizer_state(config, source)
+    return bilm
+
+
+def _weights_from_workdir(
+    config, cfg: StepConfig, vocab: Vocab, mesh, source: str
+) -> tuple[BiLMParams, dict | None, Any]:
+    """(biLM, softmax, optimiser state) of a training workdir's newest checkpoint: the softmax when that
+    run's vocabulary is `vocab`, the optimiser state when `init_from_optimizer` is set, else None."""
     run_optimizer = settings.optimizer(config).name
     keep_optimizer = bool(config.init_from_optimizer)
+    step, state = _restore_init_checkpoint(source, cfg, mesh, run_optimizer, keep_optimizer)
+    source_vocab = storage.join(source, "vocab.txt")
+    same_vocab = storage.exists(source_vocab) and Vocab.load(source_vocab).words == vocab.words
+    logging.info(
+        "initialising from %s step %d (softmax %s; %s state %s)",
+        source,
+        step,
+        "kept" if same_vocab else "fresh: another vocabulary",
+        run_optimizer,
+        ("kept for the biLM and softmax" if same_vocab else "kept for the biLM")
+        if keep_optimizer
+        else "fresh (init_from_optimizer=False)",
+    )
+    bilm = BiLMParams(weights=state.params["bilm"], config=cfg.model)
+    return bilm, (state.params["softmax"] if same_vocab else None), (state.opt_state if keep_optimizer else None)
+
+
+def _restore_init_checkpoint(
+    source: str, cfg: StepConfig, mesh, run_optimizer: str, keep_optimizer: bool
+) -> tuple[int, TrainState]:
+    """(step, state) of the newest checkpoint of the workdir `source` that restores, restored into its
+    shards on `mesh`; raises ValueError when it is of another model (or, its optimiser state kept, of
+    another optimiser than `run_optimizer`), FileNotFoundError when there is none."""
 
     def check(meta):
         if not _same_architecture(meta["model_options"], cfg.model):
@@ -220,20 +264,7 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
     if found is None:
         raise FileNotFoundError(f"--config.init_from={source}: no weights.hdf5 and no checkpoint in it")
     step, state = found[:2]
-    source_vocab = storage.join(source, "vocab.txt")
-    same_vocab = storage.exists(source_vocab) and Vocab.load(source_vocab).words == vocab.words
-    logging.info(
-        "initialising from %s step %d (softmax %s; %s state %s)",
-        source,
-        step,
-        "kept" if same_vocab else "fresh: another vocabulary",
-        run_optimizer,
-        ("kept for the biLM and softmax" if same_vocab else "kept for the biLM")
-        if keep_optimizer
-        else "fresh (init_from_optimizer=False)",
-    )
-    bilm = BiLMParams(weights=state.params["bilm"], config=cfg.model)
-    return bilm, (state.params["softmax"] if same_vocab else None), (state.opt_state if keep_optimizer else None)
+    return step, state
 
 
 def _warn_no_optimizer_state(config, source: str) -> None:
