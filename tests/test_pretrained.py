@@ -4,7 +4,8 @@ A fake published model, "fixture-tiny", is registered for these tests: the Allen
 weights (tests/fixtures/allennlp_tiny) served by `tests.support.file_server.FileServer` on 127.0.0.1, found
 through $ELMO_JAX_MODELS_URL, cached under tmp_path through $ELMO_JAX_CACHE. Nothing leaves the machine.
 Cases: a clean download, a wrong checksum (published, and recorded at the first download), a
-connection cut mid-file then resumed (in the same call, and by a later call), a 404, no server at all, an
+connection cut mid-file then resumed (in the same call, and by a later call), a 404, no server at all, a
+full disk (not retried), a malformed $ELMO_JAX_MODELS_URL (refused first), a silent server (one deadline), an
 already-cached model (no request), files placed by hand, files that are not the model they claim to be,
 and `--model` resolution.
 """
@@ -15,6 +16,8 @@ import hashlib
 import json
 import os
 import shutil
+import socket
+import time
 
 import pytest
 
@@ -133,9 +136,10 @@ def test_a_wrong_published_checksum_deletes_the_download(server, served, tmp_pat
     assert model.weights.url() in message and "expected " + "0" * 64 in message
     assert "a test's made-up checksum" in message and "it was deleted" in message
     by_hand = (
-        f"Download {model.options.url(published_models.BASE_URL)} and {model.weights.url(published_models.BASE_URL)}"
+        f"download {model.options.url(published_models.BASE_URL)} and {model.weights.url(published_models.BASE_URL)}"
     )
     assert by_hand in message and f"into {downloads}/ (same file names)" in message
+    assert "Offline" not in message  # issue #31: the server's data is wrong, not the network
     assert sorted(os.listdir(downloads)) == [".lock", "tiny_options.json"]  # no weights, no .part
     assert not (tmp_path / "cache" / "models" / NAME).exists()
     assert not (tmp_path / "cache" / "known_files.json").exists()
@@ -203,6 +207,52 @@ def test_offline_is_one_clear_error(served, monkeypatch, tmp_path):
     message = str(error.value)
     assert "\n" not in message and message.startswith(f"http://127.0.0.1:9/{OPTIONS_PATH}: ")
     assert "(3 attempts)" in message and f"into {tmp_path / 'downloads' / NAME}/" in message
+
+
+def test_a_full_disk_is_named_not_retried_and_gives_its_space_back(server, served, tmp_path):
+    # A real ENOSPC from the kernel: the weights' part is a link to /dev/full, which takes no byte.
+    downloads = tmp_path / "cache" / "downloads" / NAME
+    downloads.mkdir(parents=True)
+    part = downloads / "tiny_weights.hdf5.part"
+    part.symlink_to("/dev/full")
+    with pytest.raises(elmo_jax.pretrained.PretrainedError) as error:
+        elmo_jax.pretrained.fetch(NAME, progress=False)
+    message = str(error.value)
+    assert message.startswith(f"cannot write {part} (downloading {server.url}{WEIGHTS_PATH}): No space left on device")
+    assert f"(the file has {len(served[WEIGHTS_PATH]):,} bytes, " in message and " bytes free in " in message
+    assert "were deleted" in message and "set $ELMO_JAX_CACHE to a cache on another disk" in message
+    assert "Offline" not in message and "attempts" not in message
+    assert weight_requests(server) == [None]  # a disk error is not retried
+    assert not os.path.lexists(part)  # the part gives its space back
+
+
+def test_a_malformed_mirror_variable_is_named_before_anything_is_tried(served, monkeypatch, tmp_path):
+    register(monkeypatch)
+    monkeypatch.setenv("ELMO_JAX_MODELS_URL", "127.0.0.1:8000")  # no scheme
+    with pytest.raises(ValueError) as error:
+        elmo_jax.pretrained.fetch(NAME, cache=str(tmp_path / "cache"), progress=False)
+    message = str(error.value)
+    assert message.startswith("$ELMO_JAX_MODELS_URL='127.0.0.1:8000' is not an http:// or https:// address")
+    assert "(e.g. 'http://127.0.0.1:8000')" in message and "\n" not in message
+    assert not (tmp_path / "cache").exists()  # checked before the cache was made
+
+
+def test_a_silent_server_is_one_deadline_with_a_word_while_waiting(served, monkeypatch, tmp_path, capsys):
+    # A server that accepts connections (the kernel completes them) and never answers.
+    monkeypatch.setattr(download, "SILENCE_S", 1.0)
+    monkeypatch.setattr(download, "WAIT_NOTE_S", 0.3)
+    register(monkeypatch)
+    with socket.create_server(("127.0.0.1", 0), backlog=32) as silent:
+        monkeypatch.setenv("ELMO_JAX_MODELS_URL", f"http://127.0.0.1:{silent.getsockname()[1]}/")
+        started = time.monotonic()
+        with pytest.raises(elmo_jax.pretrained.PretrainedError) as error:
+            elmo_jax.pretrained.fetch(NAME, cache=str(tmp_path / "cache"))
+        waited = time.monotonic() - started
+    message = str(error.value)
+    assert f"{OPTIONS_PATH}: no answer in 1 s" in message and "Offline or behind a proxy?" in message
+    assert 1.0 <= waited < 2.5  # one deadline, not one per attempt (it was 3 x 60 s)
+    words = [line for line in capsys.readouterr().err.splitlines() if "no answer for" in line]
+    assert len(words) >= 2 and all(f"{NAME}: tiny_options.json" in line for line in words)
 
 
 def test_files_placed_by_hand_are_checked_and_used(server, served, tiny_params, tmp_path):

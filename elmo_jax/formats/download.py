@@ -8,25 +8,65 @@ HTTP `Range` request (a server that ignores it sends the whole file again, which
 the start). When every byte is there, the size and SHA-256 are checked against what is expected, and
 only then is the part flushed and renamed to TARGET: a reader sees no file or the complete, checked one.
 A file that fails its check is deleted, so the next attempt starts afresh. Standard library only (urllib).
+
+A failure is classified where it happens, and only the kinds another try can cure are retried:
+
+  AddressError  the address is not an http(s) URL: refused before any connection.
+  DiskError     the part could not be written (disk full, quota, read-only, permissions): never retried;
+                on a full disk the part is deleted, since it holds the space that is missing.
+  NetworkError  refused, reset or cut connections (`attempts` tries, resuming), or a server silent for
+                `SILENCE_S` in all (one deadline over every reconnection, with a word every `WAIT_NOTE_S`).
+  ServerError   an answer that is final: HTTP 4xx, other bytes than asked for, a file that fails its size
+                or checksum (deleted), or HTTP 5xx still after `attempts` tries.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import http.client
 import os
+import shutil
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 
 CHUNK = 1 << 20
 RETRY_PAUSE_S = 0.5  # before the second attempt; then twice that, at most 2 s
+SILENCE_S = 60.0  # the longest a server may stay silent, over all reconnections of one download
+WAIT_NOTE_S = 10.0  # while it is silent, a word this often
 USER_AGENT = "elmo-jax (urllib)"
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # the part holds space another file may need
 
 
 class DownloadError(OSError):
     """A download failed; the message names the address, the file and what went wrong, in one line."""
+
+
+class AddressError(DownloadError):
+    """The address is not one this module can download (not http(s)); nothing was tried."""
+
+
+class DiskError(DownloadError):
+    """The downloaded bytes could not be written locally (ENOSPC, EDQUOT, EROFS, EACCES, ...)."""
+
+
+class NetworkError(DownloadError):
+    """No connection, or every one broke or stayed silent; the part (if any) is kept for a later call."""
+
+
+class ServerError(DownloadError):
+    """The server's answer cannot become the file: HTTP status, other bytes than asked for, a mismatch."""
+
+
+def check_address(url: str) -> None:
+    """Raises AddressError unless `url` is an http(s) address with a host."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
+        raise AddressError(f"{url!r} is not an http:// or https:// address with a host")
 
 
 def download(
@@ -37,8 +77,8 @@ def download(
     expected_sha256: str | None = None,
     checksum_source: str = "",
     attempts: int = 3,
-    timeout: float = 60.0,
     progress: Callable[[int, int | None], None] | None = None,
+    waiting: Callable[[float, float], None] | None = None,
 ) -> tuple[int, str]:
     """Downloads `url` to `target` (through `target + ".part"`); returns (bytes, SHA-256 hex).
 
@@ -49,42 +89,74 @@ def download(
       expected_bytes: the size the file must have (None: whatever the server sends, complete).
       expected_sha256: the hex SHA-256 it must have (None: not checked).
       checksum_source: where the expectations come from, for the mismatch message.
-      attempts: connections tried before giving up on a broken or refused one (HTTP 4xx is final).
-      timeout: seconds a connection may stay silent.
+      attempts: connections tried before giving up on broken or refused ones (silence has its own bound,
+        `SILENCE_S`; HTTP 4xx is final).
       progress: called as progress(bytes so far, total bytes or None) while bytes arrive.
+      waiting: called as waiting(seconds silent so far, SILENCE_S) every `WAIT_NOTE_S` of silence.
 
     Raises:
-      DownloadError: the server refused (HTTP status), the connection failed `attempts` times, or the
-        file is not what was expected (it is deleted then).
+      AddressError, DiskError, NetworkError, ServerError (all DownloadError, an OSError): see the module.
     """
+    check_address(url)
     part = target + ".part"
-    failure = ""
-    for attempt in range(attempts):
-        if attempt:
-            time.sleep(min(RETRY_PAUSE_S * attempt, 2.0))
-        failure = _attempt(url, part, expected_bytes, timeout, progress)
-        if failure is None:
-            break
-    else:
-        kept = (
-            f"; {os.path.getsize(part):,} bytes are kept in {part} and the next try resumes there"
-            if os.path.exists(part)
-            else ""
-        )
-        raise DownloadError(f"{url}: {failure} ({attempts} attempts){kept}")
+    silence = _Silence(waiting)
+    failures = 0
+    while (failure := _attempt(url, part, expected_bytes, silence, progress)) is not None:
+        if failure is _SILENT:
+            if silence.over():
+                raise NetworkError(f"{url}: no answer in {SILENCE_S:.0f} s{_kept(part)}")
+            continue  # reconnect at once: the silence was the pause
+        failures += 1
+        if failures == attempts:
+            kind = ServerError if failure.startswith("HTTP 5") else NetworkError
+            raise kind(f"{url}: {failure} ({attempts} attempts){_kept(part)}")
+        time.sleep(min(RETRY_PAUSE_S * failures, 2.0))
     size, digest = _check(url, part, expected_bytes, expected_sha256, checksum_source)
-    with open(part, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(part, target)
+    with _writing(part, url, expected_bytes):
+        with open(part, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(part, target)
     return size, digest
 
 
-def _attempt(url: str, part: str, expected_bytes: int | None, timeout: float, progress) -> str | None:
-    """One connection's try at completing `part`: None when it is complete, else what went wrong (worth
-    another try); raises DownloadError when another try cannot help (HTTP 4xx, a server sending other
-    bytes than asked for)."""
+_SILENT = "silent"  # _attempt's word for a connection on which nothing arrived for a while
+
+
+class _Silence:
+    """The one deadline on a silent server: `SILENCE_S` without a byte, over every reconnection."""
+
+    def __init__(self, waiting):
+        self.waiting, self.since = waiting, time.monotonic()
+
+    def heard(self) -> None:
+        self.since = time.monotonic()
+
+    def timeout(self) -> float:
+        """The socket timeout for the next wait: until the next word, or the deadline if sooner."""
+        return max(0.01, min(WAIT_NOTE_S, SILENCE_S - (time.monotonic() - self.since)))
+
+    def over(self) -> bool:
+        """Whether the deadline has passed; else tells `waiting` how long the silence has lasted."""
+        silent = time.monotonic() - self.since
+        if silent >= SILENCE_S - 0.01:
+            return True
+        if self.waiting is not None:
+            self.waiting(silent, SILENCE_S)
+        return False
+
+
+def _kept(part: str) -> str:
+    if not os.path.exists(part):
+        return ""
+    return f"; {os.path.getsize(part):,} bytes are kept in {part} and the next try resumes there"
+
+
+def _attempt(url: str, part: str, expected_bytes: int | None, silence: _Silence, progress) -> str | None:
+    """One connection's try at completing `part`: None when it is complete, `_SILENT` when nothing came
+    for a while, else what went wrong (worth another try); raises DownloadError when another try cannot
+    help (HTTP 4xx, a server sending other bytes than asked for, a local disk error)."""
     try:
-        if _fetch_rest(url, part, expected_bytes, timeout, progress):
+        if _fetch_rest(url, part, expected_bytes, silence, progress):
             return None
         return f"the connection closed after {os.path.getsize(part):,} bytes"
     except urllib.error.HTTPError as e:
@@ -94,45 +166,96 @@ def _attempt(url: str, part: str, expected_bytes: int | None, timeout: float, pr
             _remove(part)  # not a part of the file the server has: start again
             return f"HTTP 416 for a part of {part}, which was deleted"
         if 400 <= e.code < 500:
-            raise DownloadError(f"{url}: HTTP {e.code} {e.reason}") from None
+            raise ServerError(f"{url}: HTTP {e.code} {e.reason}") from None
         return f"HTTP {e.code} {e.reason}"
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:  # refused, reset, timed out, cut
-        if isinstance(e, DownloadError):
-            raise
-        return str(getattr(e, "reason", None) or e)
+    except DownloadError:
+        raise
+    except (TimeoutError, urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        reason = getattr(e, "reason", None) or e  # refused, reset, timed out, cut
+        if isinstance(reason, TimeoutError):
+            return _SILENT
+        return str(reason)
 
 
-def _fetch_rest(url: str, part: str, expected_bytes: int | None, timeout: float, progress) -> bool:
+def _fetch_rest(url: str, part: str, expected_bytes: int | None, silence: _Silence, progress) -> bool:
     """Appends the bytes `part` lacks; returns whether it is now complete (False: the connection ended early)."""
     offset = os.path.getsize(part) if os.path.exists(part) else 0
     if expected_bytes is not None and offset >= expected_bytes:
         if offset == expected_bytes:
             return True
-        os.unlink(part)  # longer than the file can be: not a part of it
+        _remove(part)  # longer than the file can be: not a part of it
         offset = 0
     headers = {"User-Agent": USER_AGENT}
     if offset:
         headers["Range"] = f"bytes={offset}-"
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as response:
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=silence.timeout()) as response:
+        silence.heard()
         if response.status == 206:
             start = _range_start(response.headers.get("Content-Range", ""))
             if start != offset:
-                raise DownloadError(f"{url}: asked for the bytes from {offset:,}, the server sent them from {start}")
+                raise ServerError(f"{url}: asked for the bytes from {offset:,}, the server sent them from {start}")
         else:  # 200: the server ignored the range and sends the whole file
             offset = 0
         length = response.headers.get("Content-Length")
         total = offset + int(length) if length is not None else expected_bytes
         if expected_bytes is not None and total is not None and total != expected_bytes:
             _remove(part)
-            raise DownloadError(f"{url}: the server's file has {total:,} bytes, expected {expected_bytes:,}")
-        with open(part, "ab" if offset else "wb") as f:
-            done = offset
-            while chunk := response.read(CHUNK):
-                f.write(chunk)
-                done += len(chunk)
-                if progress is not None:
-                    progress(done, total)
+            raise ServerError(f"{url}: the server's file has {total:,} bytes, expected {expected_bytes:,}")
+        done = _append(response, part, offset, total, silence, progress, url)
     return total is None or done >= total
+
+
+def _append(response, part: str, offset: int, total: int | None, silence: _Silence, progress, url: str) -> int:
+    """Writes the response's body to `part` from `offset`; returns the part's size after it. Only the
+    file's own errors are disk errors (`_writing`); the response's are the connection's."""
+    with _writing(part, url, total):
+        f = open(part, "ab" if offset else "wb")  # noqa: SIM115 (closed below, its errors classified)
+    done = offset
+    try:
+        while chunk := response.read(CHUNK):
+            silence.heard()
+            with _writing(part, url, total):
+                f.write(chunk)
+                f.flush()  # a full disk shows here, not at a close the connection's error may pre-empt
+            done += len(chunk)
+            if progress is not None:
+                progress(done, total)
+    finally:
+        with contextlib.suppress(OSError):  # flushed above; after a failed write there is nothing to keep
+            f.close()
+    return done
+
+
+class _writing:  # noqa: N801 (a context manager read as a phrase)
+    """Turns an OSError of the local file into a DiskError naming the file, the errno's words and, on a
+    full disk, the space wanted and free; a part on a full disk is deleted (it holds the missing space)."""
+
+    def __init__(self, part: str, url: str, total: int | None):
+        self.part, self.url, self.total = part, url, total
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        if not isinstance(error, OSError) or isinstance(error, DownloadError):
+            return False
+        words = error.strerror or str(error)
+        if error.errno in _FULL:
+            written = os.path.getsize(self.part) if os.path.exists(self.part) else 0
+            _remove(self.part)
+            wanted = f"the file has {self.total:,} bytes, " if self.total else ""
+            words += f" ({wanted}{_free_space(self.part)}); the {written:,} bytes written were deleted"
+        raise DiskError(f"cannot write {self.part} (downloading {self.url}): {words}") from None
+
+
+def _free_space(path: str) -> str:
+    """'N bytes free in DIR' (or what could not be known)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        return f"{shutil.disk_usage(folder).free:,} bytes free in {folder}"
+    except OSError:
+        return f"the free space in {folder} is not known"
 
 
 def _range_start(content_range: str) -> int | None:
@@ -163,7 +286,7 @@ def _check(url: str, part: str, expected_bytes, expected_sha256, source: str) ->
     if problem:
         _remove(part)
         origin = f" (from {source})" if source else ""
-        raise DownloadError(f"{url}: the downloaded file has {problem}{origin}; it was deleted")
+        raise ServerError(f"{url}: the downloaded file has {problem}{origin}; it was deleted")
     return size, digest
 
 

@@ -33,7 +33,14 @@ import time
 
 from elmo_jax.formats import download, model_dir
 from elmo_jax.formats.output_paths import is_model_directory
-from elmo_jax.formats.published_models import BASE_URL, BASE_URL_VARIABLE, PublishedFile, PublishedModel, find
+from elmo_jax.formats.published_models import (
+    BASE_URL,
+    BASE_URL_VARIABLE,
+    PublishedFile,
+    PublishedModel,
+    find,
+    mirror_url,
+)
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.params import BiLMParams
 from elmo_jax.storage import atomic
@@ -71,15 +78,19 @@ def fetch(name: str, *, cache: str | None = None, progress: bool = True) -> str:
       progress: report the download on standard error.
 
     Raises:
-      ValueError: unknown name, or the downloaded files are not the model they should be.
+      ValueError: unknown name, a malformed $ELMO_JAX_MODELS_URL (before anything is created or
+        requested), or the downloaded files are not the model they should be.
       PretrainedError (an OSError): the download failed, or a file does not match its checksum; the
-        message names the address, the cache path and how to place the files by hand.
+        message names the address and the path, and says what to do for the kind of failure: for the
+        network (retried first) or the server, how to place the files by hand; for the disk (never
+        retried; a part on a full disk is deleted), the space wanted and free, and $ELMO_JAX_CACHE.
     """
     model = find(name)
     root = os.path.abspath(cache or cache_dir())
     target = os.path.join(root, "models", model.name)
     if is_model_directory(target):
         return target  # already converted: no request (model_dir.load checks every file)
+    mirror_url()  # a malformed $ELMO_JAX_MODELS_URL fails here, before anything is created or tried
     downloads = os.path.join(root, "downloads", model.name)
     try:
         os.makedirs(downloads, exist_ok=True)
@@ -144,21 +155,29 @@ def _available(model: PublishedModel, file: PublishedFile, downloads: str, root:
             expected_sha256=expected_sha256,
             checksum_source=source,
             progress=report,
+            waiting=report.waiting if report else None,
         )
+    except download.DiskError as e:  # not retried, and no use placing files by hand on the same disk
+        raise PretrainedError(f"{e}. Free space there, or set ${CACHE_VARIABLE} to a cache on another disk") from None
     except download.DownloadError as e:
-        raise PretrainedError(f"{e}. {_by_hand(model, downloads)}") from None
-    except OSError as e:  # the cache's disk: full, read-only
-        raise PretrainedError(f"cannot write {path}.part: {e.strerror or e}. {_by_hand(model, downloads)}") from None
+        offline = isinstance(e, download.NetworkError)
+        raise PretrainedError(f"{e}. {_by_hand(model, downloads, offline=offline)}") from None
     return file, path, size, digest
 
 
-def _by_hand(model: PublishedModel, downloads: str) -> str:
-    """How to place a model's files by hand, for error messages."""
+def _by_hand(model: PublishedModel, downloads: str, offline: bool) -> str:
+    """How to place a model's files by hand, for error messages (`offline`: the network failed)."""
     urls = " and ".join(f.url(BASE_URL) for f in model.files)  # the published addresses, whatever the mirror
+    mirror = os.environ.get(BASE_URL_VARIABLE)
+    where = (
+        f"The address comes from ${BASE_URL_VARIABLE}={mirror!r}; unset it for the published files, or "
+        if mirror
+        else f"${BASE_URL_VARIABLE} names a mirror. Or "
+    )
     return (
-        f"Offline or behind a proxy? Download {urls} by any means into {downloads}/ (same file names) and "
-        f"call again; they are checked and converted there. ${BASE_URL_VARIABLE} names a mirror, "
-        f"${CACHE_VARIABLE} another cache"
+        f"{'Offline or behind a proxy? ' if offline else ''}{where}download {urls} by any means into "
+        f"{downloads}/ (same file names) and call again; they are checked and converted there "
+        f"(${CACHE_VARIABLE} names another cache)"
     )
 
 
@@ -263,7 +282,8 @@ def _now() -> str:
 
 
 class _Progress:
-    """Download progress on standard error: a line at most every 2 seconds, and one at the end."""
+    """Download progress on standard error: a line at most every 2 seconds, one at the end, and one for
+    each `download.WAIT_NOTE_S` the server stays silent."""
 
     def __init__(self, what: str):
         self.what, self.last, self.start = what, 0.0, time.monotonic()
@@ -276,3 +296,10 @@ class _Progress:
         of = f" of {total / 1e6:,.1f} MB ({100 * done / total:.0f}%)" if total else " MB"
         rate = done / 1e6 / max(now - self.start, 1e-6)
         print(f"downloading {self.what}: {done / 1e6:,.1f}{of}, {rate:.1f} MB/s", file=sys.stderr, flush=True)
+
+    def waiting(self, silent_s: float, limit_s: float) -> None:
+        print(
+            f"downloading {self.what}: no answer for {silent_s:.0f} s, waiting (gives up after {limit_s:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )

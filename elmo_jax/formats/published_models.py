@@ -19,8 +19,31 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from elmo_jax.formats.download import AddressError, check_address
+
 BASE_URL = "https://s3-us-west-2.amazonaws.com/allennlp/models/elmo/"
 BASE_URL_VARIABLE = "ELMO_JAX_MODELS_URL"
+
+
+def mirror_url() -> str:
+    """The base address downloads use: $ELMO_JAX_MODELS_URL when set, else `BASE_URL`.
+
+    Raises:
+      ValueError: the variable is set but is not an http(s) address with a host (say `127.0.0.1:8000`,
+        which lacks its scheme); the message names the variable, so it fails before any download.
+    """
+    base = os.environ.get(BASE_URL_VARIABLE)
+    if not base:
+        return BASE_URL
+    try:
+        check_address(base)
+    except AddressError:
+        example = base if "://" in base else "http://" + base.lstrip("/")
+        raise ValueError(
+            f"${BASE_URL_VARIABLE}={base!r} is not an http:// or https:// address with a host (e.g. {example!r}); "
+            f"unset it to download from {BASE_URL}"
+        ) from None
+    return base
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,8 +69,7 @@ class PublishedFile:
 
     def url(self, base_url: str | None = None) -> str:
         """Its address under `base_url` (default: $ELMO_JAX_MODELS_URL, else `BASE_URL`)."""
-        base = base_url or os.environ.get(BASE_URL_VARIABLE) or BASE_URL
-        return base.rstrip("/") + "/" + self.path
+        return (base_url or mirror_url()).rstrip("/") + "/" + self.path
 
 
 @dataclasses.dataclass(frozen=True)

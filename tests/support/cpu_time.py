@@ -93,6 +93,7 @@ class _Collector:
             if key == _KEY:
                 self.rows[report.nodeid] = {"nodeid": report.nodeid, **value, "slow": "slow" in report.keywords}
 
+    @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: a run with -p no:xdist has none
     def pytest_testnodedown(self, node, error):  # pytest-xdist: a worker finished
         total = getattr(node, "workeroutput", {}).get("cpu_seconds")
         if total is not None:
