@@ -138,7 +138,11 @@ def run() -> dict:
 
 
 def main(argv) -> None:
-    cli.run_main(run, argv)
+    from elmo_jax.features.processes import ProcessLost
+
+    # Another process of the run died: after the error line the process ends at once (JAX's shutdown
+    # would wait 100 s for the dead process's heartbeat, then abort with a C++ stack trace).
+    cli.run_main(run, argv, fatal=(ProcessLost,))
 
 
 if __name__ == "__main__":

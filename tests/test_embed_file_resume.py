@@ -18,41 +18,23 @@ import signal
 import subprocess
 import time
 
-import h5py
 import numpy as np
 import pytest
 
 from elmo_jax.features import file_embedding as ef
 from elmo_jax.formats import vector_spool
 from tests.support.commands import REPO, command_argv, command_env
+from tests.support.embed_files import (
+    OPTIONS,
+    WORDS,
+    as_left_by_a_dead_process,
+    assert_same_file,
+    read_all,
+    staging_dirs,
+    write_input,
+    write_previous_vectors,
+)
 from tests.support.inprocess import run_in_process
-
-WORDS = ["the", "bank", "of", "river", ".", "a", "Zürich", "naïve", "x" * 20, "<S>"]
-OPTIONS = ef.Options(layers="all", batch_tokens=64, long_sentences="split", max_sentence_tokens=20)
-
-
-def write_input(path, n=120, seed=0):
-    rng = np.random.default_rng(seed)
-    lines = [" ".join(rng.choice(WORDS, int(rng.integers(1, 30)))) for _ in range(n)]
-    lines[7] = ""  # a blank line
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return path
-
-
-def read_all(path):
-    with h5py.File(path, "r") as f:
-        return {name: f[name][...] for name in f}, dict(f.attrs)
-
-
-def assert_same_file(path, reference):
-    got, attrs = read_all(path)
-    expected, expected_attrs = reference
-    assert sorted(got) == sorted(expected) and attrs == expected_attrs
-    for name in expected:
-        if name == "sentence_to_index":
-            assert json.loads(got[name][0]) == json.loads(expected[name][0])
-        else:
-            np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
 
 
 def stop_after(monkeypatch, batches: int):
@@ -66,10 +48,6 @@ def stop_after(monkeypatch, batches: int):
         return append(self, pieces, arrays)
 
     monkeypatch.setattr(vector_spool.Spool, "append", stopping)
-
-
-def staging_dirs(tmp_path):
-    return glob.glob(str(tmp_path / ".out.hdf5.*.tmp"))
 
 
 @pytest.fixture(scope="module")
@@ -91,17 +69,6 @@ def interrupted_run(tiny_params, tmp_path, monkeypatch, options=OPTIONS, batches
     assert not (tmp_path / "out.hdf5").exists()
     (staging,) = staging_dirs(tmp_path)
     return path, as_left_by_a_dead_process(staging)
-
-
-def as_left_by_a_dead_process(staging: str) -> str:
-    """Renames a staging directory of this process as if written by a process that has exited."""
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    prefix, pid, suffix = staging.rsplit(".", 3)[0], str(os.getpid()), staging.rsplit(".", 2)[1:]
-    assert staging.split(".")[-3] == pid
-    renamed = f"{prefix}.{dead.pid}.{'.'.join(suffix)}"
-    os.rename(staging, renamed)
-    return renamed
 
 
 def test_a_stopped_run_continues_and_writes_the_same_file(tiny_params, uninterrupted, tmp_path, monkeypatch, caplog):
@@ -255,11 +222,3 @@ def test_a_killed_command_continues_where_it_stopped(long_input, fixture_dir, tm
     for name in expected:
         if name != "sentence_to_index":
             np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=1e-5, err_msg=name)
-
-
-def write_previous_vectors(path) -> bytes:
-    """An earlier output in the elmo-command layout (what --overwrite may replace); returns its bytes."""
-    with h5py.File(path, "w") as f:
-        f["0"] = np.ones((3, 2, 32), np.float32)
-        f["sentence_to_index"] = np.array([json.dumps({"previous results": "0"})], dtype=h5py.string_dtype())
-    return path.read_bytes()

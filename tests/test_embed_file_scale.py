@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 
 import h5py
 import numpy as np
@@ -21,7 +22,7 @@ import pytest
 import elmo_jax
 from elmo_jax.features import file_embedding as ef
 from tests.reference.elmo_equations import np_sentence_mean
-from tests.support.commands import REPO, command_argv, command_env
+from tests.support.commands import REPO, command_argv, command_env, error_line
 from tests.support.tolerance import assert_close_up_to_order, char_cnn_terms, lstm_terms
 
 ATOL = 1e-5  # against NumPy formulas of `embed`'s layers (test_sentence_mean_is_the_mean_of_the_mix_over_real_tokens)
@@ -124,18 +125,7 @@ def test_two_processes_write_the_one_process_file(fixture_dir, tiny_params, one_
     other line each, process 0 writing the file: the single-process file, and no staging left."""
     path, _, expected = one_device
     target = tmp_path / "out.hdf5"
-    args = [
-        f"--options={fixture_dir / 'options.json'}",
-        f"--weights={fixture_dir / 'weights.hdf5'}",
-        f"--input={path}",
-        f"--output={target}",
-        "--long_sentences=split",
-        "--max_sentence_tokens=12",
-        "--batch_tokens=64",
-        "--progress=false",
-        f"--coordinator_address=127.0.0.1:{free_port()}",
-        "--num_processes=2",
-    ]
+    args = split_run_args(fixture_dir, path, target, free_port())
     env = command_env(devices=2)
     logs = [open(tmp_path / f"process_{i}.log", "w+") for i in range(2)]
     processes = [
@@ -165,3 +155,90 @@ def test_two_processes_write_the_one_process_file(fixture_dir, tiny_params, one_
     assert f"wrote {target} (process 0 of 2): 60 sentences" in outputs[0]  # the whole file
     assert sorted(os.listdir(tmp_path)) == ["out.hdf5", "process_0.log", "process_1.log"]
     assert_same(read_output(target), expected, batch_terms(tiny_params.config))
+
+
+@pytest.mark.slow
+def test_a_killed_process_stops_the_other_at_once_and_the_same_commands_continue(
+    fixture_dir, tiny_params, one_device, tmp_path
+):
+    """--num_processes=2 with process 1 killed (SIGKILL) while it spools (paused at its second batch by
+    tests/support/pausing.py, so the kill lands there): process 0 does not wait for it: it exits 1 at
+    once, its last line one error naming process 1 and where its own progress is kept. Both spools are
+    kept, and the same two commands then continue from them and write the one-process file."""
+    path, _, expected = one_device
+    target = tmp_path / "out.hdf5"
+    marker = tmp_path / "process_1_paused"
+    env = command_env(devices=2)
+
+    def start(i: int, port: int, log, pause: bool = False) -> subprocess.Popen:
+        argv = command_argv(
+            "elmo_jax.embed_file", *split_run_args(fixture_dir, path, target, port), f"--process_id={i}"
+        )
+        if pause:  # python -m tests.support.pausing Spool.append 2 MARKER -m elmo_jax.embed_file ...
+            argv[1:1] = ["-m", "tests.support.pausing", "elmo_jax.formats.vector_spool:Spool.append", "2", str(marker)]
+        return subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    logs = [open(tmp_path / f"process_{i}.log", "w+") for i in range(2)]
+    port = free_port()
+    first = [start(0, port, logs[0]), start(1, port, logs[1], pause=True)]
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            assert time.monotonic() < deadline and all(p.poll() is None for p in first), read_logs(logs)
+            time.sleep(0.05)
+        first[1].kill()
+        first[1].wait(timeout=60)
+        code = first[0].wait(timeout=60)  # not JAX's 100 s heartbeat timeout, nor forever
+    finally:
+        for p in first:
+            if p.poll() is None:
+                p.kill()
+    survivor = read_logs(logs)[0]
+    line = error_line(subprocess.CompletedProcess([], code, "", survivor), f"--output={target}: process 1 of 2")
+    assert "run the same commands again (every process) to continue" in line and "kept in" in line
+    assert len([n for n in os.listdir(tmp_path) if n.startswith(".out.hdf5.")]) == 2  # both spools kept
+
+    for log in logs:
+        log.seek(0)
+        log.truncate()
+    port = free_port()
+    again = [start(i, port, logs[i]) for i in range(2)]
+    try:
+        codes = [p.wait(timeout=240) for p in again]
+    finally:
+        for p in again:
+            if p.poll() is None:
+                p.kill()
+    outputs = read_logs(logs)
+    for log in logs:
+        log.close()
+    assert codes == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
+    assert all("resuming the run of pid" in o and "from the stopped run" in o for o in outputs)
+    assert sorted(os.listdir(tmp_path)) == ["out.hdf5", "process_0.log", "process_1.log", "process_1_paused"]
+    assert_same(read_output(target), expected, batch_terms(tiny_params.config))
+
+
+def split_run_args(fixture_dir, path, target, port: int) -> list[str]:
+    """The flags of every process of a two-process run of `one_device`'s input."""
+    return [
+        f"--options={fixture_dir / 'options.json'}",
+        f"--weights={fixture_dir / 'weights.hdf5'}",
+        f"--input={path}",
+        f"--output={target}",
+        "--long_sentences=split",
+        "--max_sentence_tokens=12",
+        "--batch_tokens=64",
+        "--progress=false",
+        f"--coordinator_address=127.0.0.1:{port}",
+        "--num_processes=2",
+    ]
+
+
+def read_logs(logs) -> list[str]:
+    """What each process has written so far."""
+    texts = []
+    for log in logs:
+        log.flush()
+        log.seek(0)
+        texts.append(log.read())
+    return texts

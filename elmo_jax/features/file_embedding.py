@@ -13,12 +13,22 @@ the library half of `python -m elmo_jax.embed_file`.
 4. Process 0 writes the output from every process's spool in line order (`file_output`) and renames it
    into place; the staging directories are removed.
 
+Two runs never write one output at once: a run refuses, naming the other, when a live process of this
+host holds a staging directory of its output (`atomic.live_staging`).
+
 `embed_model_file` is the command's entry: it takes the model as the command names it
 (`formats.model_source.ModelSource`), checks what is cheap to check before loading it, and decides the
 token cache (a model directory's vocab.txt, with --token_cache=auto).
 
-SIGTERM and Ctrl-C keep the staging directory (its spool synced to disk), as does `kill -9`, so running
-the same command again continues; an error removes it. HDF5 and the spool need a file system: a gs://
+A stop leaves the run finished (the output complete under its name, nothing staged) or resumable (the
+output untouched, the staging directory kept, and the same command continues), never neither.
+SIGTERM and Ctrl-C are taken at the next stop point (`interruptions`: between batches and lines), so no
+library code they land in can lose them or turn them into an error; they keep the staging directory
+(its spool synced to disk), as do `kill -9` and the death of another process of the run
+(`processes.ProcessLost`). Once the finished file is being renamed into place, a signal waits until
+the staging directory is removed too: the run finishes. An error removes the staging directory (a full
+disk gets its space back), unless a signal came first (the error may be what became of it).
+HDF5 and the spool need a file system: a gs://
 input is read from a local copy and a gs:// output written to a local working copy of this machine
 (where a stopped run resumes), uploaded in one piece when complete (`storage.working_copy`); it takes one
 process. Each sentence starts from a zero LSTM state, so
@@ -39,15 +49,16 @@ import numpy as np
 from absl import logging
 
 from elmo_jax import storage
-from elmo_jax.features import processes, sentence_input
+from elmo_jax.features import file_staging, processes, sentence_input
 from elmo_jax.features.batch_runner import BatchRunner
 from elmo_jax.features.file_options import IDENTITY_OPTIONS, Options
 from elmo_jax.features.file_output import write_output
+from elmo_jax.features.interruptions import Interruptions
 from elmo_jax.features.length_buckets import BucketBatcher, InputOrderBatcher, Piece
 from elmo_jax.features.output_modes import output_mode
 from elmo_jax.features.progress import Progress
 from elmo_jax.features.token_ids import CharIdTable, width_bucket
-from elmo_jax.formats import output_paths, vector_spool
+from elmo_jax.formats import output_paths
 from elmo_jax.formats.model_source import ModelSource
 from elmo_jax.formats.vectors_hdf5 import VECTORS_FILE
 from elmo_jax.formats.vocab_file import Vocab
@@ -87,7 +98,9 @@ def embed_model_file(
         if not path:
             raise ValueError(f"--{flag} is required")
     options.check()
-    check_output_path(output_path, options.overwrite, inputs=[input_path, *model.paths], remove_stale=False)
+    target = check_output_path(output_path, options.overwrite, inputs=[input_path, *model.paths], remove_stale=False)
+    # Before the input is read or the model loaded: another run writing this output refuses this one.
+    file_staging.refuse_another_writer(target, f"--output={output_path}")
     vocab_file = model.vocabulary_file() if options.token_cache == "auto" else None
     with storage.local_copy(input_path) as local_input:  # a gs:// input: downloaded once, here
         try:
@@ -130,8 +143,13 @@ def embed_file(
       resumed_lines (taken from a killed run), cached_types, processes, devices, seconds.
 
     Raises:
-      ValueError / OSError: bad options, input or output path, with the flag, file or line named;
-        nothing is left under `output_path` (an existing file there is untouched).
+      ValueError / OSError: bad options, input or output path, another run writing the same output
+        (`file_staging.OutputInUse`), a full disk, with the flag, file or line named; nothing is left under
+        `output_path` (an existing file there is untouched).
+      processes.ProcessLost: another process of the run died; this one's progress is kept (the message
+        says where).
+      KeyboardInterrupt, or what the SIGTERM handler raises: stopped; its note says where the progress is
+        kept for the same call to continue.
     """
     with storage.working_copy(output_path) as local_output:
         if storage.is_working_copy(local_output, output_path):  # the output is written here, then uploaded
@@ -154,6 +172,7 @@ def _embed_local_file(
 ) -> dict:
     """`embed_file` of a local input into a local output."""
     target = check_output_path(output_path, options.overwrite, inputs=[input_path], remove_stale=False)
+    shown = f"--output={output_path}"
     config = params.config
     output = output_mode(
         options.layers, config.n_output_layers, config.output_dim, options.mix_scalars, options.gamma, options.float16
@@ -173,41 +192,37 @@ def _embed_local_file(
     # Before any staging is touched: a mistake here (--devices) must not cost a stopped run its progress.
     runner = BatchRunner(params, output, devices=options.devices, compute_dtype=options.compute_dtype, cache=cache)
     identity = _identity(summary, options, params, cache is not None)
+    # Again (the other run may have started since), before any process of this run takes a staging
+    # directory: none does before every process has met in check_same.
+    file_staging.refuse_another_writer(target, shown)
     processes.check_same("inputs or arguments", json.dumps(identity, sort_keys=True))
     identity["share"] = [index, count]
-    staging, spool = _open_spool(target, identity, options.resume)
-    processes.barrier("embed_file: staging taken")  # no process removes what another is about to take over
-    atomic.remove_stale_staging(target, log=logging.warning)
-    try:
-        counts = _embed_share(runner, spool, summary, options, index, count)
-        spool.sync()
-        spool.close()
-        processes.barrier("embed_file: embedded")
-        staging_dirs = processes.gather_text(staging)
-        if index == 0:
-            counts["sentences"] = write_output(
-                target,
-                f"--output={output_path}",
-                staging_dirs,
-                summary,
-                output,
-                skip_blank=options.blank_lines == "skip",
-                sentence_index=options.sentence_index,
-            )
-        processes.barrier("embed_file: written")
-    except Exception:
-        spool.close()
-        vector_spool.remove(staging)
-        raise
-    except BaseException as interruption:  # SIGTERM, Ctrl-C: keep what was done for the next run
-        spool.sync()
-        spool.close()
-        interruption.add_note(
-            f"the {len(spool.pieces.lines()):,} sentences embedded so far are kept in {staging}; run the same "
-            "command again to continue from them"
-        )
-        raise
-    vector_spool.remove(staging)
+    staging, spool = file_staging.open_spool(target, identity, options.resume, shown)
+    with Interruptions() as stops:
+        try:
+            staging_dirs = processes.gather_text(staging)  # every process has taken its staging directory
+            file_staging.refuse_another_writer(target, shown, ours=staging_dirs)  # one that started meanwhile
+            atomic.remove_stale_staging(target, log=logging.warning)  # none is what another process takes over
+            counts = _embed_share(runner, spool, summary, options, index, count, stops.check)
+            spool.sync()
+            spool.close()
+            processes.barrier("embed_file: embedded")
+            staged = None
+            if index == 0:
+                staged, counts["sentences"] = write_output(
+                    shown,
+                    staging_dirs,
+                    summary,
+                    output,
+                    skip_blank=options.blank_lines == "skip",
+                    sentence_index=options.sentence_index,
+                    stop_point=stops.check,
+                )
+            stops.check()  # the last stop point: from here the output goes into place
+        except BaseException as failure:
+            # `failure` itself, or an exception chained to it: a stop, a lost process, an error.
+            raise file_staging.ended_early(failure, stops, spool, staging, shown)  # noqa: B904
+        file_staging.put_in_place(staged, target, staging, spool, stops, shown)
     counts.update(
         lines=summary.lines,
         tokens=summary.tokens,
@@ -252,34 +267,6 @@ def weights_digest(params) -> str:
     return digest.hexdigest()
 
 
-def _open_spool(target: str, identity: dict, resume: bool) -> tuple[str, vector_spool.Spool]:
-    """The staging directory and spool of this run: a killed run's with the same identity, or a new one."""
-    found = vector_spool.adopt(target, identity, logging.warning) if resume else None
-    if found is not None:
-        staging, pid = found
-        try:
-            spool = vector_spool.Spool.open(staging, identity)
-        except OSError as e:
-            logging.warning(
-                "not resuming from %s (left by pid %d): cannot read it (%s); starting over", staging, pid, e
-            )
-            vector_spool.remove(staging)
-        else:
-            logging.warning(
-                "resuming the run of pid %d: %d sentences already embedded are taken from %s",
-                pid,
-                len(spool.pieces.lines()),
-                staging,
-            )
-            return staging, spool
-    staging = atomic.temporary_directory(target)
-    try:
-        return staging, vector_spool.Spool.create(staging, identity)
-    except BaseException:
-        vector_spool.remove(staging)
-        raise
-
-
 def _token_cache(params, vocabulary, summary: sentence_input.InputSummary):
     """A token cache of the vocabulary's words that occur in the input (all of them when the input has
     too many types to collect), or None when none occurs."""
@@ -296,8 +283,11 @@ def _token_cache(params, vocabulary, summary: sentence_input.InputSummary):
     return cache
 
 
-def _embed_share(runner: BatchRunner, spool, summary, options: Options, index: int, count: int) -> dict:
-    """Embeds this process's lines that the spool does not hold, appending each batch to the spool."""
+def _embed_share(
+    runner: BatchRunner, spool, summary, options: Options, index: int, count: int, stop_point: Callable[[], object]
+) -> dict:
+    """Embeds this process's lines that the spool does not hold, appending each batch to the spool;
+    `stop_point` is called before each line and after each appended batch (where the spool is whole)."""
     C, max_tokens = runner.config.max_characters_per_token, options.max_sentence_tokens
     if options.bucketing:
         batcher = BucketBatcher(options.batch_tokens, C, row_multiple=runner.row_multiple)
@@ -317,8 +307,10 @@ def _embed_share(runner: BatchRunner, spool, summary, options: Options, index: i
             counts["batches"] += 1
             while len(pending) > IN_FLIGHT:
                 _finish(runner, spool, progress, *pending.popleft())
+                stop_point()
 
     for line, tokens in sentence_input.lines(summary.path):
+        stop_point()
         counts["lines_read"] += 1
         if not tokens or not processes.owns(line, index, count):
             continue
@@ -331,6 +323,7 @@ def _embed_share(runner: BatchRunner, spool, summary, options: Options, index: i
     run(batcher.flush())
     while pending:
         _finish(runner, spool, progress, *pending.popleft())
+        stop_point()
     progress.close()
     if counts.pop("lines_read") != summary.lines:
         raise ValueError(f"--input={summary.path}: the file changed while it was read; embed it again")

@@ -4,9 +4,9 @@ Process 0 reads the input once more, in line order, and for each line takes its 
 the process that embedded it (`processes.owns`), has the output mode join them (`OutputMode.sentence`:
 the token axis of a split sentence; the sums of `sentence_mean`, divided by the line's token count) and
 writes the line's dataset
-(`vectors_hdf5.VectorsWriter`). The file is written inside process 0's staging directory and renamed
-onto the output when complete, so the output is the same file whatever the number of processes, the
-batch size, the devices or the interruptions on the way.
+(`vectors_hdf5.VectorsWriter`). The file is written inside process 0's staging directory, and
+`file_embedding` renames it onto the output when complete, so the output is the same file whatever the
+number of processes, the batch size, the devices or the interruptions on the way.
 """
 
 from __future__ import annotations
@@ -14,18 +14,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 
 import numpy as np
 
-from elmo_jax.features import processes, sentence_input
+from elmo_jax.features import sentence_input
 from elmo_jax.features.output_modes import OutputMode
 from elmo_jax.formats import vector_spool
-from elmo_jax.formats.vectors_hdf5 import VectorsWriter
-from elmo_jax.storage import atomic
+from elmo_jax.formats.vectors_hdf5 import VectorsWriter, size_bound
 
 
 def write_output(
-    target: str,
     shown: str,
     staging_dirs: list[str],
     summary: sentence_input.InputSummary,
@@ -33,24 +32,35 @@ def write_output(
     *,
     skip_blank: bool,
     sentence_index: bool,
-) -> int:
-    """Writes the output from the spools in `staging_dirs` (one per process); returns the datasets written.
+    stop_point: Callable[[], object] = lambda: None,
+) -> tuple[str, int]:
+    """Writes the output file from the spools in `staging_dirs` (one per process) inside the first.
 
     Args:
-      target: the output path; shown: how to name it in errors (--output=...).
-      staging_dirs: by process index; the file is built in the first and renamed onto `target`.
+      shown: how to name the output in errors (--output=...).
+      staging_dirs: by process index.
       summary: `sentence_input.scan` of the input (its lines, size and SHA-256 are checked again).
       output: what the vectors are (`output_modes`).
       skip_blank: blank lines get no dataset (--blank_lines=skip) instead of an empty one.
       sentence_index: write sentence_to_index.
+      stop_point: called before each line (`interruptions.Interruptions.check`: a stop raises there, and
+        the unfinished file is removed).
+
+    Returns:
+      (the complete file, synced, to be renamed onto the output; the datasets written).
     """
     readers = [_reader(directory) for directory in staging_dirs]
     count = len(readers)
     staged = os.path.join(staging_dirs[0], vector_spool.OUTPUT)
     digest = hashlib.sha256()
     lines = 0
-    with VectorsWriter(staged, shown, float16=output.float16, sentence_index=sentence_index) as writer:
+    spooled = sum(int(reader.table[:, 4].sum()) for reader in readers)  # the vectors take no more in the file
+    bound = size_bound(spooled, summary.lines, summary.size)
+    with VectorsWriter(
+        staged, shown, float16=output.float16, sentence_index=sentence_index, size_bound=bound
+    ) as writer:
         for line, tokens in sentence_input.lines(summary.path, digest):
+            stop_point()
             lines += 1
             if not tokens:
                 if not skip_blank:
@@ -61,8 +71,7 @@ def write_output(
         if lines != summary.lines or digest.hexdigest() != summary.sha256:
             raise ValueError(f"--input={summary.path}: the file changed while it was read; embed it again")
         writer.commit()
-    atomic.publish_file(staged, target)  # synced, renamed into place (storage/atomic.py's policy)
-    return writer.datasets
+    return staged, writer.datasets
 
 
 def _reader(directory: str) -> vector_spool.SpoolReader:
@@ -89,8 +98,3 @@ def _join(output: OutputMode, line: int, pieces, n_tokens: int) -> np.ndarray:
         )
     arrays = [np.frombuffer(raw, output.batch_dtype).reshape(output.shape(n)) for _, n, raw in pieces]
     return output.sentence(arrays, n_tokens)
-
-
-def staging_dirs_of_all(own: str) -> list[str]:
-    """Every process's staging directory, by process index (each process passes its own)."""
-    return processes.gather_text(own)

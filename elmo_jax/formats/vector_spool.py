@@ -25,12 +25,13 @@ directory is left for `atomic.remove_stale_staging`, which removes it as for any
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -42,28 +43,33 @@ SYNC_SECONDS = 10.0
 
 
 class Spool:
-    """An open spool in a staging directory (`create` or `open`); `append` adds a batch of pieces."""
+    """An open spool in a staging directory (`create` or `open`); `append` adds a batch of pieces.
 
-    def __init__(self, directory: str, identity: dict):
-        self.directory, self.identity = directory, identity
+    `shown` names the output in errors (--output=...): a failed write (a full disk) raises OSError naming
+    it and the spool.
+    """
+
+    def __init__(self, directory: str, identity: dict, shown: str = "the output"):
+        self.directory, self.identity, self.shown = directory, identity, shown
         self.pieces = _PieceIndex()  # every piece in the spool, recovered ones included
         self._data = self._journal = None
         self._size = 0
         self._synced = time.monotonic()
 
     @classmethod
-    def create(cls, directory: str, identity: dict) -> Spool:
+    def create(cls, directory: str, identity: dict, shown: str = "the output") -> Spool:
         """A new, empty spool in `directory` (an empty staging directory)."""
-        spool = cls(directory, identity)
-        _write_json(os.path.join(directory, RUN), {"format": FORMAT, **identity})
-        spool._data = open(os.path.join(directory, VECTORS), "wb")
-        spool._journal = open(os.path.join(directory, JOURNAL), "wb")
+        spool = cls(directory, identity, shown)
+        with spool._writing():
+            _write_json(os.path.join(directory, RUN), {"format": FORMAT, **identity})
+            spool._data = open(os.path.join(directory, VECTORS), "wb")
+            spool._journal = open(os.path.join(directory, JOURNAL), "wb")
         return spool
 
     @classmethod
-    def open(cls, directory: str, identity: dict) -> Spool:
+    def open(cls, directory: str, identity: dict, shown: str = "the output") -> Spool:
         """The spool of an earlier run with this identity, its trustworthy part kept, open for appending."""
-        spool = cls(directory, identity)
+        spool = cls(directory, identity, shown)
         data_path, journal_path = os.path.join(directory, VECTORS), os.path.join(directory, JOURNAL)
         good_bytes, good_data = 0, 0
         with open(journal_path, "rb") as journal, open(data_path, "rb") as data:
@@ -89,16 +95,17 @@ class Spool:
     def append(self, pieces: Sequence[tuple[int, int, int]], arrays: Sequence[np.ndarray]) -> None:
         """Adds one batch: `pieces[i]` = (line, offset, tokens) whose vectors are `arrays[i]`."""
         crc, sizes = 0, []
-        for array in arrays:  # one copy at most (a strided slice of a batch), then straight to the file
-            block = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-            crc = zlib.crc32(block, crc)
-            self._data.write(block)
-            sizes.append(block.nbytes)
-        self._data.flush()
-        total = sum(sizes)
-        record = {"at": self._size, "bytes": total, "crc": crc, "pieces": pieces, "sizes": sizes}
-        self._journal.write((json.dumps(record, separators=(",", ":")) + "\n").encode())
-        self._journal.flush()
+        with self._writing():
+            for array in arrays:  # one copy at most (a strided slice of a batch), then straight to the file
+                block = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+                crc = zlib.crc32(block, crc)
+                self._data.write(block)
+                sizes.append(block.nbytes)
+            self._data.flush()
+            total = sum(sizes)
+            record = {"at": self._size, "bytes": total, "crc": crc, "pieces": pieces, "sizes": sizes}
+            self._journal.write((json.dumps(record, separators=(",", ":")) + "\n").encode())
+            self._journal.flush()
         self.pieces.add(pieces, self._size, sizes)
         self._size += total
         if time.monotonic() - self._synced > SYNC_SECONDS:
@@ -106,16 +113,31 @@ class Spool:
 
     def sync(self) -> None:
         """Flushes what was appended to the disk (vectors first)."""
-        for f in (self._data, self._journal):
-            if f is not None and not f.closed:
-                f.flush()
-                os.fsync(f.fileno())
+        with self._writing():
+            for f in (self._data, self._journal):
+                if f is not None and not f.closed:
+                    f.flush()
+                    os.fsync(f.fileno())
         self._synced = time.monotonic()
 
     def close(self) -> None:
+        """Closes the files (after `sync` to keep what they hold; a failing flush does not stop the close)."""
         for f in (self._data, self._journal):
             if f is not None and not f.closed:
-                f.close()
+                try:
+                    f.close()
+                except OSError:  # a full disk: the buffered tail is lost, the journal's CRCs tell
+                    pass
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """An OSError of the spool's files (a full disk) names the output and the spool."""
+        try:
+            yield
+        except OSError as e:
+            error = OSError(f"{self.shown}: writing the spool of finished vectors in {self.directory} failed ({e})")
+            error.errno = e.errno
+            raise error from None
 
     def reader(self) -> SpoolReader:
         """The spool's pieces for reading back (after `sync`)."""

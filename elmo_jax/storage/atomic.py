@@ -15,7 +15,8 @@ The policy, the same for every file and directory the project publishes locally:
   old one renamed aside first and removed only once the new one is in place (put back if that fails);
 - temporary names are hidden and say who writes them: `.<name>.<host>.<pid>.<random>.tmp`. A process
   killed while writing (SIGKILL, power loss) leaves one behind; `remove_stale_staging` removes those of
-  a target whose writer is no longer running on this host, and leaves those of a live writer alone.
+  a target whose writer is no longer running on this host, and leaves those of a live writer alone
+  (`live_staging` lists those, for a writer that refuses to work beside another).
 
 `elmo_jax.storage.publish` gives the same operations for targets in a bucket.
 """
@@ -100,6 +101,18 @@ def stale_staging(path: str | os.PathLike) -> list[tuple[str, int]]:
     """(staging path, writer pid) of every staging file or directory of `path` whose writer was a process
     on this host that no longer runs. Those of live writers, of other hosts and of other targets are
     not listed."""
+    return [(staging, pid) for staging, pid, running in _staging_of(path) if not running]
+
+
+def live_staging(path: str | os.PathLike) -> list[tuple[str, int]]:
+    """(staging path, writer pid) of every staging file or directory of `path` whose writer runs on this
+    host (this process included): a writer that another one must not disturb. Other hosts' are not
+    listed (whether their writer runs cannot be told from here)."""
+    return [(staging, pid) for staging, pid, running in _staging_of(path) if running]
+
+
+def _staging_of(path: str | os.PathLike) -> list[tuple[str, int, bool]]:
+    """(staging path, writer pid, whether the writer runs) of this host's staging names of `path`."""
     path = os.fspath(path)
     if places.is_remote(path):  # objects are uploaded whole: nothing is staged next to them
         return []
@@ -108,16 +121,15 @@ def stale_staging(path: str | os.PathLike) -> list[tuple[str, int]]:
         names = os.listdir(directory)
     except OSError:
         return []
-    stale = []
+    found = []
     for name in names:
         if not (name.startswith(prefix) and name.endswith(STAGING_SUFFIX)):
             continue
         parts = name[len(prefix) : -len(STAGING_SUFFIX)].split(".")
         if len(parts) != 3 or parts[0] != _host() or not parts[1].isdigit():
             continue
-        if not _running(int(parts[1])):
-            stale.append((os.path.join(directory, name), int(parts[1])))
-    return sorted(stale)
+        found.append((os.path.join(directory, name), int(parts[1]), _running(int(parts[1]))))
+    return sorted(found)
 
 
 def remove_stale_staging(path: str | os.PathLike, log=None) -> list[str]:
