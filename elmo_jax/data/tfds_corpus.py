@@ -71,7 +71,22 @@ def open_sentences(
     return _open_tfds(tfds_name, split, data_dir, text_key)
 
 
-def _open_tfds(name: str, split: str, data_dir, text_key: str) -> SentenceSource:
+def prepared_splits(name: str, data_dir) -> list[str]:
+    """The split names of the prepared TFDS dataset `name` in `data_dir` (None: TFDS's default).
+
+    Raises:
+      ValueError: TFDS does not know the dataset (or its config).
+      FileNotFoundError: it is not prepared there (nothing is ever downloaded here).
+    """
+    return sorted(_prepared_builder(name, data_dir).info.splits.keys())
+
+
+def is_plain_split(split: str) -> bool:
+    """Whether `split` is a bare split name ("train"), not a slice or sum ("train[:1%]") left to TFDS."""
+    return bool(_PLAIN_SPLIT_RE.fullmatch(split))
+
+
+def _prepared_builder(name: str, data_dir):
     builder = _builder(name, data_dir)
     if not builder.is_prepared():
         raise FileNotFoundError(
@@ -79,11 +94,16 @@ def _open_tfds(name: str, split: str, data_dir, text_key: str) -> SentenceSource
             "download_and_prepare(file_format='array_record') (it is never downloaded here)"
             + ("; for lm1b, `python -m elmo_jax.prepare_lm1b` prepares it without TFDS" if name == "lm1b" else "")
         )
+    return builder
+
+
+def _open_tfds(name: str, split: str, data_dir, text_key: str) -> SentenceSource:
+    builder = _prepared_builder(name, data_dir)
     local = tfds_mirror.local_data_dir(builder)  # in a bucket: a local copy (one request per record otherwise)
     if not storage.absolute(builder.data_dir).startswith(local + "/"):
         builder = _builder(name, local)
     available = sorted(builder.info.splits.keys())
-    if _PLAIN_SPLIT_RE.fullmatch(split) and split not in available:  # "train[:1%]" etc. are left to TFDS
+    if is_plain_split(split) and split not in available:  # "train[:1%]" etc. are left to TFDS
         raise ValueError(f"{name} has no split {split!r}; it has {available}")
     try:
         source = builder.as_data_source(split)

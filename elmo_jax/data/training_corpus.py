@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+from collections.abc import Iterator
 
 from absl import logging
 
@@ -33,16 +34,68 @@ class TrainingData:
 
 
 def check_data(data) -> None:
-    """The cheap checks of a `data` section, for before anything is written: the corpus and vocabulary
-    files exist, are files and are not all empty. Raises ValueError / OSError naming the file and key."""
+    """The cheap checks of a `data` section (`data_problems`), for before anything is written.
+
+    Raises:
+      ValueError: the first problem, one line naming its `--config.data.KEY`.
+    """
+    problem = next(data_problems(data), None)
+    if problem is not None:
+        raise ValueError(problem)
+
+
+# The TFDS keys and their defaults: another value means nothing without data.tfds_name.
+_TFDS_KEYS = {"tfds_data_dir": "", "tfds_train_split": "train", "tfds_heldout_split": "test"}
+_STRING_KEYS = ("train_files", "heldout_files", "vocab_file", "tfds_name", *_TFDS_KEYS, "cache_dir")
+
+
+def data_problems(data) -> Iterator[str]:
+    """One line per problem of a config's `data` section that is cheap to see before anything is
+    written, each naming its `--config.data.KEY`: keys that contradict each other or are set where
+    nothing reads them; globs that match nothing (or only empty files); a vocabulary file that is not
+    one; a TFDS dataset that is not prepared or lacks the training split; a cache_dir that is a file.
+    Lazy and in that order, so that a later check may assume the earlier keys are well typed."""
+    for key in _STRING_KEYS:
+        if not isinstance(data[key], str):
+            yield f"--config.data.{key}={data[key]!r}: expected a string"
+            return
     if data.tfds_name and data.train_files:
-        raise ValueError("config: set data.tfds_name or data.train_files, not both")
-    if data.train_files:
-        text_files.expand_glob(data.train_files)
-        if data.heldout_files:
-            text_files.expand_glob(data.heldout_files)
+        yield "--config.data.tfds_name and --config.data.train_files: set one of them, not both"
+    if data.heldout_files and not data.train_files:
+        yield (
+            f"--config.data.heldout_files={data.heldout_files!r}: read only with --config.data.train_files "
+            "(the built-in corpus and a TFDS dataset bring their own heldout set); set both, or neither"
+        )
+    for key, default in _TFDS_KEYS.items() if not data.tfds_name else ():
+        if data[key] != default:
+            yield f"--config.data.{key}={data[key]!r}: read only with --config.data.tfds_name; leave it {default!r}"
+    for key in ("train_files", "heldout_files"):
+        if data[key]:
+            try:
+                text_files.expand_glob(data[key])
+            except (ValueError, OSError) as e:
+                yield f"--config.data.{key}={data[key]!r}: {e}"
     if data.vocab_file:
-        Vocab.load(data.vocab_file)
+        try:
+            Vocab.load(data.vocab_file)
+        except (ValueError, OSError) as e:
+            yield f"--config.data.vocab_file={data.vocab_file!r}: {e}"
+    if data.tfds_name:
+        yield from _tfds_problems(data)
+    if data.cache_dir and storage.isfile(data.cache_dir):
+        yield f"--config.data.cache_dir={data.cache_dir!r}: is a file, expected a directory (created if absent)"
+
+
+def _tfds_problems(data) -> Iterator[str]:
+    """The TFDS dataset is not there, not prepared, or has no such training split."""
+    try:
+        splits = tfds_corpus.prepared_splits(data.tfds_name, data.tfds_data_dir or None)
+    except (ValueError, OSError) as e:
+        yield f"--config.data.tfds_name={data.tfds_name!r}: {e}"
+        return
+    split = data.tfds_train_split
+    if tfds_corpus.is_plain_split(split) and split not in splits:
+        yield f"--config.data.tfds_train_split={split!r}: {data.tfds_name} has no such split; it has {splits}"
 
 
 def open_training_data(data, workdir: str, *, write_files: bool = True) -> TrainingData:

@@ -27,6 +27,14 @@ ACTIVATIONS = ("relu", "tanh")
 PUBLISHED_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
 
 
+class InvalidBiLMConfig(ValueError):
+    """An architecture that cannot be built; `problems` holds (field, what is wrong) for each problem."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        super().__init__("invalid biLM config: " + "; ".join(text for _, text in problems))
+        self.problems = problems
+
+
 @dataclasses.dataclass(frozen=True)
 class BiLMConfig:
     """Architecture of a character-CNN biLM (everything an options file can describe).
@@ -63,9 +71,9 @@ class BiLMConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "filters", tuple((int(w), int(n)) for w, n in self.filters))
-        problems = _config_problems(self)
+        problems = config_problems(self)
         if problems:
-            raise ValueError("invalid biLM config: " + "; ".join(problems))
+            raise InvalidBiLMConfig(problems)
 
     @property
     def n_filters(self) -> int:
@@ -215,28 +223,33 @@ def _get(section, key, kind, source, where, default=_MISSING):
     return kind(value)
 
 
-def _config_problems(c: BiLMConfig) -> list[str]:
+def config_problems(c: BiLMConfig) -> list[tuple[str, str]]:
+    """(field, what is wrong) for each problem of an architecture, the field being the one to change."""
     problems = []
     for name in ("char_embed_dim", "max_characters_per_token", "lstm_dim", "projection_dim", "n_layers"):
         if getattr(c, name) < 1:
-            problems.append(f"{name} must be >= 1, found {getattr(c, name)}")
+            problems.append((name, f"{name} must be >= 1, found {getattr(c, name)}"))
     if c.n_highway < 0:
-        problems.append(f"n_highway must be >= 0, found {c.n_highway}")
+        problems.append(("n_highway", f"n_highway must be >= 0, found {c.n_highway}"))
     if c.activation not in ACTIVATIONS:
-        problems.append(f"activation must be one of {ACTIVATIONS}, found {c.activation!r}")
+        problems.append(("activation", f"activation must be one of {ACTIVATIONS}, found {c.activation!r}"))
     if c.max_characters_per_token < 3:
-        problems.append("max_characters_per_token must be >= 3 (BOW, one byte, EOW)")
+        problems.append(("max_characters_per_token", "max_characters_per_token must be >= 3 (BOW, one byte, EOW)"))
     for width, num in c.filters:
         if width < 1 or num < 1:
-            problems.append(f"filter {[width, num]} must have width >= 1 and n_filters >= 1")
+            problems.append(("filters", f"filter {[width, num]} must have width >= 1 and n_filters >= 1"))
         elif width > c.max_characters_per_token:
-            problems.append(f"filter width {width} exceeds max_characters_per_token {c.max_characters_per_token}")
+            problems.append(
+                ("filters", f"filter width {width} exceeds max_characters_per_token {c.max_characters_per_token}")
+            )
     if c.projection_dim > c.lstm_dim:
-        problems.append(f"projection_dim {c.projection_dim} exceeds lstm dim {c.lstm_dim}")
+        problems.append(("projection_dim", f"projection_dim {c.projection_dim} exceeds lstm dim {c.lstm_dim}"))
     if c.has_cnn_projection and c.n_filters < c.projection_dim:
-        problems.append(f"the char CNN has {c.n_filters} filters, fewer than projection_dim {c.projection_dim}")
+        problems.append(
+            ("filters", f"the char CNN has {c.n_filters} filters, fewer than projection_dim {c.projection_dim}")
+        )
     for name in ("cell_clip", "proj_clip"):
         value = getattr(c, name)
         if value is not None and value <= 0:
-            problems.append(f"{name} must be positive or None, found {value}")
+            problems.append((name, f"{name} must be positive or None, found {value}"))
     return problems

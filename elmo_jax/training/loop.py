@@ -86,7 +86,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     settings.check_config(config)
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
     sharding.check_training_mesh(mesh, config.batch_size, jax.process_count())
-    make_workdir(workdir, config)
+    make_workdir(workdir)
     with WorkdirLock(workdir):  # one run per workdir; a second one stops here, naming the first
         return _train(config, workdir, mesh)
 

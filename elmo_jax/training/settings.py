@@ -9,9 +9,12 @@ from collections.abc import Iterator
 
 import ml_collections
 
+from elmo_jax import storage
 from elmo_jax.data.text_files import INVALID_UTF8_POLICIES
+from elmo_jax.data.training_corpus import data_problems
+from elmo_jax.formats.published_models import MODELS, is_published_name
 from elmo_jax.formats.vocab_file import SPECIALS
-from elmo_jax.model.config import BiLMConfig
+from elmo_jax.model.config import BiLMConfig, InvalidBiLMConfig
 from elmo_jax.model.precision import COMPUTE_DTYPES, ComputeOptions
 from elmo_jax.training.optimizers import ADAGRAD, OPTIMIZERS, Optimizer
 from elmo_jax.training.train_step import StepConfig
@@ -52,11 +55,14 @@ def optimizer(config: ml_collections.ConfigDict) -> Optimizer:
 
 
 def check_config(config: ml_collections.ConfigDict) -> None:
-    """Every numeric and enum key of a training config, checked before a run creates anything.
+    """Every key of a training config, checked before a run creates anything: the numbers, switches
+    and names, the architecture (by building the `BiLMConfig`), the files, datasets and directory the
+    data section and init_from name (that they exist and are what they should be: cheap checks, not
+    their contents).
 
     Raises:
       ValueError: one line naming the first key at fault (`--config.KEY`), its value and what is
-        expected. The architecture is checked by building the `BiLMConfig`.
+        expected (tests/test_config_checks.py feeds every key of configs/default.py a bad value).
     """
     problem = next(_config_problems(config), None)
     if problem is not None:
@@ -74,6 +80,7 @@ _POSITIVE_KEYS = (
     "n_negative_samples",
     "softmax_chunk",
     "scan_unroll",
+    "data.min_count",
 )
 _ZERO_OR_MORE_KEYS = (
     "eval_every_steps",
@@ -81,7 +88,6 @@ _ZERO_OR_MORE_KEYS = (
     "max_nonfinite_steps",
     "negative_sample_group_rows",
     "seed",
-    "data.min_count",
     "data.max_vocab_size",
     "data.max_line_chars",
 )
@@ -94,10 +100,10 @@ def _config_problems(config) -> Iterator[str]:
     yield from _integer_problems(config)
     yield from _number_problems(config)
     yield from _choice_problems(config)
-    try:
-        model_config(config)
-    except (TypeError, ValueError) as e:
-        yield f"--config.model: {e}"
+    yield from _model_problems(config)
+    yield from data_problems(config.data)
+    if config.init_from:
+        yield from _init_from_problems(config.init_from)
 
 
 def _bad(config, key: str, expected: str) -> str:
@@ -143,6 +149,9 @@ def _choice_problems(config) -> Iterator[str]:
         yield _bad(config, "init_from_optimizer", "True (continue the source workdir's Adagrad accumulators) or False")
     if not isinstance(config.export_extractor, bool):
         yield _bad(config, "export_extractor", "True (the export includes extractor.jax) or False")
+    for key in ("loss_scale_by_unroll", "full_softmax"):
+        if not isinstance(config[key], bool):
+            yield _bad(config, key, "True or False")
     if config.optimizer not in OPTIMIZERS:
         yield _bad(config, "optimizer", f"one of {', '.join(OPTIMIZERS)}")
     if config.compute_dtype not in COMPUTE_DTYPES:
@@ -156,6 +165,56 @@ def _choice_problems(config) -> Iterator[str]:
     for key in ("mesh.data", "mesh.model"):
         if not _is_int(_value(config, key)) or (_value(config, key) < 1 and _value(config, key) != -1):
             yield _bad(config, key, "a positive integer, or -1 (the devices left by the other axis)")
+
+
+_MODEL_INTEGERS = ("char_embed_dim", "n_highway", "max_characters_per_token", "lstm_dim", "projection_dim", "n_layers")
+
+
+def _model_problems(config) -> Iterator[str]:
+    """The architecture's keys of the wrong type, then what building the `BiLMConfig` finds, each
+    naming the key to change."""
+    for key in _MODEL_INTEGERS:
+        if not _is_int(config.model[key]):
+            yield _bad(config, f"model.{key}", "an integer")
+            return
+    for key in ("cell_clip", "proj_clip"):
+        if config.model[key] is not None and not _is_finite(config.model[key]):
+            yield _bad(config, f"model.{key}", "a finite number > 0, or None (no clip)")
+            return
+    if not isinstance(config.model.use_skip_connections, bool):
+        yield _bad(config, "model.use_skip_connections", "True or False")
+    filters = config.model.filters
+    if not isinstance(filters, (list, tuple)) or not all(
+        isinstance(f, (list, tuple)) and len(f) == 2 and all(map(_is_int, f)) for f in filters
+    ):
+        yield _bad(config, "model.filters", "((width, n_filters), ...), integers, e.g. ((1, 32), (2, 32))")
+        return
+    try:
+        model_config(config)
+    except InvalidBiLMConfig as e:
+        key, text = e.problems[0]
+        yield f"--config.model.{key}={_value(config, f'model.{key}')!r}: {text}"
+    except (TypeError, ValueError) as e:  # e.g. a key BiLMConfig does not have
+        yield f"--config.model: {e}"
+
+
+def init_from_problem(source: str) -> str | None:
+    """Why `init_from` cannot be a start (it names no directory, nor a published model), or None."""
+    if is_published_name(source) and not storage.is_location(source):
+        return None
+    if not storage.isdir(source):
+        return (
+            f"--config.init_from={source}: not a directory (expected a training workdir, "
+            f"a model directory with options.json and weights.hdf5, or a published model: {', '.join(MODELS)})"
+        )
+    return None
+
+
+def _init_from_problems(source) -> Iterator[str]:
+    if not isinstance(source, str):
+        yield f"--config.init_from={source!r}: expected a string (a directory, or a published model's name)"
+    elif (problem := init_from_problem(source)) is not None:
+        yield problem
 
 
 def _value(config, key: str):

@@ -23,7 +23,7 @@ from absl import logging
 
 from elmo_jax import storage
 from elmo_jax.formats import pretrained, weights_hdf5
-from elmo_jax.formats.published_models import MODELS, is_published_name
+from elmo_jax.formats.published_models import is_published_name
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.params import BiLMParams
@@ -186,11 +186,9 @@ def _init_from_directory(source: str) -> str:
     FileNotFoundError when it is not a directory."""
     if not storage.is_location(source) and is_published_name(source):
         source = pretrained.fetch(source)  # a published model by name: its cached model directory
-    if not storage.isdir(source):
-        raise FileNotFoundError(
-            f"--config.init_from={source}: not a directory (expected a training workdir, "
-            f"a model directory with options.json and weights.hdf5, or a published model: {', '.join(MODELS)})"
-        )
+    problem = settings.init_from_problem(source)
+    if problem is not None:  # checked before the run began: it went since
+        raise FileNotFoundError(problem)
     return source
 
 

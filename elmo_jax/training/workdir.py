@@ -20,11 +20,9 @@ import sys
 import time
 
 import jax
-import ml_collections
 from jax.experimental import multihost_utils
 
 from elmo_jax import storage
-from elmo_jax.data.training_corpus import check_data
 
 LOCK_FILE = ".elmo_jax.lock"
 
@@ -33,14 +31,13 @@ class WorkdirInUseError(OSError):
     """Another run holds the workdir; the message names it (pid, host, since when, its command)."""
 
 
-def make_workdir(workdir: str, config: ml_collections.ConfigDict) -> None:
-    """Creates `workdir` once the data settings have passed their cheap checks; errors name --workdir."""
+def make_workdir(workdir: str) -> None:
+    """Creates `workdir` (the config has passed `settings.check_config`); errors name --workdir."""
     if storage.isfile(workdir):
         raise NotADirectoryError(f"--workdir={workdir}: is a file, expected a directory")
     problem = storage.creation_problem(workdir, parents=True)  # e.g. a bucket that does not exist
     if problem is not None:
         raise type(problem)(f"--workdir={workdir}: {problem}")
-    check_data(config.data)
     try:
         storage.makedirs(workdir)  # a bucket prefix needs no creation
     except OSError as e:
