@@ -14,8 +14,9 @@ row, up to the order of float32 sums. A row's length is a power of two, at least
 its longest sentence; the rest of the row is filled with the longest sentences that still fit
 (best fit, longest first). A batch of rows of length T2 has rows(T2) = batch_tokens // T2 rows (a
 multiple of the devices), so a width group needs a handful of programs whatever the input: one per row
-length that occurs, and one for a last, partly filled batch, whose rows are rounded up to an eighth of a
-full batch (at most eight such shapes per row length, over any number of calls).
+length that occurs, and one for a last, partly filled batch, whose rows are rounded up to a power of two
+or an eighth of a full batch and shortened to the power of two its fullest row needs (a single sentence
+of 10 tokens runs as one row of 16 steps): a bounded set of shapes over any number of calls.
 
 `RowPacker` is a drop-in for `length_buckets.BucketBatcher` (`add`, `flush_oldest`, `flush`): it waits
 until it holds `CHUNK_BATCHES` batches' worth of time steps (so that best fit has many sentences to choose
@@ -40,6 +41,7 @@ from elmo_jax.features.length_buckets import Piece, round_up
 from elmo_jax.model.chars import BOS_CHAR, EOS_CHAR, boundary_char_ids
 
 MIN_ROW = 32  # time steps of the shortest row
+MIN_TAIL_ROW = 8  # ... and of the rows of a last, partly filled batch (`tail_length`)
 CHUNK_BATCHES = 16  # batches' worth of time steps collected before packing
 GROUP_MIN_BATCHES = 2  # a width group smaller than this joins the next wider one
 TAIL_STEPS = 8  # a last, partly filled batch has a multiple of 1/TAIL_STEPS of a full batch's rows
@@ -58,6 +60,15 @@ def row_length(steps: int) -> int:
     while length < steps:
         length *= 2
     return length
+
+
+def tail_length(content: int, T2: int) -> int:
+    """The row length of a last batch whose rows of `T2` steps hold at most `content` steps: the power
+    of two >= content, at least `MIN_TAIL_ROW` (a sentence or two alone are not padded to `MIN_ROW`)."""
+    length = MIN_TAIL_ROW
+    while length < content:
+        length *= 2
+    return min(length, T2)
 
 
 @dataclasses.dataclass
@@ -156,10 +167,12 @@ class RowPacker:
         return round_up(max(1, self.batch_tokens // T2), self.row_multiple)
 
     def tail_rows(self, n_rows: int, T2: int) -> int:
-        """Rows of a last, partly filled batch holding `n_rows` rows of `T2` steps: rounded up to an
-        eighth of a full batch (and to the devices), so at most eight such shapes per row length."""
-        quantum = round_up(max(1, self.rows(T2) // TAIL_STEPS), self.row_multiple)
-        return min(round_up(n_rows, quantum), self.rows(T2))
+        """Rows of a last, partly filled batch holding `n_rows` rows of `T2` steps: rounded up to a
+        power of two or to an eighth of a full batch, whichever is fewer (and to the devices), so a
+        single sentence runs in one row and there are a dozen such shapes at most per row length."""
+        full = self.rows(T2)
+        eighths = round_up(n_rows, max(1, full // TAIL_STEPS))
+        return min(round_up(min(1 << (n_rows - 1).bit_length(), eighths), self.row_multiple), full)
 
     def add(self, piece: Piece) -> Iterator[PackedBatch]:
         """Files `piece` (at least one token); yields full batches once a chunk's worth is waiting."""
@@ -202,7 +215,8 @@ class RowPacker:
                     f = lengths[i + 1] // T2
                     by_length[lengths[i + 1]] += [sum(leftover[j : j + f], []) for j in range(0, len(leftover), f)]
                 else:
-                    yield self._batch(leftover, self.tail_rows(len(leftover), T2), T2, S)
+                    content = max(sum(p.n_tokens + BOUNDARY_STEPS for p in row) for row in leftover)
+                    yield self._batch(leftover, self.tail_rows(len(leftover), T2), tail_length(content, T2), S)
 
     def _width_groups(self, pieces: list[Piece]) -> list[tuple[int, list[Piece]]]:
         """(S, pieces) per width bucket, narrowest first; a group of fewer than `GROUP_MIN_BATCHES`
