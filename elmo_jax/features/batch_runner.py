@@ -4,8 +4,13 @@ A `BatchRunner` puts the biLM's weights on the chosen local devices once (replic
 batch of `length_buckets` as one program: `jax.jit` with in/out shardings over a one-axis mesh
 ("batch", `jax.make_mesh`), and inside it `jax.shard_map`, so each device embeds its own rows with no
 communication at all (every sentence is independent; the char CNN's sequential token loop never sees
-another device's rows). Programs are cached per mesh and output, and XLA compiles one per batch shape
-(rows, T, S) that occurs, i.e. one per bucket; `shapes` records them.
+another device's rows). Programs are cached at module level per mesh and output (a new runner, a new
+`embed_sentences` call, reuses them: nothing is traced again), and XLA compiles one per batch shape
+(rows, T, S) that occurs, i.e. one per bucket; `shapes` records them. The weights are put on the mesh
+once per parameter object and mesh (`placed_weights`), not once per runner.
+
+A batch is either one sentence per row (`length_buckets.Batch`, its `<S>`/`</S>` added in the program)
+or rows of several sentences with their boundaries in place (`packing.PackedBatch`, `bilm.packed_layers`).
 
 The output is reduced on the device, so only what is kept comes back to the host: the output mode
 (`output_modes`: all, top, average, mix, sentence_mean) supplies the reduction, traced inside the
@@ -19,6 +24,7 @@ the same program, as in `embed_tokens`.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Sequence
 
 import jax
@@ -30,8 +36,9 @@ from jax.sharding import PartitionSpec as P
 from elmo_jax.features.embed import check_params
 from elmo_jax.features.length_buckets import Batch
 from elmo_jax.features.output_modes import MODES, OutputMode
+from elmo_jax.features.packing import PackedBatch
 from elmo_jax.features.token_cache import TokenCache, check_token_cache, lookup_rows
-from elmo_jax.model.bilm import bilm_layers, contextual_layers, remove_boundaries
+from elmo_jax.model.bilm import bilm_layers, contextual_layers, packed_layers, remove_boundaries
 from elmo_jax.model.char_cnn import token_embedding
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.model.params import BiLMParams
@@ -93,7 +100,7 @@ class BatchRunner:
         self.mesh = device_mesh(self.devices)
         replicated = NamedSharding(self.mesh, P())
         self._rows, self._replicated = NamedSharding(self.mesh, P(AXIS)), replicated
-        self._weights = jax.device_put(params.weights, replicated)
+        self._weights = placed_weights(params, self.mesh)
         self._mix = jax.device_put(np.asarray(output.mix, np.float32), replicated)
         self._table = None if cache is None else jax.device_put(np.asarray(cache.embeddings, np.float32), replicated)
         self.shapes: set[tuple] = set()  # the program shapes run so far
@@ -104,14 +111,22 @@ class BatchRunner:
         """Batch rows must be a multiple of this (the number of devices)."""
         return len(self.devices)
 
-    def dispatch(self, batch: Batch) -> jax.Array:
+    def dispatch(self, batch: Batch | PackedBatch) -> jax.Array:
         """Starts `batch` on the devices; returns its (asynchronous) result."""
         rows, T, S = batch.shape
         if rows % self.row_multiple:
             raise ValueError(f"internal error: {rows} batch rows do not split over {self.row_multiple} devices")
         compute = ComputeOptions(dtype=self.compute_dtype, content_positions=S)
-        self.padded_tokens += rows * T
         mode, dtype = self.output.name, np.dtype(self.output.batch_dtype).name
+        if isinstance(batch, PackedBatch):
+            if self.cache is not None:
+                raise ValueError("internal error: packed batches take the char path, not the token cache")
+            self.padded_tokens += batch.token_slots
+            self.shapes.add(("packed", rows, T, S))
+            program = _packed_program(self.mesh, mode, dtype)
+            arrays = jax.device_put((batch.chars, batch.starts, batch.segments), self._rows)
+            return program(self.config, compute, self._weights, *arrays, self._mix)
+        self.padded_tokens += rows * T
         if self.cache is None:
             self.shapes.add(("chars", rows, T, S))
             program = _chars_program(self.mesh, mode, dtype)
@@ -130,6 +145,27 @@ class BatchRunner:
             jax.device_put(found.mask, self._rows),
             self._mix,
         )
+
+
+# Weights put on a mesh, per parameter object (by id, dropped with it) and mesh.
+_PLACED: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def placed_weights(params: BiLMParams, mesh: jax.sharding.Mesh):
+    """`params.weights` replicated on `mesh`'s devices: put there once per parameter object and mesh,
+    and kept while the object lives (a new runner of the same parameters copies nothing)."""
+    entry = _PLACED.get(id(params))
+    if entry is None or entry[0]() is not params:
+        entry = (weakref.ref(params, functools.partial(_forget_placed, id(params))), {})
+        _PLACED[id(params)] = entry
+    placed = entry[1]
+    if mesh not in placed:
+        placed[mesh] = jax.device_put(params.weights, NamedSharding(mesh, P()))
+    return placed[mesh]
+
+
+def _forget_placed(key: int, _ref) -> None:
+    _PLACED.pop(key, None)
 
 
 def _padded_tokens(batch: Batch) -> list[list[str]]:
@@ -187,6 +223,30 @@ def _chars_program(mesh, mode: str, dtype: str):
     return jax.jit(
         program,
         in_shardings=(replicated, rows, replicated),
+        out_shardings=rows,
+        static_argnums=(0, 1),
+    )
+
+
+def _embed_packed(weights, chars, starts, segments, mix, *, config, compute, mode, dtype):
+    """One device's packed rows: chars (b, T2, C) with the boundaries in place -> its output."""
+    layers, _ = packed_layers(BiLMParams(weights, config), chars, starts, compute=compute)
+    return MODES[mode].reduce_packed(layers, segments, mix, dtype)
+
+
+@functools.cache
+def _packed_program(mesh, mode: str, dtype: str):
+    """The jitted program of packed rows (`packing.PackedBatch`) for `mesh` and the output mode `mode`."""
+    rows, replicated = NamedSharding(mesh, P(AXIS)), NamedSharding(mesh, P())
+
+    def program(config, compute, weights, chars, starts, segments, mix):
+        body = functools.partial(_embed_packed, config=config, compute=compute, mode=mode, dtype=dtype)
+        specs = (P(), P(AXIS), P(AXIS), P(AXIS), P())
+        return _shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(AXIS))(weights, chars, starts, segments, mix)
+
+    return jax.jit(
+        program,
+        in_shardings=(replicated, rows, rows, rows, replicated),
         out_shardings=rows,
         static_argnums=(0, 1),
     )

@@ -9,8 +9,9 @@
     sentence_mean  (B, 2P), float32 token sums     (2P,)                     the mean over its tokens of that mix
 
 A mode owns everything that depends on it: the reduction of the layers on the device (`reduce`, inside
-the batch program), what a fetched batch row holds for one piece of a sentence (`piece`, the sums for
-sentence_mean) and its shape (`shape`), how the pieces of a split sentence are joined into its vectors
+the batch program; `reduce_packed` for rows that hold several sentences, `packing`), what a fetched batch
+row holds for one piece of a sentence (`piece`, `packed_piece`; the sums for sentence_mean) and its shape
+(`shape`), how the pieces of a split sentence are joined into its vectors
 (`sentence`: the token axis of a layer mode; for sentence_mean the sums added up and divided by the
 sentence's token count, `pooled`), the vectors of a sentence of no tokens (`empty`), its dtypes
 (`dtype`, what the device returns: `batch_dtype`) and which flags go with it (`takes_mix`).
@@ -78,6 +79,14 @@ class OutputMode:
         inside the batch program; `dtype` is the name of `batch_dtype`)."""
         raise NotImplementedError
 
+    @classmethod
+    def reduce_packed(cls, layers, segments, mix, dtype: str):
+        """`reduce` for rows of several sentences (`packing`): layers (B, L+1, T2, 2P) with the sentences'
+        boundaries in place, segments int32 (B, T2) (k at the tokens of a row's k-th sentence, -1
+        elsewhere). The token modes reduce each position on its own, so `packed_piece` cuts a
+        sentence's tokens out of the same result."""
+        return cls.reduce(layers, mix, dtype)
+
     def shape(self, n_tokens: int) -> tuple[int, ...]:
         """The shape of the vectors of `n_tokens` tokens: a sentence's, and a piece's of a split sentence
         (`piece`; sentence_mean's pieces are (2P,) sums whatever their count). A batch's is in the module doc."""
@@ -86,6 +95,12 @@ class OutputMode:
     def piece(self, result: np.ndarray, row: int, n_tokens: int) -> np.ndarray:
         """One piece's part of a fetched batch result: its `n_tokens` real tokens in batch row `row`."""
         return result[row, :n_tokens]
+
+    def packed_piece(self, result: np.ndarray, place: tuple[int, int, int], n_tokens: int) -> np.ndarray:
+        """`piece` of a `reduce_packed` result: the piece at `place` (row, position of its first token, k)."""
+        row, start, _ = place
+        index = (row,) + (slice(None),) * self.token_axis + (slice(start, start + n_tokens),)
+        return result[index]
 
     def sentence(self, pieces: Sequence[np.ndarray], n_tokens: int) -> np.ndarray:
         """A sentence's vectors from its pieces in order (one piece unless it was split), a new array."""
@@ -152,11 +167,29 @@ class SentenceMean(OutputMode):
 
         return jnp.sum(_mixed(layers, mix), axis=1).astype(dtype)  # padding is exactly zero
 
+    @classmethod
+    def reduce_packed(cls, layers, segments, mix, dtype: str):
+        """(B, K, 2P) token sums of each row's K = T2 // 3 possible sentences (a sentence takes at least
+        three steps), zeros where a row has fewer."""
+        import jax
+        import jax.numpy as jnp
+
+        B, T2 = segments.shape
+        K = T2 // 3
+        mixed = _mixed(layers, mix)  # (B, T2, 2P)
+        ids = jnp.where(segments >= 0, segments + K * jnp.arange(B)[:, None], B * K)  # elsewhere: dropped
+        sums = jax.ops.segment_sum(mixed.reshape(B * T2, -1), ids.reshape(-1), num_segments=B * K)
+        return sums.reshape(B, K, -1).astype(dtype)
+
     def shape(self, n_tokens: int) -> tuple[int, ...]:
         return (self.dim,)
 
     def piece(self, result: np.ndarray, row: int, n_tokens: int) -> np.ndarray:
         return result[row]
+
+    def packed_piece(self, result: np.ndarray, place: tuple[int, int, int], n_tokens: int) -> np.ndarray:
+        row, _, k = place
+        return result[row, k]
 
     def sentence(self, pieces: Sequence[np.ndarray], n_tokens: int) -> np.ndarray:
         """The sums of the pieces (float64) divided by the sentence's token count."""

@@ -9,18 +9,23 @@
     embedder.stats   # sentences, tokens, batches, padded_tokens, compiled_shapes, forced_flushes
 
 A loop of `embed` calls compiles a program for every new (length, character-width) shape it meets (about
-a second each for the original model). Here sentences are grouped into the buckets of `embed_file`
-(`length_buckets`: T from `LENGTHS`, S the char-CNN width bucket, rows(T) = batch_tokens // T), so the
-programs are bounded by the buckets that occur, whatever the number of sentences, and every batch is
-split over all local devices (`batch_runner`). Each sentence starts from a zero LSTM state, so its
-vectors do not depend on its neighbours.
+a second each for the original model), and pads each batch to its longest sentence. Here sentences are
+laid one after another in rows of a few fixed lengths (`packing`: 32, 64, 128... time steps, each
+sentence read from a zero LSTM state, so its vectors do not depend on its neighbours), so the padding is
+a few percent and the programs are a handful whatever the number of sentences; every batch is split
+over all local devices (`batch_runner`). Programs live at module level: a second call, or a new
+`SentenceEmbedder` of the same model, compiles nothing for shapes already run. With the token cache, or
+batches too small for a row of 32 steps per device, sentences go one per row into the length x width
+buckets of `embed_file` (`length_buckets`) instead. `stats["padded_tokens"]` counts the token
+positions run (rows x length, the sentences' `<S>`/`</S>` excluded): divided by `stats["tokens"]`, the
+padding.
 
 `layers` modes (`output_modes`): "all" (L+1, n, 2P); "top", "average", "mix" (n, 2P);
 "sentence_mean" (2P,): the mean over the sentence's tokens of the mix gamma * sum_j softmax(s)_j h_j
 (with no `mix_scalars`, s = 0 and gamma = 1: the average of the layers), padding excluded; an empty
 sentence gets zeros. `stream` returns vectors in input order while holding at most `window` sentences
-(waiting in a bucket or done but not yet returned): when the oldest sentence would fall out of the
-window, the bucket holding it is run partly filled.
+(waiting for a batch or done but not yet returned): when the oldest sentence would fall out of the
+window, everything waiting is run, the last batches partly filled.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from absl import logging
 from elmo_jax.features.batch_runner import BatchRunner
 from elmo_jax.features.length_buckets import BucketBatcher, Piece
 from elmo_jax.features.output_modes import output_mode
+from elmo_jax.features.packing import PackedBatch, RowPacker, can_pack
 from elmo_jax.features.token_ids import CharIdTable, width_bucket
 from elmo_jax.model.params import BiLMParams
 
@@ -50,7 +56,7 @@ class SentenceEmbedder:
       mix_scalars: the L+1 scalars s of "mix" / "sentence_mean" (default all 0: the plain average).
       gamma: the mix's scale.
       float16: return float16 vectors.
-      batch_tokens: padded tokens per batch (rows x length bucket): bounds the device memory.
+      batch_tokens: time steps per batch (rows x row length): bounds the device memory.
       devices: local devices to split the rows over (`jax.Device`s or indices into
         `jax.local_devices()`); None: all of them.
       compute_dtype: "float32" or "bfloat16" matrix products.
@@ -118,8 +124,16 @@ class SentenceEmbedder:
             raise ValueError(f"window must be a positive integer, found {window!r}")
         return self._stream(sentences, window)
 
+    def _batcher(self):
+        """Packed rows (`packing`) where the batches hold them; else (small `batch_tokens`, the token
+        cache) one sentence per row in length x width buckets."""
+        multiple = self.runner.row_multiple
+        if self.runner.cache is None and can_pack(self.batch_tokens, multiple):
+            return RowPacker(self.batch_tokens, self.C, row_multiple=multiple)
+        return BucketBatcher(self.batch_tokens, self.C, row_multiple=multiple)
+
     def _stream(self, sentences: Iterable[Sequence[str]], window: int) -> Iterator[np.ndarray]:
-        batcher = BucketBatcher(self.batch_tokens, self.C, row_multiple=self.runner.row_multiple)
+        batcher = self._batcher()
         flight = _Flight(self.runner, self.stats)
         next_out = 0
         for i, sentence in enumerate(sentences):
@@ -166,17 +180,26 @@ class _Flight:
         self.done: dict[int, np.ndarray] = {}
 
     def run(self, batches) -> None:
+        """Dispatches `batches` as they come (a packed chunk is many), collecting the oldest results so
+        that at most IN_FLIGHT + 1 are on the devices."""
         for batch in batches:
             self.pending.append((batch, self.runner.dispatch(batch)))
             self.stats["batches"] += 1
             self.stats["padded_tokens"] = self.runner.padded_tokens
             self.stats["compiled_shapes"] = len(self.runner.shapes)
+            while len(self.pending) > IN_FLIGHT + 1:
+                self.collect()
 
     def collect(self) -> None:
         batch, result = self.pending.popleft()
         result = np.asarray(result)  # waits for the devices
         mode = self.runner.output
-        for row, piece in enumerate(batch.pieces):  # each sentence is one piece here
+        if isinstance(batch, PackedBatch):
+            for place, piece in zip(batch.places, batch.pieces):  # each sentence is one piece here
+                vectors = mode.packed_piece(result, place, piece.n_tokens)
+                self.done[piece.line] = mode.sentence([vectors], piece.n_tokens)
+            return
+        for row, piece in enumerate(batch.pieces):
             self.done[piece.line] = mode.sentence([mode.piece(result, row, piece.n_tokens)], piece.n_tokens)
 
 

@@ -35,9 +35,12 @@ def model_directory(model: str, *, flag: str = "--model") -> str:
     return model
 
 
-def load_model(model: str | None, options_file: str | None, weight_file: str | None) -> BiLMParams:
+def load_model(
+    model: str | None, options_file: str | None, weight_file: str | None, *, flag: str = "--model"
+) -> BiLMParams:
     """The biLM named by a command's --model (a model directory or a published name) or by its
-    --options/--weights (an HDF5 pair).
+    --options/--weights (an HDF5 pair). `flag` is how an error names `model` (a library caller's own
+    argument name instead of the command's flag).
 
     Raises:
       ValueError: both or neither given, or only one of --options/--weights; a model that is not valid.
@@ -50,7 +53,7 @@ def load_model(model: str | None, options_file: str | None, weight_file: str | N
         )
     if model:
         if storage.is_location(model) or not is_published_name(model):
-            return model_dir.load(model_directory(model))
+            return model_dir.load(model_directory(model, flag=flag))
         return pretrained.load(model)  # says how to remove a damaged cached copy
     if not (options_file and weight_file):
         raise ValueError("--options and --weights go together")
@@ -72,9 +75,9 @@ class ModelSource:
         """The paths given: inputs, which no output of the command may replace."""
         return [p for p in (self.model, self.options_file, self.weight_file) if p]
 
-    def load(self) -> BiLMParams:
-        """The biLM (`load_model`)."""
-        return load_model(self.model, self.options_file, self.weight_file)
+    def load(self, *, flag: str = "--model") -> BiLMParams:
+        """The biLM (`load_model`; `flag` names `model` in its errors)."""
+        return load_model(self.model, self.options_file, self.weight_file, flag=flag)
 
     def vocabulary_file(self) -> str | None:
         """The vocabulary of --model when it is a path to a model directory that holds one (a training

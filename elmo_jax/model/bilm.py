@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from elmo_jax.model.char_cnn import token_embedding
 from elmo_jax.model.chars import BOS_CHAR, EOS_CHAR, boundary_char_ids
-from elmo_jax.model.lstm import LSTMState, lstm_stack
+from elmo_jax.model.lstm import LSTMState, lstm_stack, zero_state
 from elmo_jax.model.params import N_DIRECTIONS, BiLMParams
 from elmo_jax.model.precision import ComputeOptions
 
@@ -100,6 +100,7 @@ def contextual_layers(
     initial_state: LSTMState,
     *,
     compute: ComputeOptions = ComputeOptions(),
+    starts: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, LSTMState]:
     """All biLM layers from token vectors that already hold `<S>`/`</S>`: the LSTM half of `bilm_layers`.
 
@@ -112,6 +113,10 @@ def contextual_layers(
         values at padding positions are ignored.
       mask: bool (B, T2), a prefix of each row (its tokens and both boundaries).
       initial_state, compute: as for `bilm_layers` (its char-CNN bound is not used here).
+      starts: None, or bool (B, T2) for rows that hold several sentences one after another, each with
+        its own `<S>` and `</S>` (`packed_layers`): true at each sentence's `<S>`. Both directions then
+        read every sentence from a zero state (the forward one from its `<S>`, the backward one from its
+        `</S>`), so its vectors are those it gets alone in a row, and the final state means nothing.
 
     Returns:
       as `bilm_layers`.
@@ -124,7 +129,8 @@ def contextual_layers(
     tokens_tm = jnp.swapaxes(tokens, 0, 1)  # (T2, B, P)
     inputs = jnp.stack([tokens_tm, reverse_within_length(tokens_tm, lengths)], axis=1)  # (T2, D, B, P)
     mask_tm = jnp.broadcast_to(mask.T[:, None, :], (T2, N_DIRECTIONS, B))
-    outputs, final = lstm_stack(weights, config, inputs, mask_tm, initial_state, compute=compute)
+    resets = None if starts is None else _sentence_resets(starts, lengths)
+    outputs, final = lstm_stack(weights, config, inputs, mask_tm, initial_state, compute=compute, resets=resets)
 
     layers = [jnp.concatenate([tokens, tokens], axis=-1)]
     for out in outputs:  # (T2, D, B, P)
@@ -132,3 +138,44 @@ def contextual_layers(
         backward = jnp.swapaxes(reverse_within_length(out[:, 1], lengths), 0, 1)
         layers.append(jnp.concatenate([forward, backward], axis=-1))
     return jnp.stack(layers, axis=1), mask, final
+
+
+def _sentence_resets(starts: jax.Array, lengths: jax.Array) -> jax.Array:
+    """bool (T2, D, B) resets of rows of several sentences: the forward direction at each `<S>` (`starts`,
+    (B, T2)); the backward one, which reads each row reversed within its length, at each `</S>` (the
+    step before the next `<S>`, or the row's last)."""
+    T2 = starts.shape[1]
+    positions = jnp.arange(T2)[None, :]
+    following = jnp.concatenate([starts[:, 1:], jnp.ones_like(starts[:, :1])], axis=1)  # (B, T2)
+    ends = (following | (positions == lengths[:, None] - 1)) & (positions < lengths[:, None])
+    return jnp.stack([starts.T, reverse_within_length(ends.T, lengths)], axis=1)
+
+
+def packed_layers(
+    params: BiLMParams, char_ids: jax.Array, starts: jax.Array, *, compute: ComputeOptions = ComputeOptions()
+) -> tuple[jax.Array, jax.Array]:
+    """All biLM layers of rows that hold several sentences one after another, each read from a zero state.
+
+    A row is `<S> a_1 .. a_n </S> <S> b_1 .. b_m </S> ...` followed by padding: the boundaries are in
+    `char_ids` already (`add_boundaries` is not applied), and `starts` marks each sentence's `<S>`. A
+    sentence's vectors are those `bilm_layers` gives it alone in a row (up to the order of float32 sums),
+    while the time steps of the padding a batch of one sentence per row needs are spent on other
+    sentences (`features.packing`).
+
+    Args:
+      params: the biLM.
+      char_ids: int (B, T2, C) shifted ids, the boundaries included; all-zero rows after a row's last
+        `</S>` only.
+      starts: bool (B, T2), true at each sentence's `<S>`.
+      compute: as for `bilm_layers`.
+
+    Returns:
+      layers float32 (B, L+1, T2, 2P) with exact zeros at padding, the boundaries' positions included;
+      mask bool (B, T2).
+    """
+    config = params.config
+    B, T2, C = char_ids.shape
+    tokens = token_embedding(params.weights, config, char_ids.reshape(B * T2, C), compute).reshape(B, T2, -1)
+    state = zero_state(config, B)
+    layers, mask, _ = contextual_layers(params, tokens, token_mask(char_ids), state, compute=compute, starts=starts)
+    return layers, mask

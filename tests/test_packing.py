@@ -1,0 +1,149 @@
+"""Several sentences per batch row (`features/packing.py`, `model.bilm.packed_layers`): what
+`embed_sentences` runs when its batches hold rows of 32 steps on every device.
+
+References: AllenNLP's own biLM activations of the fixture sentences (tests/fixtures/allennlp_tiny; 1e-5,
+as tests/test_parity_allennlp.py), and for the pooled mode the NumPy formula on them. The packing itself
+(every sentence once, in a row that holds it, few shapes, little padding) is checked on lengths alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import elmo_jax
+from elmo_jax.features import batch_runner
+from elmo_jax.features.length_buckets import Piece
+from elmo_jax.features.packing import MIN_ROW, PackedBatch, RowPacker, fill_rows, row_length
+from elmo_jax.model.chars import BOS_CHAR, EOS_CHAR
+from tests.reference.elmo_equations import np_sentence_mean
+
+ATOL = 1e-5
+S, GAMMA = np.array([0.5, -1.0, 2.0]), 0.7
+
+
+def lognormal_lengths(n: int, seed: int = 0, longest: int = 60) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(2.7, 0.6, n).astype(int), 1, longest)
+
+
+def fake_pieces(lengths, S: int = 16) -> list[Piece]:
+    """Pieces whose every token's ids name the sentence and the token (line * 1000 + offset), so a
+    batch's chars say where each token went."""
+    C = 4
+    return [
+        Piece(line, 0, np.full((n, C), 0, np.int32) + (line * 1000 + np.arange(n))[:, None], S)
+        for line, n in enumerate(lengths)
+    ]
+
+
+def test_fill_rows_places_every_sentence_once_in_a_row_that_holds_it():
+    rng = np.random.default_rng(1)
+    steps = list(lognormal_lengths(3000) + 2) + list(rng.integers(60, 700, 20) + 2)
+    rows = fill_rows(steps)
+    assert sorted(i for row in rows for i in row) == list(range(len(steps)))
+    for row in rows:
+        assert steps[row[0]] == max(steps[i] for i in row)  # the longest first: it sets the row length
+        assert sum(steps[i] for i in row) <= row_length(steps[row[0]])
+    used = sum(row_length(steps[row[0]]) for row in rows)
+    assert used / sum(steps) < 1.02, used / sum(steps)
+    assert fill_rows([]) == []
+
+
+@pytest.mark.parametrize("n", [7, 5000])
+def test_batches_hold_every_piece_once_in_few_shapes_with_little_padding(n):
+    """Ids land where `places` says, between their own <S> and </S>, with `starts` and `segments`
+    marking them; rows split over 8 devices; the shapes are a few, and so is the padding."""
+    lengths = lognormal_lengths(n)
+    pieces = fake_pieces(lengths)
+    packer = RowPacker(4096, 4, row_multiple=8)
+    batches = []
+    for piece in pieces:
+        batches += packer.add(piece)
+    assert n < 1000 or batches, "full batches are handed out before the end"
+    batches += packer.flush()
+    assert packer.waiting == 0
+    seen = []
+    for batch in batches:
+        assert isinstance(batch, PackedBatch) and batch.chars.shape[0] % 8 == 0
+        rows, T2, _ = batch.shape
+        assert T2 >= MIN_ROW and rows * T2 <= 4096
+        for (row, start, k), piece in zip(batch.places, batch.pieces):
+            m = piece.n_tokens
+            np.testing.assert_array_equal(batch.chars[row, start : start + m], piece.chars)
+            assert batch.chars[row, start - 1, 1] == BOS_CHAR + 1 and batch.chars[row, start + m, 1] == EOS_CHAR + 1
+            assert batch.starts[row, start - 1] and not batch.starts[row, start : start + m + 1].any()
+            assert (batch.segments[row, start : start + m] == k).all()
+            seen.append(piece.line)
+        occupied = batch.starts.any(axis=1).sum()
+        assert not batch.chars[occupied:].any()  # empty rows only after the used ones
+    assert sorted(seen) == list(range(n))
+    slots = sum(b.token_slots for b in batches)
+    shapes = {b.shape for b in batches}
+    if n > 1000:
+        assert slots / lengths.sum() < 1.03 and len(shapes) <= 4, (slots / lengths.sum(), shapes)
+
+
+def test_a_small_width_group_joins_a_wider_one_and_a_large_one_keeps_its_own():
+    pieces = fake_pieces([10] * 20, S=8) + fake_pieces([10] * 2000, S=16) + fake_pieces([10] * 30, S=24)
+    packer = RowPacker(1024, 4)
+    batches = [b for p in pieces for b in packer.add(p)] + list(packer.flush())
+    widths = {}
+    for batch in batches:
+        for piece in batch.pieces:
+            widths.setdefault(piece.S, set()).add(batch.S)
+    assert widths == {8: {16}, 16: {16}, 24: {24}}
+
+
+@pytest.fixture(scope="module")
+def fixture_sentences(load_batch):
+    """Every fixture sentence (unicode, 48/49-byte tokens, literal <S>, an empty token and an empty
+    sentence) and AllenNLP's (L+1, n, D) activations of each."""
+    sentences, expected = [], []
+    for name in ("main", "edge"):
+        batch = load_batch(name)
+        for b, sentence in enumerate(batch.sentences):
+            sentences.append(sentence)
+            expected.append(batch.arrays["activations"][:, b, : len(sentence)].astype(np.float64))
+    return sentences, expected
+
+
+@pytest.mark.parametrize("devices,batch_tokens", [([0], 64), (None, 256)], ids=["one_device", "eight_devices"])
+def test_packed_rows_equal_allennlp(tiny_params, fixture_sentences, devices, batch_tokens):
+    """Both directions of every layer, sentence by sentence, with the others in the same rows."""
+    sentences, expected = fixture_sentences
+    embedder = elmo_jax.SentenceEmbedder(tiny_params, batch_tokens=batch_tokens, devices=devices)
+    got = embedder.embed(sentences * 3)  # more sentences than a row holds: several per row, several rows
+    assert all(shape[0] == "packed" for shape in embedder.runner.shapes)
+    assert embedder.stats["batches"] < len(sentences)
+    for b, vectors in enumerate(got):
+        reference = expected[b % len(sentences)]
+        assert vectors.dtype == np.float32 and vectors.shape == reference.shape, b
+        np.testing.assert_allclose(vectors, reference, rtol=0, atol=ATOL, err_msg=f"sentence {b}")
+
+
+def test_packed_top_layer_and_sentence_mean_equal_their_formulas(tiny_params, fixture_sentences):
+    sentences, expected = fixture_sentences
+    top = elmo_jax.embed_sentences(tiny_params, sentences, layers="top", batch_tokens=64, devices=[0])
+    means = elmo_jax.embed_sentences(
+        tiny_params, sentences, layers="sentence_mean", mix_scalars=tuple(S), gamma=GAMMA, batch_tokens=64, devices=[0]
+    )
+    for b, reference in enumerate(expected):
+        np.testing.assert_allclose(top[b], reference[-1], rtol=0, atol=ATOL, err_msg=f"sentence {b}")
+        np.testing.assert_allclose(means[b], np_sentence_mean(reference, S, GAMMA), rtol=0, atol=ATOL)
+
+
+def test_a_second_call_compiles_and_copies_nothing(tiny_params, fixture_sentences):
+    """A new `embed_sentences` call (a new SentenceEmbedder) finds its programs and the weights on the
+    devices where the first left them."""
+    sentences, _ = fixture_sentences
+    first = elmo_jax.SentenceEmbedder(tiny_params, layers="top", batch_tokens=64, devices=[0])
+    first.embed(sentences)
+    program = batch_runner._packed_program(first.runner.mesh, "top", "float32")
+    compiled = program._cache_size()
+    second = elmo_jax.SentenceEmbedder(tiny_params, layers="top", batch_tokens=64, devices=[0])
+    second.embed(sentences)
+    assert second.runner.shapes == first.runner.shapes
+    assert batch_runner._packed_program(second.runner.mesh, "top", "float32") is program
+    assert program._cache_size() == compiled
+    assert second.runner._weights is first.runner._weights
