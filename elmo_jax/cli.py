@@ -24,6 +24,7 @@ must answer without importing JAX.
 from __future__ import annotations
 
 import contextlib
+import logging as std_logging
 import os
 import signal
 import sys
@@ -93,6 +94,7 @@ def run_main(
     if argv is not None and len(argv) > 1:
         print(f"error: unexpected arguments {argv[1:]}{hint}", file=sys.stderr)
         sys.exit(1)
+    quiet_backend_probe()
     try:
         with sigterm_raises():
             run()
@@ -167,6 +169,28 @@ def define_hdf5_flags() -> None:
     """--options and --weights: a biLM in the published two-file format (bilm-tf, AllenNLP)."""
     flags.DEFINE_string("options", None, "A published-format options JSON file; goes with --weights.")
     flags.DEFINE_string("weights", None, "A published-format HDF5 weight file; goes with --options.")
+
+
+class _BackendProbe(std_logging.Filter):
+    """Drops JAX's INFO line for each platform it tried and could not start ("Unable to initialize backend
+    'tpu': ... libtpu.so ..." on every machine without a TPU): expected, and no news to a user."""
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        return not (
+            record.levelno <= std_logging.INFO and record.getMessage().startswith("Unable to initialize backend")
+        )
+
+
+_PROBE_FILTER = _BackendProbe()
+
+
+def quiet_backend_probe() -> None:
+    """Leaves JAX's backend probe out of a command's output unless --verbosity asks for more (>= 1)."""
+    logger = std_logging.getLogger("jax._src.xla_bridge")
+    if logging.get_verbosity() < 1:
+        logger.addFilter(_PROBE_FILTER)  # once: adding the same filter again does nothing
+    else:
+        logger.removeFilter(_PROBE_FILTER)
 
 
 def start(

@@ -22,6 +22,7 @@ import pytest
 import elmo_jax
 from configs import tiny
 from elmo_jax.data.training_corpus import open_training_data
+from elmo_jax.formats import extractor
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.training import heldout, loop, settings, sharding, start
 from elmo_jax.training.checkpoint import Checkpoints
@@ -75,15 +76,29 @@ def test_training_lowers_heldout_perplexity(trained_run, corpus):
 
 
 @pytest.mark.slow
-def test_resume_continues_exactly_like_an_uninterrupted_run(trained_run, corpus, tmp_path):
+def test_resume_continues_exactly_like_an_uninterrupted_run(trained_run, corpus, tmp_path, caplog):
     """Run B stops after N steps and is re-run with num_train_steps = N + M in the same workdir: it
     resumes from the step-N checkpoint, logs exactly A's metrics for steps N+1..N+M and ends with
-    A's state bit for bit (parameters, Adagrad accumulators, RNG, carried LSTM state, data position)."""
+    A's state bit for bit (parameters, Adagrad accumulators, RNG, carried LSTM state, data position).
+    Its log says when the step is compiled for a new character-width bucket (once per bucket), how far
+    an evaluation is, and puts the heldout perplexity beside a uniform guess's."""
     workdir_a, config_a, final_a = trained_run.workdir, trained_run.config, trained_run.final
     workdir_b = str(tmp_path / "run_b")
-    loop.train_and_evaluate(with_overrides(config_a, num_train_steps=N), workdir_b)
+    with caplog.at_level(logging.INFO, logger="absl"):
+        loop.train_and_evaluate(with_overrides(config_a, num_train_steps=N), workdir_b)
+    compiles = [r.getMessage().split(" characters")[0] for r in caplog.records if "compiling the training" in r.msg]
+    assert compiles and len(compiles) == len(set(compiles)), compiles  # each bucket once
+    assert len(compiles) <= len(extractor.content_buckets(config_a.model.max_characters_per_token))
     assert Checkpoints(workdir_b, async_save=False).latest_step() == N
-    final_b = loop.train_and_evaluate(config_a, workdir_b)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="absl"), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(heldout, "PROGRESS_EVERY_S", 0.0)  # a progress line per window of the evaluation
+        final_b = loop.train_and_evaluate(config_a, workdir_b)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("evaluating heldout: 1 windows, ") for m in messages)
+    vocab_size = len(Vocab.load(os.path.join(workdir_b, "vocab.txt")))
+    final_lines = [m for m in messages if m.startswith(f"heldout after step {N + M}:")]
+    assert len(final_lines) == 1 and f"against {vocab_size} for a uniform guess" in final_lines[0], final_lines
 
     train_a, train_b = read_metrics(workdir_a), read_metrics(workdir_b)
     assert [r["step"] for r in train_b] == list(range(1, N + M + 1))

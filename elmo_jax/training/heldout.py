@@ -7,6 +7,7 @@ Used during training (on the training mesh) and by `python -m elmo_jax.evaluate`
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 
 import jax
@@ -20,6 +21,8 @@ from elmo_jax.training import multihost, sharding
 from elmo_jax.training.batch_feed import device_batch
 from elmo_jax.training.jitted_steps import Steps
 from elmo_jax.training.train_step import StepConfig, eval_step
+
+PROGRESS_EVERY_S = 30.0  # a line this often while an evaluation runs
 
 
 def heldout_perplexity(
@@ -97,10 +100,22 @@ def _summed_cross_entropies(
     lstm = zero_state(cfg.model, batch_size) if steps is None else steps.zero_lstm()
     several = jax.process_count() > 1
     sums, counts = np.zeros(2), np.zeros(2)
+    started = time.perf_counter()
+    next_note = started + PROGRESS_EVERY_S
     for i in itertools.count():
         window = next(stream, None)
         if (max_batches and i >= max_batches) or (window is None and not several):
             break
+        if time.perf_counter() >= next_note:  # a long evaluation says how far it is
+            next_note += PROGRESS_EVERY_S
+            of = f" of at most {max_batches:,}" if max_batches else ""
+            logging.info(
+                "evaluating heldout: %s windows%s, %s tokens scored so far, %.0f s",
+                f"{i:,}",
+                of,
+                f"{int(counts[0]):,}",
+                time.perf_counter() - started,
+            )
         # Every process takes part in every step: one whose rows are done feeds empty windows until
         # no process has tokens left.
         batch, positions = device_batch(window or stream.empty_window(), cfg.model.max_characters_per_token)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable
 
 import jax
@@ -153,11 +154,16 @@ def _train_loop(run: Run, state: TrainState) -> TrainState:
     the final state. After SIGTERM/SIGINT it finishes the step, checkpoints it and raises `Stopped`."""
     config, report = run.config, run.report
     pending = None  # (step, metrics on device) of the previous step, read one step late
+    buckets = set()  # the character-width buckets the training step has run with in this process
     for step in range(int(state.step), config.num_train_steps):
         local, positions = device_batch(next(run.stream), run.cfg.model.max_characters_per_token)
         positions, stop = preemption.agree(positions, run.signals.received is not None)
         batch = multihost.global_batch(local, run.steps.batch, config.batch_size)
+        started = time.perf_counter()
         state, metrics = run.steps.train(state, batch, positions)
+        if positions not in buckets:  # the call returned once the step for this bucket was compiled
+            buckets.add(positions)
+            _log_compile(run, positions, time.perf_counter() - started)
         if pending is not None:
             report(*pending)
         pending, done = (step + 1, metrics), step + 1
@@ -177,7 +183,7 @@ def _train_loop(run: Run, state: TrainState) -> TrainState:
         if stop:  # the evaluation due here, if any, runs when training resumes
             run.signals.stop_if_requested(done, run.checkpoints, agreed=True)
         if _eval_due(config, done, run.heldout):
-            report.log.write(done, run.heldout(state.params), kind="eval")
+            _evaluate(run, done, state.params)
     if pending is not None:
         report(*pending)
     return state
@@ -201,18 +207,7 @@ def _finish(run: Run, state: TrainState, vocab: Vocab, workdir: str, is_main: bo
     step = int(state.step)
     run.checkpoints.wait()  # a failed last write is reported before the export
     run.signals.stop_if_requested(step, run.checkpoints)
-    final = {}
-    if run.heldout is not None:
-        final = run.heldout(state.params)
-        run.report.log.write(step, final, kind="eval")
-        logging.info(
-            "heldout after step %d: perplexity %.2f (forward %.2f, backward %.2f) on %d tokens",
-            step,
-            final["perplexity"],
-            final["forward_perplexity"],
-            final["backward_perplexity"],
-            final["tokens"],
-        )
+    final = _evaluate(run, step, state.params) if run.heldout is not None else {}
     run.signals.stop_if_requested(step, run.checkpoints)
     weights = multihost.fetch(state.params["bilm"])  # every process takes part
     if is_main:
@@ -262,7 +257,46 @@ def _log_resumption(run: Run, state: TrainState, workdir: str, is_main: bool) ->
     # each step, the record after the last "resume" marker at or below it.
     run.report.log.write(start, log_resume(workdir, start, is_main), kind="resume")
     if _eval_due(run.config, start, run.heldout):
-        run.report.log.write(start, run.heldout(state.params), kind="eval")
+        _evaluate(run, start, state.params)
+
+
+def _log_compile(run: Run, positions: int, seconds: float) -> None:
+    """The first step with tokens of a new character-width bucket compiles the training step for it (at
+    most C/8 buckets, each met when a batch first needs it); that time is left out of the rates and the
+    ETA. Compiling every bucket up front would make each run pay for buckets its text may never reach
+    (a compile is seconds on CPU, tens of seconds for the large model), so they are compiled when met."""
+    run.report.progress.exclude(seconds)
+    logging.info(
+        "compiling the training step for tokens of up to %d characters (%d positions, %d rows x %d tokens): "
+        "%.1f s, not counted in tokens/s or the ETA",
+        positions - 2,  # a token's positions hold its begin and end markers too
+        positions,
+        run.config.batch_size,
+        run.config.unroll_steps,
+        seconds,
+    )
+
+
+def _evaluate(run: Run, step: int, params) -> dict[str, float]:
+    """The heldout evaluation after `step`: logged (with a uniform guess's perplexity for scale and
+    its duration, which the training rates leave out) and written to metrics.jsonl; returns it."""
+    started = time.perf_counter()
+    result = run.heldout(params)
+    seconds = time.perf_counter() - started
+    run.report.progress.evaluated(seconds)
+    run.report.log.write(step, result, kind="eval")
+    logging.info(
+        "heldout after step %d: perplexity %.2f (forward %.2f, backward %.2f) on %d tokens, against %d for a "
+        "uniform guess among the vocabulary's words; %.1f s",
+        step,
+        result["perplexity"],
+        result["forward_perplexity"],
+        result["backward_perplexity"],
+        result["tokens"],
+        run.cfg.vocab_size,
+        seconds,
+    )
+    return result
 
 
 def _eval_due(config, step: int, heldout) -> bool:

@@ -27,27 +27,53 @@ class TrainingError(RuntimeError):
 
 
 class Progress:
-    """The console line: step, loss, perplexity, tokens/s, steps/s, ETA."""
+    """The console line: step, loss, perplexity, tokens/s, steps/s, ETA.
 
-    def __init__(self, start_step: int, total_steps: int, sampled: bool):
-        self.total = total_steps
+    Time that is not training (compiling the step, evaluations) is taken out of the rates (`exclude`),
+    so tokens/s and steps/s are the training speed; the ETA is the steps left at that speed plus the
+    evaluations still due, each as long as the last one (`evaluated`).
+    """
+
+    def __init__(self, start_step: int, total_steps: int, sampled: bool, eval_every: int = 0):
+        self.total, self.eval_every = total_steps, eval_every
         # exp(sampled-softmax loss) is what bilm-tf logs as train perplexity; it is not the model's
         # perplexity (the sampled loss underestimates the full one), so the line says which it is.
         self.ppl_label = "ppl(sampled)" if sampled else "ppl"
         self.last_time, self.last_step, self.tokens = time.perf_counter(), start_step, 0.0
+        self.excluded, self.eval_seconds = 0.0, 0.0
+
+    def exclude(self, seconds: float) -> None:
+        """`seconds` of the current window were not training (a compile, an evaluation)."""
+        self.excluded += seconds
+
+    def evaluated(self, seconds: float) -> None:
+        """An evaluation took `seconds`: out of the rates, and the ETA's cost of each one still due."""
+        self.exclude(seconds)
+        self.eval_seconds = seconds
 
     def line(self, step: int, metrics: dict[str, float]) -> str:
         now = time.perf_counter()
-        steps_per_s = (step - self.last_step) / max(now - self.last_time, 1e-9)
-        tokens_per_s = self.tokens / max(now - self.last_time, 1e-9)
-        eta = (self.total - step) / max(steps_per_s, 1e-9)
-        self.last_time, self.last_step, self.tokens = now, step, 0.0
+        seconds = max(now - self.last_time - self.excluded, 1e-9)
+        steps_per_s = (step - self.last_step) / seconds
+        tokens_per_s = self.tokens / seconds
+        evals_left = (self.total // self.eval_every - step // self.eval_every) if self.eval_every else 0
+        eta = (self.total - step) / max(steps_per_s, 1e-9) + evals_left * self.eval_seconds
+        self.last_time, self.last_step, self.tokens, self.excluded = now, step, 0.0, 0.0
         metrics.update(tokens_per_s=tokens_per_s, steps_per_s=steps_per_s)
         return (
             f"step {step}/{self.total}  loss {metrics['loss']:.4f}  "
             f"{self.ppl_label} {math.exp(min(metrics['loss'], 700)):.1f}"
-            f"  {tokens_per_s:,.0f} tokens/s  {steps_per_s:.2f} steps/s  ETA {eta / 60:.1f} min"
+            f"  {tokens_per_s:,.0f} tokens/s  {steps_per_s:.2f} steps/s  ETA {_duration(eta)}"
         )
+
+
+def _duration(seconds: float) -> str:
+    """A short human duration: 45 s, 12.5 min, 3.2 h."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 class StepReport:
@@ -62,7 +88,9 @@ class StepReport:
 
     def __init__(self, config, log: MetricsLog, start_step: int, skipped: int = 0):
         self.config, self.log, self.skipped = config, log, skipped
-        self.progress = Progress(start_step, config.num_train_steps, sampled=not config.full_softmax)
+        self.progress = Progress(
+            start_step, config.num_train_steps, sampled=not config.full_softmax, eval_every=config.eval_every_steps
+        )
 
     def __call__(self, step: int, metrics) -> None:
         """`metrics` of step `step` (device arrays): raises TrainingError for a non-finite step beyond
