@@ -10,6 +10,9 @@ a v5e-4 or v6e-8 slice, several GPUs, or the CPU. A model axis only pays when th
 one device (`configs/bilm_large.py` on the 1B Word vocabulary); `mesh_model` checks a requested one.
 """
 
+import json
+import os
+
 from configs import bilm_small, default, demo
 
 ROWS_PER_TPU_CHIP = 128  # bilm-tf trained with 128 rows per GPU; a v5e chip holds this easily (see bench)
@@ -85,3 +88,52 @@ def mesh_model(requested: int, n_devices: int) -> tuple[int, str]:
             "using 1: every device holds the whole softmax and takes its share of the batch"
         )
     return requested, ""
+
+
+RUN_RECORD = "notebook_run.json"  # in a notebook's workdir: the backend and sizes it was started with
+_SIZE_KEYS = ("batch_size", "unroll_steps", "model.lstm_dim", "model.projection_dim", "model.filters", "model.n_layers")
+
+
+def check_same_run(workdir: str, config, backend: str, n_devices: int) -> None:
+    """Records, in a notebook's workdir, the backend and sizes its run started with; a later session whose
+    sizes differ (another runtime: the sizes follow the backend and the device count) is refused with what
+    to do, before training would refuse the checkpoints less plainly.
+
+    The workdir's name does not depend on the backend, so that a run started on a TPU runtime is found again
+    by the next TPU session; this record is what tells a CPU session that it cannot continue it.
+
+    Raises:
+      ValueError: the workdir holds a run of other sizes; the message names both and the way out.
+    """
+    sizes = {key: _value(config, key) for key in _SIZE_KEYS}
+    started = {"backend": backend, "devices": n_devices, "sizes": sizes}
+    path = os.path.join(workdir, RUN_RECORD)
+    if not os.path.exists(path):
+        os.makedirs(workdir, exist_ok=True)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(started, f, indent=1)
+        os.replace(path + ".tmp", path)
+        return
+    with open(path, encoding="utf-8") as f:
+        record = json.load(f)
+    if json.loads(json.dumps(sizes)) != record["sizes"]:  # compared as JSON, as recorded (tuples as lists)
+        raise ValueError(
+            f"{workdir} holds a run started on {record['devices']} {record['backend']} device(s) with "
+            f"{_describe(record['sizes'])}; this runtime ({n_devices} {backend} device(s)) trains "
+            f"{_describe(json.loads(json.dumps(sizes)))}, so that run cannot continue here. Connect to a "
+            f"{record['backend']} runtime with {record['devices']} device(s) to continue it, or set RUN_NAME in "
+            "the parameters cell to start another run beside it"
+        )
+
+
+def _value(config, key: str):
+    for part in key.split("."):
+        config = config[part]
+    return config
+
+
+def _describe(sizes: dict) -> str:
+    return (
+        f"batch {sizes['batch_size']} x {sizes['unroll_steps']} tokens, LSTM {sizes['model.lstm_dim']}, "
+        f"projection {sizes['model.projection_dim']}"
+    )

@@ -159,6 +159,11 @@ def test_runs_end_to_end_in_smoke_mode(path, tmp_path):
     assert re.search(r"step 5/20  loss \d", stdout_of(nb, "stderr")), f"{path.name}: no progress line while training"
     if path.name == "train_bilm.ipynb":  # conftest's 8 CPU devices reach the kernel: the mesh is sharded
         assert "mesh {'data': 8, 'model': 1}" in printed, printed
+        # The smoke text's long words make the step compile again for a wider bucket, as a real corpus does.
+        compiles = re.findall(
+            r"compiling the training step for tokens of up to (\d+) characters", stdout_of(nb, "stderr")
+        )
+        assert len(set(compiles)) >= 2, compiles
     if path.name == "elmo_features.ipynb":  # offline: it says so and trains the demo biLM
         assert "could not get the published 'small' model (http://127.0.0.1:9/" in printed, printed
         assert "offline: training the demo biLM on the default corpus instead" in printed, printed
@@ -226,3 +231,23 @@ def test_notebook_sizes_fit_any_device_count(backend, devices):
     axis, note = notebooks.mesh_model(2, devices)
     assert (axis, bool(note)) == ((2, False) if devices % 2 == 0 else (1, True))
     assert notebooks.mesh_model(3, 8)[0] == 1 and "does not divide 8 device(s)" in notebooks.mesh_model(3, 8)[1]
+
+
+def test_a_notebook_workdir_of_other_sizes_is_refused_with_the_way_out(tmp_path):
+    """The training notebook's workdir is the same on every backend (RUN_NAME), and its sizes follow the
+    backend: a run started on a TPU runtime is continued by the next TPU session, and refused by a CPU one
+    with both sizes named and what to do, before training would refuse its checkpoints."""
+    from configs import notebooks
+
+    workdir = str(tmp_path / "train_bilm")
+    notebooks.check_same_run(workdir, notebooks.train_bilm("tpu", 1), "tpu", 1)
+    notebooks.check_same_run(workdir, notebooks.train_bilm("tpu", 1), "tpu", 1)  # the next TPU session
+    with pytest.raises(ValueError) as refused:
+        notebooks.check_same_run(workdir, notebooks.train_bilm("cpu", 8), "cpu", 8)
+    message = str(refused.value)
+    assert "started on 1 tpu device(s) with batch 128 x 20 tokens, LSTM 1024, projection 128" in message
+    assert "this runtime (8 cpu device(s)) trains batch 32 x 20 tokens, LSTM 256, projection 64" in message
+    assert "RUN_NAME" in message
+    with pytest.raises(ValueError, match="started on 1 tpu"):  # also a TPU slice of another size
+        notebooks.check_same_run(workdir, notebooks.train_bilm("tpu", 8), "tpu", 8)
+    assert os.listdir(workdir) == [notebooks.RUN_RECORD]
