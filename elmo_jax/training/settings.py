@@ -54,17 +54,22 @@ def optimizer(config: ml_collections.ConfigDict) -> Optimizer:
     )
 
 
-def check_config(config: ml_collections.ConfigDict) -> None:
+def check_config(config: ml_collections.ConfigDict, *, sources: bool = True) -> None:
     """Every key of a training config, checked before a run creates anything: the numbers, switches
     and names, the architecture (by building the `BiLMConfig`), the files, datasets and directory the
     data section and init_from name (that they exist and are what they should be: cheap checks, not
     their contents).
 
+    Args:
+      config: a training config.
+      sources: also check the files, dataset and directories it names (False: the values only, for a
+        config meant for another machine).
+
     Raises:
       ValueError: one line naming the first key at fault (`--config.KEY`), its value and what is
         expected (tests/test_config_checks.py feeds every key of configs/default.py a bad value).
     """
-    problem = next(_config_problems(config), None)
+    problem = next(_config_problems(config, sources), None)
     if problem is not None:
         raise ValueError(problem)
 
@@ -93,17 +98,19 @@ _ZERO_OR_MORE_KEYS = (
 )
 
 
-def _config_problems(config) -> Iterator[str]:
+def _config_problems(config, sources: bool = True) -> Iterator[str]:
     """One line per problem of a training config, in the order `check_config` reports the first: the
-    integers, the other numbers, the choices, then the architecture. Lazy, so that a later check may
-    assume the keys an earlier one checked are well typed."""
+    integers, the other numbers, the choices, the architecture, then (with `sources`) the data section's
+    files and dataset and init_from. Lazy, so that a later check may assume the keys an earlier one
+    checked are well typed."""
     yield from _integer_problems(config)
     yield from _number_problems(config)
     yield from _choice_problems(config)
     yield from _model_problems(config)
-    yield from data_problems(config.data)
-    if config.init_from:
-        yield from _init_from_problems(config.init_from)
+    if sources:
+        yield from data_problems(config.data)
+        if config.init_from:
+            yield from _init_from_problems(config.init_from)
 
 
 def _bad(config, key: str, expected: str) -> str:
