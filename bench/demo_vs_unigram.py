@@ -3,20 +3,19 @@
     python bench/demo_vs_unigram.py --workdir=runs/demo            # after `train.py --config=configs/demo.py`
     python bench/demo_vs_unigram.py --workdir=/tmp/d --train        # trains the demo first
 
-The unigram model is estimated on the training sentences with the run's vocabulary (OOV -> <UNK>) and
-add-one smoothing, over the same targets the biLM predicts: every word and `</S>` (forward; the
-backward direction's targets have the same unigram distribution, with `<S>` in place of `</S>`).
+The unigram model is `elmo_jax.training.heldout.unigram_perplexity` (what training logs beside each
+evaluation): estimated on the training sentences with the run's vocabulary (OOV -> <UNK>) and add-one
+smoothing, over the same targets the biLM predicts: every word and `</S>` (forward; the backward
+direction's targets have the same unigram distribution, with `<S>` in place of `</S>`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
 
-import numpy as np
 from absl import app, flags
 
 FLAGS = flags.FLAGS
@@ -26,25 +25,12 @@ flags.DEFINE_bool("train", False, "Run `train.py --config=configs/demo.py` into 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def unigram_perplexity(train, heldout, vocab) -> float:
-    counts = np.zeros(len(vocab), np.int64)
-    for i in range(len(train)):
-        np.add.at(counts, vocab.encode(train[i].split()), 1)
-        counts[vocab.eos_id] += 1
-    log_p = np.log((counts + 1) / (counts.sum() + len(vocab)))
-    nll, n = 0.0, 0
-    for i in range(len(heldout)):
-        ids = vocab.encode(heldout[i].split() + ["</S>"])
-        nll -= float(log_p[ids].sum())
-        n += len(ids)
-    return math.exp(nll / n)
-
-
 def main(argv):
     del argv
     sys.path.insert(0, REPO)
     from configs import demo
     from elmo_jax.data.training_corpus import open_training_data
+    from elmo_jax.training.heldout import unigram_counts, unigram_perplexity
 
     if FLAGS.train:
         subprocess.run(
@@ -68,7 +54,7 @@ def main(argv):
     )
     print(
         f"unigram (add-one, same vocabulary of {len(data.vocab)}): "
-        f"{unigram_perplexity(data.train, data.heldout, data.vocab):.1f}"
+        f"{unigram_perplexity(unigram_counts(data.train, data.vocab), data.heldout, data.vocab):.1f}"
     )
 
 

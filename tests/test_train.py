@@ -98,7 +98,8 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(trained_run, corpus,
     assert any(m.startswith("evaluating heldout: 1 windows, ") for m in messages)
     vocab_size = len(Vocab.load(os.path.join(workdir_b, "vocab.txt")))
     final_lines = [m for m in messages if m.startswith(f"heldout after step {N + M}:")]
-    assert len(final_lines) == 1 and f"against {vocab_size} for a uniform guess" in final_lines[0], final_lines
+    assert len(final_lines) == 1 and f"and {vocab_size} for a uniform guess" in final_lines[0], final_lines
+    assert f"against {final_b['unigram_perplexity']:.2f} for a unigram model" in final_lines[0], final_lines
 
     train_a, train_b = read_metrics(workdir_a), read_metrics(workdir_b)
     assert [r["step"] for r in train_b] == list(range(1, N + M + 1))

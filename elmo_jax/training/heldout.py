@@ -2,11 +2,14 @@
 of the batch's rows reading its share of the sentences from a zero LSTM state carried across windows
 (or, with `from_zero_state`, every sentence from a zero state, as `embed` reads it).
 Used during training (on the training mesh) and by `python -m elmo_jax.evaluate` (on one device).
+Beside it, the perplexity of a unigram model of the training text (`unigram_perplexity`), the scale
+the biLM's is read against.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Sequence
 
@@ -15,7 +18,7 @@ import numpy as np
 from absl import logging
 
 from elmo_jax.data.batch_stream import BiLMBatchStream
-from elmo_jax.formats.vocab_file import Vocab
+from elmo_jax.formats.vocab_file import EOS, Vocab
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.training import multihost, sharding
 from elmo_jax.training.batch_feed import device_batch
@@ -142,6 +145,36 @@ def _perplexities(sums: np.ndarray, counts: np.ndarray) -> dict[str, float]:
         "cross_entropy": float(ce.mean()),
         "tokens": float(counts[0]),
     }
+
+
+UNIGRAM_MAX_SENTENCES = 200_000  # a larger corpus is sampled evenly: the counts settle long before
+
+
+def unigram_counts(train: Sequence[str], vocab: Vocab, max_sentences: int = UNIGRAM_MAX_SENTENCES) -> np.ndarray:
+    """int64 (V,) counts of each vocabulary id over the training sentences (or an even sample of
+    `max_sentences` of them): their words (unknown ones as <UNK>) and one </S> per sentence, the targets
+    the forward LM predicts (the backward one's have the same distribution, <S> for </S>)."""
+    counts = np.zeros(len(vocab), np.int64)
+    for i in range(0, len(train), max(1, len(train) // max_sentences)):
+        np.add.at(counts, vocab.encode(train[i].split()), 1)
+        counts[vocab.eos_id] += 1
+    return counts
+
+
+def unigram_perplexity(counts: np.ndarray, heldout: Sequence[str], vocab: Vocab, max_tokens: int = 0) -> float:
+    """The heldout perplexity of the add-one-smoothed unigram model of `counts` (`unigram_counts`): what
+    a model that ignores context scores, the scale a biLM's perplexity is read against. Over the heldout
+    sentences in order, the first ones holding `max_tokens` targets when it is given (an evaluation capped
+    by eval_max_batches scores about that many)."""
+    log_p = np.log((counts + 1) / (counts.sum() + len(vocab)))
+    nll, n = 0.0, 0
+    for i in range(len(heldout)):
+        ids = vocab.encode([*heldout[i].split(), EOS])
+        nll -= float(log_p[ids].sum())
+        n += len(ids)
+        if max_tokens and n >= max_tokens:
+            break
+    return math.exp(nll / max(n, 1))
 
 
 def warn_if_worse_than_uniform(result: dict[str, float], vocab_size: int) -> list[str]:

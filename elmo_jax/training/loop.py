@@ -36,7 +36,12 @@ from elmo_jax.model.params import BiLMParams, count_parameters
 from elmo_jax.training import multihost, preemption, settings, sharding
 from elmo_jax.training.batch_feed import device_batch, gather_stream_state
 from elmo_jax.training.checkpoint import Checkpoints
-from elmo_jax.training.heldout import heldout_perplexity, warn_if_worse_than_uniform
+from elmo_jax.training.heldout import (
+    heldout_perplexity,
+    unigram_counts,
+    unigram_perplexity,
+    warn_if_worse_than_uniform,
+)
 from elmo_jax.training.jitted_steps import Steps, jit_steps
 from elmo_jax.training.metrics_log import MetricsLog
 from elmo_jax.training.softmax import padded_vocab_size
@@ -122,12 +127,17 @@ def _heldout_evaluation(config, cfg: StepConfig, data: TrainingData, steps: Step
     without heldout data."""
     if data.heldout is None:
         return None
+    unigram = {}  # the unigram model's counts, made at the first evaluation
 
     def evaluate(params) -> dict[str, float]:
         result = heldout_perplexity(
             params, cfg, data.heldout, data.vocab, config.batch_size, config.eval_max_batches, steps=steps
         )
         warn_if_worse_than_uniform(result, len(data.vocab))
+        if not unigram:
+            unigram["counts"] = unigram_counts(data.train, data.vocab)
+        capped = int(result["tokens"]) if config.eval_max_batches else 0
+        result["unigram_perplexity"] = unigram_perplexity(unigram["counts"], data.heldout, data.vocab, capped)
         return result
 
     return evaluate
@@ -278,21 +288,23 @@ def _log_compile(run: Run, positions: int, seconds: float) -> None:
 
 
 def _evaluate(run: Run, step: int, params) -> dict[str, float]:
-    """The heldout evaluation after `step`: logged (with a uniform guess's perplexity for scale and
-    its duration, which the training rates leave out) and written to metrics.jsonl; returns it."""
+    """The heldout evaluation after `step`: logged (with a unigram model's and a uniform guess's
+    perplexities for scale, and its duration, which the training rates leave out) and written to
+    metrics.jsonl; returns it."""
     started = time.perf_counter()
     result = run.heldout(params)
     seconds = time.perf_counter() - started
     run.report.progress.evaluated(seconds)
     run.report.log.write(step, result, kind="eval")
     logging.info(
-        "heldout after step %d: perplexity %.2f (forward %.2f, backward %.2f) on %d tokens, against %d for a "
-        "uniform guess among the vocabulary's words; %.1f s",
+        "heldout after step %d: perplexity %.2f (forward %.2f, backward %.2f) on %d tokens, against %.2f for a "
+        "unigram model of the training text and %d for a uniform guess among the vocabulary's words; %.1f s",
         step,
         result["perplexity"],
         result["forward_perplexity"],
         result["backward_perplexity"],
         result["tokens"],
+        result["unigram_perplexity"],
         run.cfg.vocab_size,
         seconds,
     )
