@@ -21,6 +21,7 @@ and `gcs` in fsspec is replaced by a subclass of it (whatever gcsfs registered) 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import threading
@@ -88,13 +89,25 @@ def _place(fs, method: str, args: tuple, kwargs: dict) -> str:
             url = str(args[1])
         match = _OBJECT.search(url)
         if match:
-            name = match["object"] or kwargs.get("name")
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query).get("name", [None])[0]
+            name = match["object"] or query or kwargs.get("name") or _uploaded_name(kwargs.get("data"))
             bucket = urllib.parse.unquote(match["bucket"])
             return f"gs://{bucket}/{urllib.parse.unquote(name)}" if name else f"gs://{bucket}"
         return url
     if args and isinstance(args[0], str):  # _get_file_request(rpath, lpath, ...): "bucket/object"
         return f"gs://{args[0].split('://', 1)[-1]}"
     return "gs://"
+
+
+_METADATA_NAME = re.compile(r'"name":\s*("(?:[^"\\]|\\.)*")')
+
+
+def _uploaded_name(data) -> str | None:
+    """The object name in the JSON part of a multipart upload's body (gcsfs's simple upload)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        return None
+    match = _METADATA_NAME.search(bytes(data[:4096]).decode("utf-8", "replace"))
+    return json.loads(match[1]) if match else None
 
 
 def _guarded(name: str):
