@@ -134,11 +134,26 @@ def _guarded_class(base: type) -> type:
     if getattr(base, "_elmo_jax_guarded", None) is base:
         return base
     if base not in _classes:
-        cls = type(base.__name__, (base,), {name: _guarded(name) for name in _GUARDED_METHODS})
+        # A name of this module that says which class it extends, so that an instance pickles (fsspec
+        # pickles a file system as its class and arguments) and unpickles in another process
+        # (`__getattr__`).
+        name = "__".join(["Guarded", *base.__module__.split("."), base.__qualname__])
+        cls = type(name, (base,), {method: _guarded(method) for method in _GUARDED_METHODS})
         cls._elmo_jax_guarded = cls
-        cls.__module__ = base.__module__
+        cls.__module__, cls.__qualname__ = __name__, name
         _classes[base] = cls
+        globals()[name] = cls
     return _classes[base]
+
+
+def __getattr__(name: str):
+    """A guarded class by its name (`_guarded_class`), made on first use (unpickling)."""
+    parts = name.split("__")
+    if parts[0] != "Guarded" or len(parts) < 3:
+        raise AttributeError(name)
+    import importlib
+
+    return _guarded_class(getattr(importlib.import_module(".".join(parts[1:-1])), parts[-1]))
 
 
 class _OneLine(logging.Filter):
