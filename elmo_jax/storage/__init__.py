@@ -14,6 +14,9 @@ the only place that tells a URL from a local path. Callers ask to
 - keep a log that only grows (`AppendLog`) and a directory of files in step with a place
   (`SyncedDirectory`) (`append_log`).
 
+A Cloud Storage service that cannot be reached costs one retry cycle of its client, then every request
+fails at once naming the place (`outage`).
+
 What each guarantee becomes in a bucket (no rename, no append, no directories, no flock) is in
 docs/CLOUD_STORAGE.md.
 """

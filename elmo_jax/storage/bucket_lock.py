@@ -28,8 +28,11 @@ from collections.abc import Callable
 
 from absl import logging
 
+from elmo_jax.storage import outage
+
 HEARTBEAT_S = 30.0
 STALE_S = 180.0  # six missed heartbeats: its host is gone (a preempted pod is re-created within minutes)
+RELEASE_S = 30.0  # retries of the delete on exit (google-cloud-storage's default: 120 s)
 
 
 class BucketLock:
@@ -133,15 +136,25 @@ class BucketLock:
                 logging.warning("could not renew %s (%s)", self.url, e)
 
     def release(self) -> None:
+        """Deletes the lock object. When Cloud Storage cannot be reached (`outage`: a request of this
+        process gave up on it) it is left, with a warning: the next run on this host takes it over at once
+        (its holder no longer runs), one elsewhere after `STALE_S`; google-cloud-storage would otherwise
+        retry the delete for 120 s, and a heartbeat in flight for as long."""
         from google.api_core import exceptions
+        from google.cloud.storage.retry import DEFAULT_RETRY
 
         self._stop.set()
+        if outage.unreachable():
+            logging.warning("left %s behind: Cloud Storage cannot be reached (a re-run takes it over)", self.url)
+            return
         if self._thread is not None:
             self._thread.join()
         try:
-            self._blob().delete(if_generation_match=self._generation)
+            self._blob().delete(if_generation_match=self._generation, retry=DEFAULT_RETRY.with_timeout(RELEASE_S))
         except (exceptions.NotFound, exceptions.PreconditionFailed):
             pass
+        except Exception as e:  # a network error: the lock is taken over as after a kill
+            logging.warning("could not delete %s (%s): a re-run takes it over", self.url, e)
 
 
 def _running(pid: int) -> bool:

@@ -112,7 +112,10 @@ def working_copy(target: str | os.PathLike, purpose: str = "outputs") -> Iterato
     local = os.path.join(_machine_directory(os.fspath(target), purpose), places.basename(target))
     os.makedirs(os.path.dirname(local), exist_ok=True)
     yield local
-    upload_file(local, target)
+    try:
+        upload_file(local, target)
+    except OSError as e:  # the service unreachable: say where the finished file is
+        raise type(e)(f"{e}; the finished file is kept on this machine, {local}") from e
     os.unlink(local)
 
 

@@ -19,6 +19,8 @@ import re
 import shutil
 from collections.abc import Sequence
 
+from elmo_jax.storage import outage
+
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
@@ -308,9 +310,11 @@ def _fs(path: str | os.PathLike):
 
 
 def _check_client(path: str | os.PathLike) -> None:
-    """Raises OSError, saying what to install, when `path` is gs:// and gcsfs is missing."""
+    """Raises OSError, saying what to install, when `path` is gs:// and gcsfs is missing; puts the bound
+    on an unreachable service in front of gcsfs (`outage`)."""
     if is_gcs(path):
         try:
             import gcsfs  # noqa: F401
         except ImportError:
             raise OSError(f"{os.fspath(path)}: gs:// paths need gcsfs: pip install 'elmo-jax[gcs]'") from None
+        outage.install()

@@ -61,6 +61,16 @@ def _brief(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}"
 
 
+def _unreachable(error: BaseException | None) -> bool:
+    """Whether `error` (or one it was raised from) says the storage could not be reached at all
+    (`storage.StorageUnreachable`, a ConnectionError): no checkpoint is damaged, none can be read."""
+    while error is not None:
+        if isinstance(error, ConnectionError):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 class Checkpoints:
     """The checkpoints of one workdir (`WORKDIR/checkpoints/<step>`).
 
@@ -155,24 +165,30 @@ class Checkpoints:
     def _failed(self, error: Exception):
         step, self._writing = self._writing, None
         try:
+            if _unreachable(error):
+                raise error
             self.manager.reload()
             latest = self.manager.latest_step()
         except Exception:  # the disk may be in no state to list it; the message says so
             latest = None
         # The partial write is no checkpoint: free its space now. Orbax threads may still be finishing
         # and leave some of it behind; the next training run removes what is left.
-        if jax.process_index() == 0:
+        unreachable = _unreachable(error)
+        if jax.process_index() == 0 and not unreachable:
             for tmp in self._incomplete(step):
                 storage.rmtree(tmp)
-        kept = (
-            f"the newest complete checkpoint, {storage.join(self.directory, str(latest))}, is intact"
-            if latest is not None
-            else "there is no earlier complete checkpoint"
-        )
+        if unreachable:  # nothing could be listed: the checkpoints already there are as they were
+            kept = "the complete checkpoints written before it are kept"
+            fix = "Re-run the same command once the storage can be reached again to resume from the newest"
+        else:
+            kept = (
+                f"the newest complete checkpoint, {storage.join(self.directory, str(latest))}, is intact"
+                if latest is not None
+                else "there is no earlier complete checkpoint"
+            )
+            fix = "Free space (or fix the file system) and re-run the same command to resume from it"
         raise CheckpointWriteError(
-            f"could not write checkpoint {storage.join(self.directory, str(step))} "
-            f"({_brief(error)}); {kept}. Free space (or fix the file system) and re-run "
-            "the same command to resume from it"
+            f"could not write checkpoint {storage.join(self.directory, str(step))} ({_brief(error)}); {kept}. {fix}"
         ) from error
 
     def restore_meta(self, step: int) -> dict:
@@ -233,6 +249,8 @@ class Checkpoints:
                     restored = self.restore(step, target(meta))
                 except Exception as e:
                     error = e
+            if _unreachable(error):  # no damage found: nothing is moved aside or reported as corrupt
+                raise OSError(f"cannot read checkpoint {storage.join(self.directory, str(step))}: {error}") from error
             # Every process must take the same branch (they all read the same files, but say so).
             if multihost.agree_max(int(error is not None)):
                 bad.append((step, _brief(error) if error else "failed on another process"))

