@@ -94,7 +94,7 @@ def run_main(
     if argv is not None and len(argv) > 1:
         print(f"error: unexpected arguments {argv[1:]}{hint}", file=sys.stderr)
         sys.exit(1)
-    quiet_backend_probe()
+    quiet_library_chatter()
     try:
         with sigterm_raises():
             run()
@@ -181,16 +181,27 @@ class _BackendProbe(std_logging.Filter):
         )
 
 
-_PROBE_FILTER = _BackendProbe()
+class _OrbaxNotes(std_logging.Filter):
+    """Drops orbax-checkpoint's INFO lines (about 30 per restore: its managers, handlers, registries, read
+    throughputs), which it logs through absl's logger; its warnings and errors pass."""
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        return not (record.levelno <= std_logging.INFO and f"{os.sep}orbax{os.sep}" in record.pathname)
 
 
-def quiet_backend_probe() -> None:
-    """Leaves JAX's backend probe out of a command's output unless --verbosity asks for more (>= 1)."""
-    logger = std_logging.getLogger("jax._src.xla_bridge")
-    if logging.get_verbosity() < 1:
-        logger.addFilter(_PROBE_FILTER)  # once: adding the same filter again does nothing
-    else:
-        logger.removeFilter(_PROBE_FILTER)
+# (logger, filter): libraries' INFO lines a command leaves out unless --verbosity is 1 or more.
+_CHATTER = (("jax._src.xla_bridge", _BackendProbe()), ("absl", _OrbaxNotes()))
+
+
+def quiet_library_chatter() -> None:
+    """Leaves JAX's backend probe and orbax's INFO notes out of a command's output unless --verbosity asks
+    for more (>= 1); the command's own lines and every library's warnings stay."""
+    for name, chatter in _CHATTER:
+        logger = std_logging.getLogger(name)
+        if logging.get_verbosity() < 1:
+            logger.addFilter(chatter)  # once: adding the same filter again does nothing
+        else:
+            logger.removeFilter(chatter)
 
 
 def start(

@@ -171,3 +171,41 @@ def test_run_main_ends_each_kind_as_the_command_says(monkeypatch, capsys):
         ("at once", 143),
         f"stopped by SIGTERM{cli.INTERRUPTED}\n",
     )
+
+
+def test_library_chatter_is_left_out_unless_asked_for():
+    """JAX's backend probe and orbax's INFO notes are dropped from a command's output at the default
+    verbosity; their warnings, and every other INFO line, pass; --verbosity=1 lets everything through."""
+    import logging as std_logging
+
+    from absl import logging as absl_logging
+
+    def record(name, level, pathname, message):
+        return std_logging.LogRecord(name, level, pathname, 1, message, None, None)
+
+    probe = record(
+        "jax._src.xla_bridge", std_logging.INFO, "/x/jax/_src/xla_bridge.py", "Unable to initialize backend 'tpu'"
+    )
+    orbax_note = record("absl", std_logging.INFO, "/x/orbax/checkpoint/checkpointer.py", "Restoring checkpoint")
+    orbax_warning = record("absl", std_logging.WARNING, "/x/orbax/checkpoint/checkpointer.py", "slow")
+    ours = record("absl", std_logging.INFO, "/x/elmo_jax/training/loop.py", "heldout after step 4")
+    verbosity = absl_logging.get_verbosity()
+    installed = [
+        (std_logging.getLogger(name), f) for name, f in cli._CHATTER if f in std_logging.getLogger(name).filters
+    ]
+    try:
+        absl_logging.set_verbosity(absl_logging.INFO)
+        cli.quiet_library_chatter()
+        assert not std_logging.getLogger("jax._src.xla_bridge").filter(probe)
+        absl = std_logging.getLogger("absl")
+        assert not absl.filter(orbax_note)
+        assert absl.filter(orbax_warning) and absl.filter(ours)
+        absl_logging.set_verbosity(1)
+        cli.quiet_library_chatter()
+        assert absl.filter(orbax_note) and std_logging.getLogger("jax._src.xla_bridge").filter(probe)
+    finally:  # as before the test: the filters this process had
+        absl_logging.set_verbosity(verbosity)
+        for name, chatter in cli._CHATTER:
+            std_logging.getLogger(name).removeFilter(chatter)
+        for logger, chatter in installed:
+            logger.addFilter(chatter)
