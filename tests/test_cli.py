@@ -189,7 +189,7 @@ def test_library_chatter_is_left_out_unless_asked_for():
     orbax_note = record("absl", std_logging.INFO, "/x/orbax/checkpoint/checkpointer.py", "Restoring checkpoint")
     orbax_warning = record("absl", std_logging.WARNING, "/x/orbax/checkpoint/checkpointer.py", "slow")
     ours = record("absl", std_logging.INFO, "/x/elmo_jax/training/loop.py", "heldout after step 4")
-    verbosity = absl_logging.get_verbosity()
+    level = absl_logging.get_absl_logger().level  # its own level (NOTSET included), as before the test
     installed = [
         (std_logging.getLogger(name), f) for name, f in cli._CHATTER if f in std_logging.getLogger(name).filters
     ]
@@ -203,8 +203,8 @@ def test_library_chatter_is_left_out_unless_asked_for():
         absl_logging.set_verbosity(1)
         cli.quiet_library_chatter()
         assert absl.filter(orbax_note) and std_logging.getLogger("jax._src.xla_bridge").filter(probe)
-    finally:  # as before the test: the filters this process had
-        absl_logging.set_verbosity(verbosity)
+    finally:  # as before the test: absl's logger level and the filters this process had
+        absl_logging.get_absl_logger().setLevel(level)
         for name, chatter in cli._CHATTER:
             std_logging.getLogger(name).removeFilter(chatter)
         for logger, chatter in installed:

@@ -74,6 +74,7 @@ def test_batch_to_embeddings_is_the_functional_api_as_numpy(embedder, tiny_param
         assert not layers[b, :, n:].any()  # zeros at padding, as AllenNLP's
 
 
+@pytest.mark.slow
 def test_embed_file_writes_allennlp_layout(embedder, main_batch, tmp_path):
     """Datasets named by line index, (3, n, D) with output_format "all", (n, D) with "average"; an open
     file is accepted as AllenNLP passes one; use_sentence_keys is refused in one sentence."""
