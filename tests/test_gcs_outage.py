@@ -8,11 +8,16 @@ bounded time (gcsfs spends about 31-36 s of retries on the first request, then `
 every later one at once; before, train.py took 330 s and ended in a traceback, export of a workdir
 called its checkpoints corrupt). The server is then started again on the same port and the same command
 continues: training from its last complete checkpoint, export and embed_file by doing the work again.
+
+The real retry cycle is waited for once, by the training run's own process (its exit within BOUND_S of
+the stop). The in-process cases (export, embed_file) check what is said, named and kept; they shorten
+gcsfs's backoff sleeps (`fast_backoff`), which would otherwise hold a test worker idle for about 100 s.
 """
 
 # ruff: noqa: E402  (the imports after the test-gcs extra's importorskip below)
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import subprocess
@@ -58,6 +63,25 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bucket(server) -> str:
     return gcs.new_bucket(server.url)
+
+
+class _FastBackoff:
+    """`asyncio` as gcsfs's retry loop sees it, with its backoff sleeps (1, 2, 4, 8, 16 s) cut to 10 ms."""
+
+    def __getattr__(self, name: str):
+        return getattr(asyncio, name)
+
+    @staticmethod
+    async def sleep(seconds: float) -> None:
+        await asyncio.sleep(min(seconds, 0.01))
+
+
+@pytest.fixture
+def fast_backoff(monkeypatch):
+    """gcsfs's retries in this process without their waits (the retries and the errors are the same)."""
+    import gcsfs.retry
+
+    monkeypatch.setattr(gcsfs.retry, "asyncio", _FastBackoff())
 
 
 def restart(server) -> None:
@@ -138,7 +162,7 @@ def test_training_ends_in_one_line_and_the_same_command_resumes_from_its_last_ch
 
 @pytest.mark.slow
 def test_export_reading_and_writing_gs_ends_in_one_line_and_the_same_command_then_writes_it(
-    stopped_run, server, bucket, monkeypatch
+    stopped_run, server, bucket, monkeypatch, fast_backoff
 ):
     """Stopped while reading the workdir's checkpoint: not called corrupt, nothing moved aside; stopped
     while uploading the model directory: no manifest, so no reader takes it; the re-run writes it."""
@@ -164,7 +188,7 @@ def test_export_reading_and_writing_gs_ends_in_one_line_and_the_same_command_the
 
 @pytest.mark.slow
 def test_embed_file_ends_in_one_line_naming_the_output_and_the_same_command_writes_it(
-    server, bucket, fixture_dir, tmp_path, monkeypatch
+    server, bucket, fixture_dir, tmp_path, monkeypatch, fast_backoff
 ):
     """Stopped once the file is embedded and its upload starts: the error names --output and the finished
     local file (which the user may upload); nothing is at --output; the re-run writes it."""
