@@ -127,17 +127,20 @@ def _heldout_evaluation(config, cfg: StepConfig, data: TrainingData, steps: Step
     without heldout data."""
     if data.heldout is None:
         return None
-    unigram = {}  # the unigram model's counts, made at the first evaluation
+    # The unigram model's perplexity depends on the targets scored only, the same at every evaluation of
+    # a run: computed at the first one (a pass over the training sample and the heldout text), then reused.
+    unigram = {}  # tokens scored -> the unigram model's perplexity on them
 
     def evaluate(params) -> dict[str, float]:
         result = heldout_perplexity(
             params, cfg, data.heldout, data.vocab, config.batch_size, config.eval_max_batches, steps=steps
         )
         warn_if_worse_than_uniform(result, len(data.vocab))
-        if not unigram:
-            unigram["counts"] = unigram_counts(data.train, data.vocab)
         capped = int(result["tokens"]) if config.eval_max_batches else 0
-        result["unigram_perplexity"] = unigram_perplexity(unigram["counts"], data.heldout, data.vocab, capped)
+        if capped not in unigram:
+            counts = unigram_counts(data.train, data.vocab)
+            unigram[capped] = unigram_perplexity(counts, data.heldout, data.vocab, capped)
+        result["unigram_perplexity"] = unigram[capped]
         return result
 
     return evaluate
