@@ -170,8 +170,13 @@ def long_input(tiny_params, tmp_path_factory):
     return path, read_all(root / "reference.hdf5")[0]
 
 
+# SIGTERM in the suite; SIGKILL (no handler runs) in the stress tier, as the suite's SIGKILL of an embed_file
+# process is test_embed_file_scale.py's killed process, whose spool the same commands continue.
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize(
+    "signum",
+    [pytest.param(signal.SIGKILL, marks=pytest.mark.stress, id="SIGKILL"), pytest.param(signal.SIGTERM, id="SIGTERM")],
+)
 def test_a_killed_command_continues_where_it_stopped(long_input, fixture_dir, tmp_path, signum):
     """The real thing: the command (a real process, replacing an earlier output with --overwrite) killed
     once its spool holds a few batches. The target keeps its old contents; the staging directory stays,

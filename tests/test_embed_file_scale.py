@@ -120,51 +120,16 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_processes_write_the_one_process_file(fixture_dir, tiny_params, one_device, tmp_path):
-    """`--coordinator_address ... --num_processes=2`: two processes with 2 CPU devices each (gloo), every
-    other line each, process 0 writing the file: the single-process file, and no staging left."""
-    path, _, expected = one_device
-    target = tmp_path / "out.hdf5"
-    args = split_run_args(fixture_dir, path, target, free_port())
-    env = command_env(devices=2)
-    logs = [open(tmp_path / f"process_{i}.log", "w+") for i in range(2)]
-    processes = [
-        subprocess.Popen(
-            command_argv("elmo_jax.embed_file", *args, f"--process_id={i}"),
-            cwd=REPO,
-            env=env,
-            stdout=logs[i],
-            stderr=subprocess.STDOUT,
-        )
-        for i in range(2)
-    ]
-    try:
-        codes = [p.wait(timeout=240) for p in processes]
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                p.kill()
-    outputs = []
-    for log in logs:
-        log.seek(0)
-        outputs.append(log.read())
-        log.close()
-    assert codes == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
-    # Line 5 (index 4) is blank: process 0 embeds 29 lines, process 1 the other 30.
-    assert "(process 1 of 2): 30 sentences" in outputs[1] and "2 devices" in outputs[1]
-    assert f"wrote {target} (process 0 of 2): 60 sentences" in outputs[0]  # the whole file
-    assert sorted(os.listdir(tmp_path)) == ["out.hdf5", "process_0.log", "process_1.log"]
-    assert_same(read_output(target), expected, batch_terms(tiny_params.config))
-
-
-@pytest.mark.slow
 def test_a_killed_process_stops_the_other_at_once_and_the_same_commands_continue(
     fixture_dir, tiny_params, one_device, tmp_path
 ):
-    """--num_processes=2 with process 1 killed (SIGKILL) while it spools (paused at its second batch by
-    tests/support/pausing.py, so the kill lands there): process 0 does not wait for it: it exits 1 at
-    once, its last line one error naming process 1 and where its own progress is kept. Both spools are
-    kept, and the same two commands then continue from them and write the one-process file."""
+    """`--coordinator_address ... --num_processes=2`: two processes with 2 CPU devices each (gloo), every
+    other line each, process 0 writing the file. Process 1 is killed (SIGKILL) while it spools (paused at
+    its second batch by tests/support/pausing.py, so the kill lands there): process 0 does not wait for
+    it: it exits 1 at once, its last line one error naming process 1 and where its own progress is kept.
+    Both spools are kept, and the same two commands then continue from them, each its own share, and
+    write the single-process file, leaving no staging. (This is the suite's two-process embed_file run:
+    a fresh one differs from the continuation only in having no spool to adopt.)"""
     path, _, expected = one_device
     target = tmp_path / "out.hdf5"
     marker = tmp_path / "process_1_paused"
@@ -214,6 +179,9 @@ def test_a_killed_process_stops_the_other_at_once_and_the_same_commands_continue
         log.close()
     assert codes == [0, 0], "\n\n".join(o[-3000:] for o in outputs)
     assert all("resuming the run of pid" in o and "from the stopped run" in o for o in outputs)
+    # Line 5 (index 4) is blank: process 0 embeds 29 lines, process 1 the other 30.
+    assert "(process 1 of 2): 30 sentences" in outputs[1] and "2 devices" in outputs[1]
+    assert f"wrote {target} (process 0 of 2): 60 sentences" in outputs[0]  # the whole file
     assert sorted(os.listdir(tmp_path)) == ["out.hdf5", "process_0.log", "process_1.log", "process_1_paused"]
     assert_same(read_output(target), expected, batch_terms(tiny_params.config))
 

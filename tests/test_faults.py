@@ -35,6 +35,7 @@ from elmo_jax.training import loop
 from elmo_jax.training.checkpoint import TMP_SUFFIX
 from elmo_jax.training.metrics_log import MetricsLog
 from elmo_jax.training.start import restore_checkpoint
+from elmo_jax.training.workdir import LOCK_FILE
 from tests.support.commands import LIMIT_FILE_SIZE, REPO, command_argv, command_env
 from tests.support.compare import TRAINING_EXPORT_FILES, assert_trees_equal, read_metrics, tree_digest, without_timing
 from tests.support.configs import tiny_config, tiny_flags
@@ -165,11 +166,12 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(corpu
     """`kill -9`s (seeded): at a random time in start-up (import, data, compilation, restore: before the
     first step is logged), when training has passed a random step, and inside a checkpoint write (the
     process frozen while its orbax tmp directory exists, then killed). Each time the same command is
-    re-run; it removes the half-written checkpoint, resumes from the newest complete one and logs how
+    re-run; it takes over the lock the killed run left (naming its pid: the kernel released it with the
+    process), removes the half-written checkpoint, resumes from the newest complete one and logs how
     many steps are done again. The recovered run equals the uninterrupted one bit for bit."""
     workdir, log_path = tmp_path / "w", tmp_path / "stderr.txt"
     rng = np.random.default_rng(seed)
-    kills = []
+    kills, holders = [], []
     for attempt, moment in enumerate(plan):
         before = max_logged_step(workdir)
         proc = launch(corpus, workdir, log_path)
@@ -188,6 +190,9 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(corpu
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=60) == -signal.SIGKILL
         kills.append((moment, max_logged_step(workdir), [os.path.basename(p) for p in tmp_checkpoints(workdir)]))
+        if moment != "start":  # it trained, so it held the workdir's lock, and the lock file names it
+            holders.append(json.loads((workdir / LOCK_FILE).read_text())["pid"])
+            assert holders[-1] == proc.pid, holders
     for moment, _, tmps in kills:
         if moment == "checkpoint_write":
             assert tmps, f"a checkpoint-write kill did not land inside the write: {kills}"
@@ -197,6 +202,8 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(corpu
     assert code == 0, log[-5000:]
     assert "an incomplete checkpoint write" in log  # the killed writes were found and removed
     assert "steps since it were lost" in log
+    for pid in holders:  # the kernel released each killed run's lock; the next run took it over, saying so
+        assert f"taking over {workdir / LOCK_FILE}: its run (pid {pid}" in log, log[-5000:]
     resumes = read_metrics(workdir, "resume")
     assert resumes and all(r["step"] % EVERY == 0 for r in resumes)
     assert any(r.get("lost_steps", 0) > 0 for r in resumes), resumes
@@ -324,7 +331,8 @@ def test_metrics_jsonl_deleted_during_a_run_is_recreated(corpus, tmp_path, monke
         return write(self, step, metrics, kind)
 
     monkeypatch.setattr(MetricsLog, "write", delete_at_step_30)
-    config = tiny_config(corpus, num_train_steps=STEPS, checkpoint_every_steps=EVERY, eval_every_steps=EVAL_EVERY)
+    # Checkpoints only at the end: they play no part here, and each costs more than 10 steps.
+    config = tiny_config(corpus, num_train_steps=STEPS, checkpoint_every_steps=STEPS, eval_every_steps=EVAL_EVERY)
     loop.train_and_evaluate(config, str(workdir))
     assert f"{workdir / 'metrics.jsonl'} was deleted or replaced while this run was writing it" in caplog.text
     steps = [r["step"] for r in read_metrics(workdir)]
