@@ -3,10 +3,10 @@
 Each notebook is executed with nbclient in smoke mode: a cell `SMOKE_TEST = True` (plus the checkout's
 path) is inserted after its "parameters" cell, as papermill does, so every size is tiny. The kernel is
 this interpreter (`sys.executable`, through a kernel spec written to tmp_path), so CI's `.venv` runs
-it, on 8 forced CPU devices for the training notebook (its mesh is sharded 8 ways) and one for the
-others (`SMOKE_DEVICES`), in a tmp working directory. It has no network: published models are fetched
-from an address where nothing listens ($ELMO_JAX_MODELS_URL), so the features notebook takes its offline
-path, into a tmp cache. Any cell that raises fails the test, naming the cell.
+it, with the 8 forced CPU devices of conftest (the training mesh is sharded 8 ways) and a tmp working
+directory. It has no network: published models are fetched from an address where nothing listens
+($ELMO_JAX_MODELS_URL), so the features notebook takes its offline path, into a tmp cache. Any cell that
+raises fails the test, naming the cell.
 
 The Colab-only parts of the setup cell cannot run here (no Colab, no network); what can be checked is
 that an empty PACKAGE_SOURCE on Colab stops with a message saying what to set, and that the README's
@@ -29,8 +29,6 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
-
-from tests.support.commands import xla_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -77,9 +75,9 @@ def smoke_notebook(path: Path) -> nbformat.NotebookNode:
     return nb
 
 
-def this_interpreter_kernel(directory: Path, devices: int = 8) -> KernelManager:
+def this_interpreter_kernel(directory: Path) -> KernelManager:
     """A kernel manager that starts `sys.executable -m ipykernel_launcher`, whatever kernels are installed,
-    with its files under `directory`, JAX on `devices` CPU devices."""
+    with its files under `directory`."""
     spec_dir = directory / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True)
     spec = {
@@ -91,7 +89,6 @@ def this_interpreter_kernel(directory: Path, devices: int = 8) -> KernelManager:
         # ELMO_JAX_MODELS_URL: nothing listens on port 9 (discard), so a download fails at once, offline.
         "env": {
             "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": xla_flags(devices),
             "IPYTHONDIR": str(directory / "ipython"),
             "ELMO_JAX_MODELS_URL": "http://127.0.0.1:9/",
             "ELMO_JAX_CACHE": str(directory / "elmo_jax_cache"),
@@ -105,12 +102,11 @@ def this_interpreter_kernel(directory: Path, devices: int = 8) -> KernelManager:
     )
 
 
-def execute(nb: nbformat.NotebookNode, tmp_path: Path, devices: int = 8) -> Path:
-    """Runs `nb` in place in a fresh kernel of this interpreter (`devices` CPU devices), in tmp_path/cwd;
-    returns that directory."""
+def execute(nb: nbformat.NotebookNode, tmp_path: Path) -> Path:
+    """Runs `nb` in place in a fresh kernel of this interpreter, in tmp_path/cwd; returns that directory."""
     workdir = tmp_path / "cwd"
     workdir.mkdir()
-    km = this_interpreter_kernel(tmp_path, devices)
+    km = this_interpreter_kernel(tmp_path)
     try:
         NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, resources={"metadata": {"path": str(workdir)}}).execute()
     finally:
@@ -143,19 +139,12 @@ def test_a_failing_cell_fails_the_run(tmp_path):
     assert nb.cells[2].outputs == []
 
 
-# The training notebook runs on conftest's 8 CPU devices (its mesh is sharded 8 ways, as on a TPU with 8
-# cores); the others on one, as on Colab's CPU and single-chip runtimes: a program sharded 8 ways costs
-# their smoke runs about 5 CPU-s more to compile, and test_sharding.py checks the sharded steps.
-SMOKE_DEVICES = {"train_bilm.ipynb": 8}
-
-
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 @pytest.mark.slow
 def test_runs_end_to_end_in_smoke_mode(path, tmp_path):
     nb = smoke_notebook(path)
-    devices = SMOKE_DEVICES.get(path.name, 1)
     try:
-        workdir = execute(nb, tmp_path, devices)
+        workdir = execute(nb, tmp_path)
     except CellExecutionError as e:  # the message holds the cell's source and the traceback
         pytest.fail(f"{path.name}: a cell raised\n{ANSI_ESCAPE.sub('', str(e))}", pytrace=False)
     printed = stdout_of(nb)
@@ -165,10 +154,10 @@ def test_runs_end_to_end_in_smoke_mode(path, tmp_path):
     assert os.listdir(workdir / "elmo_runs"), f"{path.name}: wrote nothing under its WORK_ROOT"
     assert not (ROOT / "notebooks" / "elmo_runs").exists(), f"{path.name}: wrote into the checkout"
     assert re.search(r"jax \S+ jaxlib \S+ flax \S+ optax \S+ orbax-checkpoint \S+", printed), printed
-    assert f"{devices} cpu device(s)" in printed, printed
+    assert "8 cpu device(s)" in printed, printed
     # Progress while training: the trainer's line every log_every_steps reaches the cell (absl, INFO).
     assert re.search(r"step 5/20  loss \d", stdout_of(nb, "stderr")), f"{path.name}: no progress line while training"
-    if path.name == "train_bilm.ipynb":  # 8 CPU devices in the kernel: the mesh is sharded
+    if path.name == "train_bilm.ipynb":  # conftest's 8 CPU devices reach the kernel: the mesh is sharded
         assert "mesh {'data': 8, 'model': 1}" in printed, printed
         # The smoke text's long words make the step compile again for a wider bucket, as a real corpus does.
         compiles = re.findall(
