@@ -122,6 +122,27 @@ CLI_CASES = {
         lambda f: ["elmo_jax.evaluate", f"--workdir={f['dir']}"],
         ["no checkpoint"],
     ),
+    "ablate: train file is a directory": (
+        lambda f: [
+            "elmo_jax.ablate",
+            f"--options={f['options']}",
+            f"--weights={f['weights']}",
+            f"--train={f['dir']}",
+            f"--test={f['good']}",
+            f"--output={f['root'] / 'ablation.json'}",
+        ],
+        ["a_directory", "is a directory"],
+    ),
+    "ablate: test file not UTF-8": (
+        lambda f: [
+            "elmo_jax.ablate",
+            f"--options={f['options']}",
+            f"--weights={f['weights']}",
+            f"--train={f['good']}",
+            f"--test={f['non_utf8']}",
+        ],
+        ["non_utf8.txt:2"],
+    ),
     "export: truncated weights": (
         lambda f: [
             "elmo_jax.export",
@@ -275,6 +296,7 @@ SUBPROCESS_CASES = (
     "evaluate: workdir without checkpoints",
     "export: truncated weights",
     "embed_file: NUL byte",
+    "ablate: train file is a directory",
 )
 
 

@@ -40,7 +40,7 @@ from tests.support.commands import LIMIT_FILE_SIZE, REPO, command_argv, command_
 from tests.support.compare import TRAINING_EXPORT_FILES, assert_trees_equal, read_metrics, tree_digest, without_timing
 from tests.support.configs import tiny_config, tiny_flags
 
-STEPS, EVERY, EVAL_EVERY = 80, 5, 20  # training steps, checkpoint and evaluation intervals
+STEPS, EVERY, EVAL_EVERY = 60, 5, 20  # training steps, checkpoint and evaluation intervals
 
 
 def train_args(corpus, workdir, *args) -> list[str]:

@@ -74,15 +74,7 @@ def probe(
     Raises:
       ValueError: a test label that no training item has (it could not be learnt), or no items.
     """
-    if not train or not test:
-        raise ValueError("probe: the training and the test items must not be empty")
-    labels = sorted({item.label for item in train})
-    unknown = sorted({item.label for item in test} - set(labels))
-    if unknown:
-        raise ValueError(
-            f"{len(unknown)} test labels have no training item (e.g. {unknown[0]!r}); a probe can only "
-            "learn labels it sees in training"
-        )
+    labels = check_items(train, test)
     label_id = {label: i for i, label in enumerate(labels)}
     word_id = {word: i for i, word in enumerate(sorted({item.word for item in train}))}
     vectors = target_vectors(params, list(train) + list(test), batch_tokens)
@@ -122,20 +114,35 @@ def probe(
     }
 
 
+def check_items(train: Sequence[ProbeItem], test: Sequence[ProbeItem]) -> list[str]:
+    """The training items' labels, sorted. Raises ValueError for no items, or a test label that no
+    training item has (a classifier could not learn it)."""
+    if not train or not test:
+        raise ValueError("the training and the test items must not be empty")
+    labels = sorted({item.label for item in train})
+    unknown = sorted({item.label for item in test} - set(labels))
+    if unknown:
+        raise ValueError(
+            f"{len(unknown)} test labels have no training item (e.g. {unknown[0]!r}); a classifier can only "
+            "learn labels it sees in training"
+        )
+    return labels
+
+
 def target_vectors(params: BiLMParams, items: Sequence[ProbeItem], batch_tokens: int = 4096) -> np.ndarray:
     """float32 (L+1, N, 2P): each item's target vector in every layer (the mean over its span). Each
     distinct sentence is embedded once, in length x width buckets (a few compiled shapes), from a zero
     state."""
     sentences = sorted({item.tokens for item in items})
     index = {tokens: i for i, tokens in enumerate(sentences)}
-    layers = _sentence_layers(params, sentences, batch_tokens)
+    layers = sentence_layers(params, sentences, batch_tokens)
     out = np.empty((params.config.n_output_layers, len(items), params.config.output_dim), np.float32)
     for n, item in enumerate(items):
         out[:, n] = layers[index[item.tokens]][:, item.start : item.end].mean(axis=1)
     return out
 
 
-def _sentence_layers(params: BiLMParams, sentences: list[tuple[str, ...]], batch_tokens: int) -> list[np.ndarray]:
+def sentence_layers(params: BiLMParams, sentences: list[tuple[str, ...]], batch_tokens: int) -> list[np.ndarray]:
     """(L+1, n, 2P) of each sentence, in order."""
     C = params.config.max_characters_per_token
     batcher, out = BucketBatcher(batch_tokens, C), [None] * len(sentences)
