@@ -31,6 +31,7 @@ COMMANDS = (
     "elmo_jax.embed_file",
     "elmo_jax.default_corpus",
     "elmo_jax.probe",
+    "elmo_jax.ablate",
     "elmo_jax.prepare_lm1b",
 )
 HELP_SECONDS = 1.5  # wall time of `--help`

@@ -48,7 +48,10 @@ def ablate_files(
 def tables(results: dict) -> str:
     """The layer ablation and the sample-efficiency sweep as Markdown tables (accuracy %, mean +- std)."""
     seeds = results["counts"]["seeds"]
-    lines = [f"| variant | test accuracy, % ({seeds} seeds) | layer weights | paper (SQuAD F1) |", "|---|---|---|---|"]
+    header = (
+        f"| variant | test accuracy, % ({seeds} seed{'s' if seeds != 1 else ''}) | layer weights | paper (SQuAD F1) |"
+    )
+    lines = [header, "|---|---|---|---|"]
     for name, summary in results["variants"].items():
         weights = ", ".join(f"{w:.2f}" for w in summary.get("layer_weights", []))
         paper = PAPER_TABLE_2.get(name, "")
@@ -58,9 +61,9 @@ def tables(results: dict) -> str:
     fractions = list(next(iter(results["sample_efficiency"].values())))
     for f in fractions:
         runs = [sweep[f] for sweep in results["sample_efficiency"].values()]
-        lines.append(f"| {float(f):.0%} ({runs[0]['items']}) | " + " | ".join(_score(r) for r in runs) + " |")
+        lines.append(f"| {float(f):.0%} ({runs[0]['items']:,}) | " + " | ".join(_score(r) for r in runs) + " |")
     counts = results["counts"]
-    lines += ["", f"{counts['train']} training and {counts['test']} test targets, {counts['labels']} labels"]
+    lines += ["", f"{counts['train']:,} training and {counts['test']:,} test targets, {counts['labels']:,} labels"]
     return "\n".join(lines)
 
 
