@@ -23,12 +23,8 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    cli.define_model_flags()
-    flags.DEFINE_string("train", None, "Labelled training targets (.jsonl or CoNLL).")
-    flags.DEFINE_string("test", None, "Labelled test targets (.jsonl or CoNLL).")
-    flags.DEFINE_string("output", None, "Write the results as JSON here.")
+    cli.define_labelled_targets_flags()
     flags.DEFINE_string("plot", None, "Write the sample-efficiency plot here (.png; needs matplotlib).")
-    flags.DEFINE_bool("overwrite", False, "Replace an existing --output or --plot, if it is what this command writes.")
     flags.DEFINE_list(
         "variants",
         "baseline,token,top,average,learned,learned_l2",
@@ -38,7 +34,6 @@ def define_flags() -> None:
     flags.DEFINE_integer("seeds", 3, "Seeds per variant and fraction (the initialisation, batches and sub-sample).")
     flags.DEFINE_list("fractions", "0.01,0.1,0.3,1", "Shares of the training items for the sample-efficiency sweep.")
     flags.DEFINE_integer("max_updates", 3000, "Most updates of one training run (early stopping usually ends it).")
-    flags.DEFINE_integer("batch_tokens", 4096, "Padded tokens per embedding batch.")
 
 
 def run() -> dict:

@@ -165,6 +165,17 @@ def define_model_flags() -> None:
     define_hdf5_flags()
 
 
+def define_labelled_targets_flags() -> None:
+    """The model flags and those of a command that learns from labelled targets (probe, ablate): --train,
+    --test, --output (JSON), --overwrite (of --output and the command's own --plot) and --batch_tokens."""
+    define_model_flags()
+    flags.DEFINE_string("train", None, "Labelled training targets (.jsonl or CoNLL).")
+    flags.DEFINE_string("test", None, "Labelled test targets (.jsonl or CoNLL).")
+    flags.DEFINE_string("output", None, "Write the results as JSON here.")
+    flags.DEFINE_bool("overwrite", False, "Replace an existing --output or --plot, if it is what this command writes.")
+    flags.DEFINE_integer("batch_tokens", 4096, "Padded tokens per embedding batch.")
+
+
 def define_hdf5_flags() -> None:
     """--options and --weights: a biLM in the published two-file format (bilm-tf, AllenNLP)."""
     flags.DEFINE_string("options", None, "A published-format options JSON file; goes with --weights.")

@@ -22,14 +22,9 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    cli.define_model_flags()
-    flags.DEFINE_string("train", None, "Labelled training targets (.jsonl or CoNLL).")
-    flags.DEFINE_string("test", None, "Labelled test targets (.jsonl or CoNLL).")
-    flags.DEFINE_string("output", None, "Write the results as JSON here.")
-    flags.DEFINE_bool("overwrite", False, "Replace an existing --output or --plot, if it is what this command writes.")
+    cli.define_labelled_targets_flags()
     flags.DEFINE_string("plot", None, "Write a bar chart of the accuracies here (.png; needs matplotlib).")
     flags.DEFINE_integer("seed", 0, "Seed of the linear classifiers (their initialisation and batches).")
-    flags.DEFINE_integer("batch_tokens", 4096, "Padded tokens per embedding batch.")
 
 
 def run() -> dict:

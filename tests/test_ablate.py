@@ -16,13 +16,9 @@ from elmo_jax.features.ablation_model import Variant
 from elmo_jax.features.probe_data import ProbeItem
 from tests.support.commands import error_line
 from tests.support.inprocess import run_in_process
+from tests.support.probe_items import item, write_targets
 
 FILLERS = ["river", "money", "cat", "tree", "song", "red", "old", "blue", "sun", "ship", "stone", "sky"]
-
-
-def item(tokens: str, target: int, label: str) -> ProbeItem:
-    words = tuple(tokens.split())
-    return ProbeItem(words, target, target + 1, label, words[target].lower())
 
 
 # The label of "x" is its left neighbour's letter; test sentences end in fillers never seen in training.
@@ -105,13 +101,6 @@ def test_bad_settings_are_refused_naming_the_flag_before_anything_is_read(fixtur
     missing = tmp_path / "none.jsonl"  # never read: the settings are checked first
     result = run_in_process("elmo_jax.ablate", *model, f"--train={missing}", f"--test={missing}", *args)
     error_line(result, expected)
-
-
-def write_targets(path, items) -> None:
-    path.write_text(
-        "".join(json.dumps({"tokens": list(i.tokens), "target": i.start, "label": i.label}) + "\n" for i in items),
-        encoding="utf-8",
-    )
 
 
 @pytest.mark.slow

@@ -12,12 +12,7 @@ from elmo_jax.features import probing
 from elmo_jax.features.probe_data import ProbeItem, read_probe_file
 from tests.support.commands import error_line, run_command
 from tests.support.inprocess import run_in_process
-
-
-def item(tokens: str, target: int, label: str) -> ProbeItem:
-    words = tuple(tokens.split())
-    return ProbeItem(words, target, target + 1, label, words[target].lower())
-
+from tests.support.probe_items import item, write_targets
 
 # The label of "x" is its left neighbour: a context-free vector cannot tell, a contextual one can.
 FILLERS = ["river", "money", "cat", "tree", "song", "red", "old", "blue"]
@@ -95,11 +90,8 @@ def test_a_test_label_without_training_item_is_refused(tiny_params):
 def test_the_command_prints_the_table_and_reports_bad_input_in_one_line(fixture_dir, tmp_path):
     model = [f"--options={fixture_dir / 'options.json'}", f"--weights={fixture_dir / 'weights.hdf5'}"]
     train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
-    train.write_text(
-        "".join(json.dumps({"tokens": list(i.tokens), "target": i.start, "label": i.label}) + "\n" for i in TRAIN),
-        encoding="utf-8",
-    )
-    test.write_text(json.dumps({"tokens": ["a", "x", "cat"], "target": 1, "label": "A"}) + "\n", encoding="utf-8")
+    write_targets(train, TRAIN)
+    write_targets(test, [item("a x cat", 1, "A")])
     result = run_command(
         "elmo_jax.probe",
         *model,

@@ -6,14 +6,7 @@ an existing file only with `overwrite` and only if it is what this module writes
 
 from __future__ import annotations
 
-import io
-import json
-
-from elmo_jax import storage
-from elmo_jax.features import ablation
-from elmo_jax.features.probe_data import read_probe_file
-from elmo_jax.features.probe_files import PLOT
-from elmo_jax.formats import output_paths
+from elmo_jax.features import ablation, probe_files
 from elmo_jax.formats.model_source import ModelSource
 
 # The paper's reference figures (Peters et al. 2018, Table 2: SQuAD dev F1) for the variants it reports.
@@ -34,14 +27,8 @@ def ablate_files(
     """`ablation.ablate` of the biLM `model` on the targets of `train_path` and `test_path` (.jsonl or
     CoNLL). The settings and the outputs are checked before anything is read or trained."""
     settings.check()
-    for flag, path in (("train", train_path), ("test", test_path)):
-        if not path:
-            raise ValueError(f"--{flag} is required: a .jsonl or CoNLL file of labelled targets")
-    inputs = [train_path, test_path, *model.paths]
-    for flag, path, artifact in (("output", output, RESULTS_JSON), ("plot", plot_path, PLOT)):
-        if path:
-            output_paths.check_output(path, artifact, overwrite=overwrite, inputs=inputs, flag=f"--{flag}")
-    train, test = read_probe_file(train_path), read_probe_file(test_path)
+    outputs = (("output", output, RESULTS_JSON), ("plot", plot_path, probe_files.PLOT))
+    train, test = probe_files.read_targets(model, train_path, test_path, outputs, overwrite=overwrite)
     return ablation.ablate(model.load(), train, test, settings, batch_tokens=batch_tokens)
 
 
@@ -73,10 +60,7 @@ def _score(summary: dict) -> str:
 
 def write_outputs(results: dict, output: str | None, plot_path: str | None) -> None:
     """The results as JSON at `output` and their plot at `plot_path` (each optional)."""
-    if output:
-        storage.write_bytes(output, (json.dumps(results, indent=1) + "\n").encode("utf-8"))
-    if plot_path:
-        plot(results, plot_path)
+    probe_files.write_results(results, output, plot_path, plot)
 
 
 def plot(results: dict, path: str) -> None:
@@ -105,17 +89,7 @@ def plot(results: dict, path: str) -> None:
     for axes in (by_size, by_update):
         axes.legend(fontsize="small", loc="lower right")
     figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=120)
-    plt.close(figure)
-    storage.write_file(path, lambda f: f.write(buffer.getvalue()))
+    probe_files.save_png(figure, path)
 
 
-def _is_results_json(path: str) -> bool:
-    try:
-        return {"variants", "sample_efficiency", "counts"} <= set(json.loads(storage.read_bytes(path)))
-    except (OSError, ValueError, TypeError):
-        return False
-
-
-RESULTS_JSON = output_paths.Artifact("an ablation results JSON file", is_directory=False, recognizes=_is_results_json)
+RESULTS_JSON = probe_files.results_json("an ablation results JSON file", {"variants", "sample_efficiency", "counts"})

@@ -11,7 +11,7 @@ import json
 
 from elmo_jax import storage
 from elmo_jax.features import probing
-from elmo_jax.features.probe_data import read_probe_file
+from elmo_jax.features.probe_data import ProbeItem, read_probe_file
 from elmo_jax.formats import output_paths
 from elmo_jax.formats.model_source import ModelSource
 
@@ -41,15 +41,30 @@ def probe_files(
     Returns:
       `probing.probe`'s results.
     """
+    outputs = (("output", output, RESULTS_JSON), ("plot", plot_path, PLOT))
+    train, test = read_targets(model, train_path, test_path, outputs, overwrite=overwrite)
+    return probing.probe(model.load(), train, test, seed=seed, batch_tokens=batch_tokens)
+
+
+def read_targets(
+    model: ModelSource,
+    train_path: str | None,
+    test_path: str | None,
+    outputs: tuple[tuple[str, str | None, output_paths.Artifact], ...],
+    *,
+    overwrite: bool,
+) -> tuple[list[ProbeItem], list[ProbeItem]]:
+    """The training and test targets of a command that reads labelled targets (--train and --test, both
+    required), once each (flag, path, artifact) of `outputs` given is known writable: nothing is read
+    before a command is sure it can write its results."""
     for flag, path in (("train", train_path), ("test", test_path)):
         if not path:
             raise ValueError(f"--{flag} is required: a .jsonl or CoNLL file of labelled targets")
     inputs = [train_path, test_path, *model.paths]
-    for flag, path, artifact in (("output", output, RESULTS_JSON), ("plot", plot_path, PLOT)):
+    for flag, path, artifact in outputs:
         if path:
             output_paths.check_output(path, artifact, overwrite=overwrite, inputs=inputs, flag=f"--{flag}")
-    train, test = read_probe_file(train_path), read_probe_file(test_path)
-    return probing.probe(model.load(), train, test, seed=seed, batch_tokens=batch_tokens)
+    return read_probe_file(train_path), read_probe_file(test_path)
 
 
 def table(results: dict) -> str:
@@ -73,10 +88,25 @@ def table(results: dict) -> str:
 def write_outputs(results: dict, output: str | None, plot_path: str | None) -> None:
     """The results as JSON at `output` and their bar chart at `plot_path` (each optional; local or gs://,
     each written complete or not at all)."""
+    write_results(results, output, plot_path, plot)
+
+
+def write_results(results: dict, output: str | None, plot_path: str | None, plot_results) -> None:
+    """`results` as JSON at `output` and `plot_results(results, plot_path)` (each optional)."""
     if output:
         storage.write_bytes(output, (json.dumps(results, indent=1) + "\n").encode("utf-8"))
     if plot_path:
-        plot(results, plot_path)
+        plot_results(results, plot_path)
+
+
+def save_png(figure, path: str) -> None:
+    """A matplotlib figure as PNG at `path` (written complete or not at all, locally or to gs://); closed."""
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=120)
+    plt.close(figure)
+    storage.write_file(path, lambda f: f.write(buffer.getvalue()))
 
 
 def plot(results: dict, path: str) -> None:
@@ -102,17 +132,19 @@ def plot(results: dict, path: str) -> None:
     axes.set(xticks=list(x), xticklabels=names, ylabel="test accuracy (%)")
     axes.legend(fontsize="small", loc="lower right")
     figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=120)
-    plt.close(figure)
-    storage.write_file(path, lambda f: f.write(buffer.getvalue()))
+    save_png(figure, path)
 
 
-def _is_results_json(path: str) -> bool:
-    try:
-        return {"layers", "baselines", "counts"} <= set(json.loads(storage.read_bytes(path)))
-    except (OSError, ValueError, TypeError):
-        return False
+def results_json(description: str, keys: set[str]) -> output_paths.Artifact:
+    """The artifact of a results JSON file: an object holding at least `keys`."""
+
+    def recognizes(path: str) -> bool:
+        try:
+            return keys <= set(json.loads(storage.read_bytes(path)))
+        except (OSError, ValueError, TypeError):
+            return False
+
+    return output_paths.Artifact(description, is_directory=False, recognizes=recognizes)
 
 
 def _is_png(path: str) -> bool:
@@ -123,5 +155,5 @@ def _is_png(path: str) -> bool:
         return False
 
 
-RESULTS_JSON = output_paths.Artifact("a probe results JSON file", is_directory=False, recognizes=_is_results_json)
+RESULTS_JSON = results_json("a probe results JSON file", {"layers", "baselines", "counts"})
 PLOT = output_paths.Artifact("a PNG image", is_directory=False, recognizes=_is_png)
