@@ -24,7 +24,7 @@ from configs import tiny
 from elmo_jax.data.training_corpus import open_training_data
 from elmo_jax.formats import extractor
 from elmo_jax.formats.vocab_file import Vocab
-from elmo_jax.training import heldout, loop, settings, sharding, start
+from elmo_jax.training import heldout, loop, settings, sharding, start, workdir_copy
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.jitted_steps import jit_steps
 from elmo_jax.training.train_step import init_train_state
@@ -230,7 +230,21 @@ def test_init_from_workdir_keeps_the_softmax_and_export_starts_a_fresh_one(train
     assert_trees_equal(state_w.params, state_a.params)
     assert_trees_equal(state_w.opt_state, state_a.opt_state)  # Adagrad's accumulators continue (restart.py)
     assert int(state_w.step) == 0
-    loop.train_and_evaluate(from_workdir, str(tmp_path / "from_workdir"))
+    # The training notebook's copy to Drive: made from the loop once each checkpoint is complete.
+    copies, drive = [], str(tmp_path / "drive_copy")
+
+    def copy_to_drive(step: int) -> None:
+        copies.append(step)
+        workdir_copy.copy_workdir(str(tmp_path / "from_workdir"), drive)
+
+    loop.train_and_evaluate(from_workdir, str(tmp_path / "from_workdir"), after_checkpoint=copy_to_drive)
+    assert copies == [1]
+    copied = Checkpoints(drive, async_save=False)
+    assert copied.latest_step() == 1 and copied.restore_meta(1)["vocab_size"], "the copy holds step 1 whole"
+    copied.close()
+    assert not os.path.exists(os.path.join(drive, ".elmo_jax.lock")) and os.path.isfile(
+        os.path.join(drive, "vocab.txt")
+    )
     loss_a, loss_w = read_metrics(workdir_a)[0]["loss"], read_metrics(tmp_path / "from_workdir")[0]["loss"]
     assert loss_w < loss_a - 1.0, (loss_w, loss_a)
 

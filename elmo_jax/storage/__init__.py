@@ -12,7 +12,9 @@ the only place that tells a URL from a local path. Callers ask to
 - work locally and publish there (`working_copy` for a file, `Workspace` for a directory of work) (`local`);
 - take a lock on a directory (`PlaceLock`, `lock`);
 - keep a log that only grows (`AppendLog`) and a directory of files in step with a place
-  (`SyncedDirectory`) (`append_log`).
+  (`SyncedDirectory`) (`append_log`);
+- keep a local directory a copy of another, copying what changed, new directories whole
+  (`sync_directory`: a workdir copied to a mounted Google Drive) (`sync`).
 
 A Cloud Storage service that cannot be reached costs one retry cycle of its client, then every request
 fails at once naming the place (`outage`).
@@ -74,10 +76,12 @@ from elmo_jax.storage.publish import (
     write_file,
     write_text,
 )
+from elmo_jax.storage.sync import SyncStats, sync_directory
 
 __all__ = [
     "AppendLog",
     "PlaceLock",
+    "SyncStats",
     "SyncedDirectory",
     "Workspace",
     "absolute",
@@ -119,6 +123,7 @@ __all__ = [
     "rmtree",
     "same_place",
     "stat_many",
+    "sync_directory",
     "upload_file",
     "upload_tree",
     "version",

@@ -97,6 +97,15 @@ def _staging_prefix(path: str) -> str:
     return f".{os.path.basename(path)}.{_host()}.{os.getpid()}."
 
 
+def is_staging_name(name: str) -> bool:
+    """Whether the base name `name` is a staging file's or directory's (`.<target>.<host>.<pid>.<random>.tmp`),
+    of any target, host and writer."""
+    if not (name.startswith(".") and name.endswith(STAGING_SUFFIX)):
+        return False
+    parts = name[1 : -len(STAGING_SUFFIX)].split(".")
+    return len(parts) >= 4 and parts[-2].isdigit()
+
+
 def stale_staging(path: str | os.PathLike) -> list[tuple[str, int]]:
     """(staging path, writer pid) of every staging file or directory of `path` whose writer was a process
     on this host that no longer runs. Those of live writers, of other hosts and of other targets are

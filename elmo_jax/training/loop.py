@@ -65,6 +65,7 @@ class Run:
       heldout: params -> heldout metrics, or None without heldout data.
       signals: SIGTERM/SIGINT requests (`preemption.StopSignals`).
       report: reads, checks and logs each step's metrics.
+      after_checkpoint: called in process 0 with the step once its checkpoint is complete, or None.
     """
 
     config: ml_collections.ConfigDict
@@ -76,10 +77,17 @@ class Run:
     heldout: Callable[[dict], dict[str, float]] | None
     signals: preemption.StopSignals
     report: StepReport | None = None
+    after_checkpoint: Callable[[int], object] | None = None
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+def train_and_evaluate(
+    config: ml_collections.ConfigDict, workdir: str, after_checkpoint: Callable[[int], object] | None = None
+) -> dict[str, float]:
     """Trains (or resumes training) in `workdir`; returns the final heldout metrics (empty without heldout).
+
+    `after_checkpoint(step)` is called in process 0 each time the checkpoint of `step` is complete on disk
+    (the loop waits for its background write first), e.g. to copy the workdir somewhere that outlives
+    the machine (the training notebook copies it to Google Drive with `workdir_copy.WorkdirCopy`).
 
     Raises:
       preemption.Stopped: SIGTERM or SIGINT arrived; the step was finished and checkpointed first.
@@ -94,10 +102,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     sharding.check_training_mesh(mesh, config.batch_size, jax.process_count())
     make_workdir(workdir)
     with WorkdirLock(workdir):  # one run per workdir; a second one stops here, naming the first
-        return _train(config, workdir, mesh)
+        return _train(config, workdir, mesh, after_checkpoint)
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, float]:
+def _train(config: ml_collections.ConfigDict, workdir: str, mesh, after_checkpoint=None) -> dict[str, float]:
     """`train_and_evaluate` once the workdir is held: data, steps, resume, the loop, the end."""
     is_main = jax.process_index() == 0
     data = _open_data(config, workdir, is_main)
@@ -110,6 +118,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, f
     log = None
     with preemption.StopSignals() as signals, _closing(checkpoints, lambda: log):
         run = Run(config, cfg, steps, stream, checkpoints, run_meta(config, cfg, data.vocab), heldout, signals)
+        run.after_checkpoint = after_checkpoint
         state, data_state, skipped = resume_or_start(config, cfg, data.vocab, steps, checkpoints, run.meta)
         if data_state is not None:
             stream.set_state(data_state)
@@ -183,16 +192,9 @@ def _train_loop(run: Run, state: TrainState) -> TrainState:
         # One process stops after the step it was in; several after the step they agreed on.
         stop = stop or (jax.process_count() == 1 and run.signals.received is not None)
         if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps or stop:
-            report(*pending)  # never checkpoint a non-finite state: neither a non-finite loss ...
+            report(*pending)  # a non-finite loss stops here, before its state is checkpointed
             pending = None
-            _check_finite_state(run, state, done)  # ... nor parameters a finite step made non-finite
-            report.log.flush()  # in a bucket, the records up to a checkpoint are there before it is
-            run.checkpoints.save(
-                done,
-                state,
-                gather_stream_state(run.stream.get_state()),
-                {**run.meta, "progress": {"nonfinite_skipped": report.skipped}},
-            )
+            _checkpoint(run, state, done)
         if stop:  # the evaluation due here, if any, runs when training resumes
             run.signals.stop_if_requested(done, run.checkpoints, agreed=True)
         if _eval_due(config, done, run.heldout):
@@ -200,6 +202,22 @@ def _train_loop(run: Run, state: TrainState) -> TrainState:
     if pending is not None:
         report(*pending)
     return state
+
+
+def _checkpoint(run: Run, state: TrainState, step: int) -> None:
+    """Saves the checkpoint of `step` (its metrics already reported) and calls `run.after_checkpoint`."""
+    _check_finite_state(run, state, step)  # nor parameters a finite step made non-finite
+    run.report.log.flush()  # in a bucket, the records up to a checkpoint are there before it is
+    run.checkpoints.save(
+        step,
+        state,
+        gather_stream_state(run.stream.get_state()),
+        {**run.meta, "progress": {"nonfinite_skipped": run.report.skipped}},
+    )
+    if run.after_checkpoint is not None:
+        run.checkpoints.wait()  # every process: the step's checkpoint is complete before it is copied
+        if jax.process_index() == 0:
+            run.after_checkpoint(step)
 
 
 def _check_finite_state(run: Run, state: TrainState, step: int) -> None:
