@@ -35,6 +35,7 @@ CLIS = (
     ("python -m elmo_jax.default_corpus", "elmo_jax/default_corpus.py"),
     ("python -m elmo_jax.probe", "elmo_jax/probe.py"),
     ("python -m elmo_jax.ablate", "elmo_jax/ablate.py"),
+    ("python -m elmo_jax.serve", "elmo_jax/serve.py"),
     ("python -m elmo_jax.prepare_lm1b", "elmo_jax/prepare_lm1b.py"),
 )
 FLAX_MODULE_FIELDS = ("parent", "name")  # every Flax module has them; they are not the module's API

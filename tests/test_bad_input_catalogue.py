@@ -143,6 +143,14 @@ CLI_CASES = {
         ],
         ["non_utf8.txt:2"],
     ),
+    "serve: a host other machines reach, without a token": (
+        lambda f: ["elmo_jax.serve", f"--model={f['model']}", "--host=0.0.0.0", "--port=0"],
+        ["--host=0.0.0.0", "--auth_token_file", "ELMO_JAX_SERVE_TOKEN"],
+    ),
+    "serve: token file is a directory": (
+        lambda f: ["elmo_jax.serve", f"--model={f['model']}", f"--auth_token_file={f['dir']}"],
+        ["--auth_token_file=", "a_directory: cannot read it"],
+    ),
     "export: truncated weights": (
         lambda f: [
             "elmo_jax.export",

@@ -32,6 +32,7 @@ COMMANDS = (
     "elmo_jax.default_corpus",
     "elmo_jax.probe",
     "elmo_jax.ablate",
+    "elmo_jax.serve",
     "elmo_jax.prepare_lm1b",
 )
 HELP_SECONDS = 1.5  # wall time of `--help`

@@ -1,0 +1,227 @@
+"""Dynamic batching: sentences of requests that arrive at random, from many connections, merged into the
+batches of one `SentenceEmbedder` and the answers split back (what `python -m elmo_jax.serve` runs).
+
+    batcher = DynamicBatcher(SentenceEmbedder(params, layers="all"), max_batch_tokens=16384, max_wait_s=0.005)
+    batcher.start()                                   # warm-up compiles, then serving
+    future = batcher.submit([["The", "bank", "."]])   # from any thread; QueueFull when over the bound
+    vectors = future.result()                         # [float32 (L+1, 3, 2P)], as `embed_sentences` gives
+    batcher.close()                                   # what was accepted is answered first
+
+One worker thread takes the oldest waiting request, then whatever else is waiting, until the batch holds
+`max_batch_tokens` tokens or `max_wait_s` has passed since that oldest request arrived (so a lone request
+waits at most that long, and under load, while the devices run one batch, the next one fills up), and
+embeds it with the embedder's packed rows on every local device. Every sentence starts from a zero LSTM
+state, so its vectors do not depend on the requests it was batched with.
+
+What waits is bounded in tokens (`max_queue_tokens`): `submit` refuses more at once (the service answers
+503), so memory stays bounded under any overload. Counts for the service's metrics are kept in `stats`.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import threading
+import time
+from collections.abc import Sequence
+
+import jax
+from absl import logging
+
+from elmo_jax.features.sentences import SentenceEmbedder
+
+
+class QueueFull(Exception):
+    """The batcher holds `max_queue_tokens` already (or is closing): try again later."""
+
+
+@dataclasses.dataclass
+class _Request:
+    sentences: Sequence[Sequence[str]]
+    tokens: int
+    arrived: float
+    future: concurrent.futures.Future
+
+
+@dataclasses.dataclass
+class BatchStats:
+    """What the batcher has done (read by the service's /metrics).
+
+    Attributes:
+      batches: merged batches run; sentences, tokens: in them.
+      padded_tokens: token positions the devices ran (padding included).
+      compiles: XLA programs compiled since the batcher was made (warm-up included).
+      failures: batches whose embedding raised (their requests got the error).
+    """
+
+    batches: int = 0
+    sentences: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0
+    compiles: int = 0
+    failures: int = 0
+
+
+class DynamicBatcher:
+    """Merges concurrent requests into batches of one embedder (see the module doc).
+
+    Args:
+      embedder: the `SentenceEmbedder` every batch runs on (its `layers` is what each sentence gets).
+      max_batch_tokens: a batch closes once it holds this many tokens (it may hold more: requests are
+        never split).
+      max_wait_s: ... or once its oldest request has waited this long.
+      max_queue_tokens: tokens waiting (not yet in a batch) at most; `submit` refuses beyond.
+      warmup: lists of sentences embedded by `start` before serving, so that the common shapes are
+        compiled before the first request (the service is ready after them).
+      on_batch: called after each batch with (requests, sentences, tokens) in it (the service's histograms).
+    """
+
+    def __init__(
+        self,
+        embedder: SentenceEmbedder,
+        *,
+        max_batch_tokens: int = 16384,
+        max_wait_s: float = 0.005,
+        max_queue_tokens: int = 262144,
+        warmup: Sequence[Sequence[Sequence[str]]] = (),
+        on_batch=None,
+    ):
+        for name, value in (("max_batch_tokens", max_batch_tokens), ("max_queue_tokens", max_queue_tokens)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, found {value!r}")
+        if not max_wait_s >= 0:
+            raise ValueError(f"max_wait_s must be >= 0 seconds, found {max_wait_s!r}")
+        self.embedder = embedder
+        self.max_batch_tokens, self.max_wait_s, self.max_queue_tokens = max_batch_tokens, max_wait_s, max_queue_tokens
+        self._warmup, self.on_batch = list(warmup), on_batch
+        self.stats = BatchStats()
+        self.ready = threading.Event()  # set once the warm-up batches have run
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._queued_tokens = 0
+        self._closing = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._work, name="elmo_jax-batcher", daemon=True)
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, name: str, seconds: float, **kwargs) -> None:
+        if name.endswith("backend_compile_duration"):
+            self.stats.compiles += 1
+
+    @property
+    def queued_tokens(self) -> int:
+        """Tokens of the requests waiting for a batch."""
+        return self._queued_tokens
+
+    @property
+    def queued_requests(self) -> int:
+        return len(self._waiting)
+
+    def start(self) -> None:
+        """Starts the worker thread: the warm-up batches first (`ready` is set after them), then requests."""
+        self._thread.start()
+
+    def submit(self, sentences: Sequence[Sequence[str]]) -> concurrent.futures.Future:
+        """Queues one request's sentences (lists of str tokens, already checked); returns a future of their
+        vectors in order. Raises QueueFull when `max_queue_tokens` would be exceeded or the batcher closes."""
+        tokens = sum(len(s) for s in sentences)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._closing:
+                raise QueueFull("the service is shutting down")
+            # One request larger than the whole bound is still taken when nothing waits (the request caps
+            # bound it), so it cannot be refused forever.
+            if self._waiting and self._queued_tokens + tokens > self.max_queue_tokens:
+                raise QueueFull(f"{self._queued_tokens} tokens are waiting already (at most {self.max_queue_tokens})")
+            self._waiting.append(_Request(sentences, tokens, time.monotonic(), future))
+            self._queued_tokens += tokens
+            self._cond.notify()
+        return future
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stops taking requests, answers every one already accepted, and stops the worker."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _work(self) -> None:
+        try:
+            for sentences in self._warmup:
+                self._embed(sentences)
+            logging.info("warm-up done: %d programs compiled", self.stats.compiles)
+        except Exception as e:  # the service stays up, not ready, and says why
+            logging.error("warm-up failed: %s", e)
+            return
+        self.ready.set()
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            self._run(batch)
+
+    def _next_batch(self) -> list[_Request] | None:
+        """The oldest request and those after it, once full or its wait is over; None once closed and empty."""
+        with self._cond:
+            while not self._waiting:
+                if self._closing:
+                    return None
+                self._cond.wait()
+            deadline = self._waiting[0].arrived + self.max_wait_s
+            while (
+                sum(r.tokens for r in self._waiting) < self.max_batch_tokens
+                and not self._closing
+                and (remaining := deadline - time.monotonic()) > 0
+            ):
+                self._cond.wait(remaining)
+            batch, tokens = [], 0
+            while self._waiting and (not batch or tokens + self._waiting[0].tokens <= self.max_batch_tokens):
+                request = self._waiting.popleft()
+                batch.append(request)
+                tokens += request.tokens
+            self._queued_tokens -= tokens
+            return batch
+
+    def _embed(self, sentences: list) -> list:
+        """`embedder.embed` without its log line (one per batch would flood a service's log)."""
+        return list(self.embedder.stream(sentences, window=max(len(sentences), 1)))
+
+    def _run(self, batch: list[_Request]) -> None:
+        """Embeds a batch and hands each request its own vectors (or the error)."""
+        live = [r for r in batch if r.future.set_running_or_notify_cancel()]
+        sentences = [s for r in live for s in r.sentences]
+        before = self.embedder.stats["padded_tokens"]
+        try:
+            vectors = self._embed(sentences)
+        except Exception as e:  # e.g. device memory: every request of the batch is told
+            self.stats.failures += 1
+            logging.error("a batch of %d sentences failed: %s", len(sentences), e)
+            for r in live:
+                r.future.set_exception(e)
+            return
+        stats = self.stats
+        stats.batches += 1
+        stats.sentences += len(sentences)
+        stats.tokens += sum(r.tokens for r in live)
+        stats.padded_tokens += self.embedder.stats["padded_tokens"] - before
+        if self.on_batch is not None:
+            self.on_batch(len(live), len(sentences), sum(r.tokens for r in live))
+        start = 0
+        for r in live:
+            r.future.set_result(vectors[start : start + len(r.sentences)])
+            start += len(r.sentences)
+
+
+def warmup_sentences(max_tokens: int, max_characters_per_token: int) -> list[list[list[str]]]:
+    """Warm-up batches for a service: text-like batches (sentences of 1 to 64 tokens, and a few longer up to
+    `max_tokens`) of words up to 8, 16 and 24 bytes long (the char CNN's width buckets of most text), and
+    lone sentences of a few lengths (what a single short request runs). Other shapes compile when first
+    met (the service's metrics count them)."""
+    lengths = [n for n in (*range(1, 65), 96, 128, 192, 256) if n <= max_tokens]
+    batches = []
+    for width in sorted({min(w, max_characters_per_token - 2) for w in (8, 16, 24)}):
+        words = ["w" * (1 + i % width) for i in range(width)]  # widths 1..width, the widest in every sentence
+        batches.append([[words[-1]] + [words[i % width] for i in range(n - 1)] for n in lengths])
+    batches += [[["w" * 12] * n] for n in (1, 8, 16, 32) if n <= max_tokens]
+    return batches

@@ -1,0 +1,310 @@
+"""`python -m elmo_jax.serve`: a real HTTP client (http.client) on loopback against the service, in-process
+(uvicorn in a thread, the fixture's tiny biLM on the 8 test devices) and once as a real process (SIGTERM).
+
+References: `elmo_jax.embed` of the same sentences in one padded batch, reduced per output mode by the
+NumPy formulas of tests/reference/elmo_equations.py; the packed rows of the service sum in another order,
+so the float32 bound is derived from rounding (tests/support/tolerance.py).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import http.client
+import io
+import json
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+import uvicorn
+
+import elmo_jax
+from elmo_jax import serve
+from elmo_jax.features.dynamic_batching import DynamicBatcher
+from elmo_jax.features.embed_requests import Limits
+from elmo_jax.features.http_service import Metrics, make_app
+from elmo_jax.features.sentences import SentenceEmbedder
+from tests.reference.elmo_equations import np_scalar_mix, np_sentence_mean
+from tests.support.commands import command_argv, command_env
+from tests.support.tolerance import assert_close_up_to_order, char_cnn_terms, lstm_terms
+
+LIMITS = Limits(max_sentences=6, max_tokens=60, max_sentence_tokens=24, max_token_bytes=48, max_body_bytes=4000)
+WORDS = ["the", "bank", "of", "a", "river", "ran", "dry", "Überschwemmungsgebiet", ".", "x" * 48]
+
+
+def request(port: int, method: str, path: str, body=None, headers=None):
+    """(status, headers, body bytes) of one request on a new connection."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        connection.request(method, path, body=data, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+@contextlib.contextmanager
+def running(app):
+    """The app on a free loopback port, in a thread; yields the port."""
+    sock = serve.listening_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.01)
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(60)
+
+
+def service(embedder, *, token=None, **batcher_options):
+    batcher = DynamicBatcher(embedder, **batcher_options)
+    metrics = Metrics(batcher)
+    batcher.on_batch = metrics.on_batch
+    app = make_app(batcher, limits=LIMITS, n_layers=3, metrics=metrics, auth_token=token)
+    return app, batcher
+
+
+@pytest.fixture(scope="module")
+def tiny_service(tiny_params):
+    """The tiny biLM served with a 50 ms batching window (so concurrent requests share batches)."""
+    embedder = SentenceEmbedder(tiny_params, layers="all", batch_tokens=256)
+    app, batcher = service(embedder, max_batch_tokens=400, max_wait_s=0.05, warmup=[[["the", "bank"]]])
+    with running(app) as port:
+        yield port, batcher
+
+
+def expected_output(layers: np.ndarray, spec) -> np.ndarray:
+    """What a request's `layers` spec gives from one sentence's (L+1, n, D) layers, in float64."""
+    if spec == "all":
+        return layers
+    if spec == "top":
+        return layers[-1]
+    if spec == "average":
+        return np_scalar_mix(layers, np.zeros(3), 1.0)
+    if spec == "sentence_mean":
+        return np_sentence_mean(layers, np.zeros(3), 1.0)
+    if isinstance(spec, dict):
+        return np_scalar_mix(layers, spec["scalars"], spec["gamma"])
+    return layers[spec]
+
+
+def decode(headers, data: bytes, n: int) -> list[np.ndarray]:
+    """The per-sentence arrays of an answer in any of the three encodings."""
+    kind = headers["content-type"]
+    if kind == "application/x-npz":
+        arrays = np.load(io.BytesIO(data))
+        return [arrays[str(i)] for i in range(n)]
+    if kind == "application/x-npy":
+        padded, lengths = np.load(io.BytesIO(data)), [int(x) for x in headers["x-sentence-lengths"].split(",")]
+        if padded.ndim == 2:  # sentence_mean
+            return list(padded)
+        axis = padded.ndim - 3  # the token axis of one sentence: (L+1, T, D) or (T, D)
+        return [p[(slice(None),) * axis + (slice(0, k),)] for p, k in zip(padded, lengths)]
+    answer = json.loads(data)
+    assert answer["shapes"] == [list(np.shape(e)) for e in answer["embeddings"]]
+    dtype = np.float16 if answer["dtype"] == "float16" else np.float32
+    return [np.asarray(e, dtype).reshape(shape) for e, shape in zip(answer["embeddings"], answer["shapes"])]
+
+
+def test_concurrent_mixed_requests_equal_embed(tiny_service, tiny_params):
+    """24 requests from 8 threads at once, of 1-4 sentences of 0-14 tokens (words up to 48 bytes), every
+    output mode and encoding, float16 too: each answer is `embed` of its sentences, in order, whatever
+    batch it shared; and requests did share batches."""
+    port, batcher = tiny_service
+    rng = np.random.default_rng(7)
+    specs = ["all", "top", "average", "sentence_mean", 0, 2, {"scalars": [0.5, -1.0, 2.0], "gamma": 0.7}]
+    kinds = ["application/json", "application/x-npy", "application/x-npz"]
+    requests = []
+    for i in range(24):
+        sentences = [list(rng.choice(WORDS, rng.integers(0, 15))) for _ in range(rng.integers(1, 5))]
+        sentences[0] = sentences[0] or ["the"]  # npy pads to the longest: at least one token somewhere
+        requests.append((sentences, specs[i % len(specs)], kinds[i % 3], i % 5 == 4))
+    everything = [s for r in requests for s in r[0]]
+    layers, _ = elmo_jax.embed(tiny_params, elmo_jax.batch_to_ids(everything))
+    layers = np.asarray(layers, np.float64)
+    batches_before = batcher.stats.batches
+    barrier = threading.Barrier(8)
+
+    def send(chunk):
+        barrier.wait()
+        return [
+            request(port, "POST", "/v1/embed", {"sentences": s, "layers": spec, "float16": f16}, {"Accept": kind})
+            for s, spec, kind, f16 in chunk
+        ]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = [a for chunk in pool.map(send, [requests[k::8] for k in range(8)]) for a in chunk]
+    order = [i for k in range(8) for i in range(k, 24, 8)]
+    first = {i: sum(len(r[0]) for r in requests[:i]) for i in range(24)}
+    for i, (status, headers, data) in zip(order, answers):
+        assert status == 200, data[:300]
+        sentences, spec, kind, f16 = requests[i]
+        assert headers["content-type"] == kind
+        got = decode(headers, data, len(sentences))
+        for k, (sentence, vectors) in enumerate(zip(sentences, got)):
+            reference = expected_output(layers[first[i] + k, :, : len(sentence)], spec)
+            assert vectors.dtype == (np.float16 if f16 else np.float32) and vectors.shape == reference.shape
+            if f16:
+                np.testing.assert_allclose(vectors.astype(np.float32), reference, rtol=2**-10, atol=1e-4)
+            else:
+                terms = char_cnn_terms(tiny_params.config) + lstm_terms(tiny_params.config, len(sentence) + 2)
+                assert_close_up_to_order(vectors, reference, terms, f"request {i} sentence {k}")
+    batches = batcher.stats.batches - batches_before
+    assert 1 <= batches < 24, f"{batches} batches for 24 concurrent requests: none were merged"
+
+
+def test_every_refusal_names_its_field(tiny_service):
+    port, _ = tiny_service
+    cases = [  # body (dict, or raw bytes), headers, status, field, words of the message
+        (b"{not json", {}, 400, "", "not JSON"),
+        (b"[1, 2]", {}, 400, "", "a JSON object, found a list"),
+        ({"sentences": []}, {}, 400, "sentences", "empty"),
+        ({"sentences": "The bank ."}, {}, 400, "sentences", "expected a list"),
+        ({"sentences": ["The bank ."]}, {}, 400, "sentences[0]", 'use "texts"'),
+        ({"sentences": [["the", 5]]}, {}, 400, "sentences[0][1]", "found a number"),
+        ({"texts": [["the"]]}, {}, 400, "texts[0]", "expected a string"),
+        ({"sentences": [["a"]], "texts": ["a"]}, {}, 400, "sentences", "either"),
+        ({"sentences": [["a"]], "model": "original"}, {}, 400, "model", "unknown field"),
+        ({"sentences": [["a"]], "layers": "bottom"}, {}, 400, "layers", "'bottom'"),
+        ({"sentences": [["a"]], "layers": 3}, {}, 400, "layers", "layers 0 to 2"),
+        ({"sentences": [["a"]], "layers": True}, {}, 400, "layers", "boolean"),
+        ({"sentences": [["a"]], "layers": {"scalars": [1, 2]}}, {}, 400, "layers.scalars", "3 finite numbers"),
+        ({"sentences": [["a"]], "float16": "yes"}, {}, 400, "float16", "true or false"),
+        ({"sentences": [["x" * 49]]}, {}, 400, "sentences[0][0]", "49 UTF-8 bytes"),
+        ({"sentences": [["ü" * 25]]}, {}, 400, "sentences[0][0]", "50 UTF-8 bytes"),
+        ({"sentences": [["a"]] * 7}, {}, 413, "sentences", "at most 6"),
+        ({"sentences": [["a"] * 25]}, {}, 413, "sentences[0]", "at most 24 per sentence"),
+        ({"sentences": [["a"] * 20] * 4}, {}, 413, "sentences", "80 tokens; at most 60"),
+        ({"texts": ["a " * 2000]}, {}, 413, "", "at most 4000"),
+        ({"sentences": [["a"]]}, {"Accept": "text/csv"}, 406, "Accept", "application/json"),
+    ]
+    for body, headers, status, field, words in cases:
+        got, response_headers, data = request(tiny_service[0], "POST", "/v1/embed", body, headers)
+        assert got == status, (body, data)
+        error = json.loads(data)["error"]
+        assert error["field"] == field and words in error["message"], (body, error)
+    assert request(port, "GET", "/v1/embed")[0] == 405
+    assert request(port, "POST", "/v1/other", {"sentences": [["a"]]})[0] == 404
+    status, _, data = request(port, "POST", "/v1/embed", {"texts": ["", "the  bank"], "layers": "sentence_mean"})
+    assert status == 200 and json.loads(data)["shapes"] == [[32], [32]]  # an empty text is an empty sentence
+
+
+class GatedEmbedder:
+    """Stands in for a SentenceEmbedder: each `stream` call waits for `gate`, then gives zeros."""
+
+    def __init__(self):
+        self.gate = threading.Event()
+        self.stats = {"padded_tokens": 0}
+
+    def stream(self, sentences, window):
+        assert self.gate.wait(60)
+        return iter([np.zeros((3, len(s), 4), np.float32) for s in sentences])
+
+
+def test_readiness_queue_full_auth_and_metrics():
+    """Not ready while the warm-up runs, ready after; a full queue answers 503 with Retry-After, and
+    the requests it accepted are all answered; a token is required; /metrics counts it all."""
+    embedder = GatedEmbedder()
+    app, batcher = service(
+        embedder, token="s3cret", max_batch_tokens=10, max_wait_s=0, max_queue_tokens=20, warmup=[[["w"]]]
+    )
+    auth = {"Authorization": "Bearer s3cret"}
+    with running(app) as port:
+        assert request(port, "GET", "/healthz")[0] == 200
+        status, _, data = request(port, "GET", "/readyz")
+        assert status == 503 and json.loads(data)["status"] == "warming up (compiling)"
+        embedder.gate.set()
+        assert batcher.ready.wait(10) and request(port, "GET", "/readyz")[0] == 200
+
+        body = {"sentences": [["a"] * 10]}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            status, response_headers, data = request(port, "POST", "/v1/embed", body, headers)
+            assert status == 401 and response_headers["www-authenticate"] == "Bearer", data
+        assert request(port, "GET", "/metrics")[0] == 401
+
+        embedder.gate.clear()  # the devices are busy: one batch runs, the queue fills (20 tokens)
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            accepted = [pool.submit(request, port, "POST", "/v1/embed", body, auth) for _ in range(3)]
+            while batcher.queued_tokens < 20:
+                time.sleep(0.01)
+            status, headers, data = request(port, "POST", "/v1/embed", body, auth)
+            assert status == 503 and headers["retry-after"] == "1" and "busy" in json.loads(data)["error"]["message"]
+            embedder.gate.set()
+            assert [f.result()[0] for f in accepted] == [200, 200, 200]
+
+        status, _, data = request(port, "GET", "/metrics", headers=auth)
+        text = data.decode()
+        assert status == 200
+        for line in (
+            'elmo_requests_total{code="200"} 3.0',
+            'elmo_requests_total{code="401"} 3.0',
+            'elmo_requests_total{code="503"} 1.0',
+            "elmo_request_seconds_count 3.0",
+            "elmo_batch_requests_count 3.0",
+            "elmo_tokens 30.0",
+            "elmo_queue_tokens 0.0",
+            "elmo_ready 1.0",
+        ):
+            assert line in text, (line, text)
+        assert "elmo_padded_tokens" in text and "elmo_compiles" in text
+
+
+@pytest.mark.slow
+def test_sigterm_drains_in_flight_requests_and_exits_0(fixture_dir):
+    """A real process: SIGTERM while three accepted requests wait for their batch stops it taking new
+    connections, answers every one of them, and exits 0."""
+    argv = command_argv(
+        "elmo_jax.serve",
+        f"--options={fixture_dir / 'options.json'}",
+        f"--weights={fixture_dir / 'weights.hdf5'}",
+        "--port=0",
+        "--warmup=false",
+        "--max_wait_ms=3000",
+    )
+    process = subprocess.Popen(argv, env=command_env(2), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("serving on http://127.0.0.1:"), line + process.stderr.read()
+        port = int(line.split(":")[2].split(" ")[0])
+        bodies = [{"sentences": [["the", "bank"] * n]} for n in (1, 3, 7)]
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            answers = [pool.submit(request, port, "POST", "/v1/embed", body) for body in bodies]
+            while "elmo_queue_requests 3.0" not in request(port, "GET", "/metrics")[2].decode():
+                time.sleep(0.05)  # all three accepted, waiting in the 3 s batching window
+            process.send_signal(signal.SIGTERM)
+            results = [a.result() for a in answers]
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert [status for status, _, _ in results] == [200, 200, 200], err[-2000:]
+    for (_, _, data), body in zip(results, bodies):
+        assert json.loads(data)["shapes"] == [[3, len(body["sentences"][0]), 32]]
+    assert process.returncode == 0, err[-2000:]
+    assert "stopped: every accepted request was answered" in out and "Traceback" not in err
+    with pytest.raises(OSError):
+        request(port, "GET", "/healthz")
+
+
+def test_binding_beyond_loopback_needs_a_token(tmp_path, monkeypatch):
+    """Checked before anything is loaded: a token from the file's first line or the environment."""
+    assert serve.is_loopback("127.0.0.1") and serve.is_loopback("::1") and serve.is_loopback("localhost")
+    assert not serve.is_loopback("0.0.0.0") and not serve.is_loopback("10.1.2.3")
+    token_file = tmp_path / "token"
+    token_file.write_text("abc123\n")
+    assert serve.read_token(str(token_file), {}) == "abc123"
+    assert serve.read_token(None, {serve.TOKEN_ENV: "from-env"}) == "from-env"
+    assert serve.read_token(None, {}) is None
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ValueError, match="empty: its first line is empty"):
+        serve.read_token(str(tmp_path / "empty"), {})
+    with pytest.raises(ValueError, match="missing: cannot read it"):
+        serve.read_token(str(tmp_path / "missing"), {})
