@@ -48,6 +48,7 @@ from absl import app, flags, logging
 
 import elmo_jax
 from bench.common import platform_line
+from bench.workloads import make_sentences
 from elmo_jax.features.embed import check_params
 
 FLAGS = flags.FLAGS
@@ -59,21 +60,6 @@ flags.DEFINE_integer("batch_tokens", 4096, "embed_sentences' batch_tokens (its d
 flags.DEFINE_integer("cpu_devices", 0, "Split the CPU into this many JAX devices (0: leave JAX's default).")
 flags.DEFINE_enum("size", "small", ["small", "medium", "original"], "Published model size (random weights).")
 flags.DEFINE_integer("seed", 0, "Seed of the sentences.")
-
-
-def make_sentences(n: int, seed: int) -> list[list[str]]:
-    """n sentences: lognormal lengths clipped to 1-60 tokens; words Zipf-like from 20,000 types whose
-    lengths (1 + Poisson(6), at most 20 letters) are sorted so that the frequent types are the short ones."""
-    rng = np.random.default_rng(seed)
-    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", np.uint8)
-    n_types = 20_000
-    type_lengths = np.sort(np.minimum(1 + rng.poisson(6.0, n_types), 20))
-    types = [rng.choice(letters, k).tobytes().decode() for k in type_lengths]
-    p = 1.0 / (np.arange(n_types) + 2.7)
-    lengths = np.clip(rng.lognormal(2.7, 0.6, n).astype(int), 1, 60)
-    ids = rng.choice(n_types, size=int(lengths.sum()), p=p / p.sum())
-    ends = np.cumsum(lengths)
-    return [[types[i] for i in ids[end - k : end]] for k, end in zip(lengths, ends)]
 
 
 class Compiles:

@@ -1,6 +1,7 @@
 """The inputs the benchmarks feed: random English-like sentences as `embed` and `train_step` see them.
 
-Shared by bench/embed_throughput.py, bench/train_throughput.py and bench/run_all.py (which cannot import
+Shared by bench/embed_throughput.py, bench/train_throughput.py, bench/embed_sentences_vs_loop.py,
+bench/serve_load.py and bench/run_all.py (which cannot import
 those scripts: their absl flags would clash with its own).
 """
 
@@ -53,3 +54,18 @@ def synthetic_window(
         max_characters_per_token=max_chars,
     )
     return next(stream)
+
+
+def make_sentences(n: int, seed: int) -> list[list[str]]:
+    """n sentences: lognormal lengths clipped to 1-60 tokens; words Zipf-like from 20,000 types whose
+    lengths (1 + Poisson(6), at most 20 letters) are sorted so that the frequent types are the short ones."""
+    rng = np.random.default_rng(seed)
+    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", np.uint8)
+    n_types = 20_000
+    type_lengths = np.sort(np.minimum(1 + rng.poisson(6.0, n_types), 20))
+    types = [rng.choice(letters, k).tobytes().decode() for k in type_lengths]
+    p = 1.0 / (np.arange(n_types) + 2.7)
+    lengths = np.clip(rng.lognormal(2.7, 0.6, n).astype(int), 1, 60)
+    ids = rng.choice(n_types, size=int(lengths.sum()), p=p / p.sum())
+    ends = np.cumsum(lengths)
+    return [[types[i] for i in ids[end - k : end]] for k, end in zip(lengths, ends)]

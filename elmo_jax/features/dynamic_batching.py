@@ -214,14 +214,19 @@ class DynamicBatcher:
 
 
 def warmup_sentences(max_tokens: int, max_characters_per_token: int) -> list[list[list[str]]]:
-    """Warm-up batches for a service: text-like batches (sentences of 1 to 64 tokens, and a few longer up to
-    `max_tokens`) of words up to 8, 16 and 24 bytes long (the char CNN's width buckets of most text), and
-    lone sentences of a few lengths (what a single short request runs). Other shapes compile when first
-    met (the service's metrics count them)."""
-    lengths = [n for n in (*range(1, 65), 96, 128, 192, 256) if n <= max_tokens]
+    """Warm-up batches for a service: what requests of text merge into, so that the shapes they run
+    (`packing`: rows of 32, 64, 128... steps, and the partly filled last batch, whose rows and length
+    are rounded to a few sizes) are compiled before the service says it is ready.
+
+    For the char CNN's width buckets of most text (words up to 8, 16 and 24 bytes, the widest word in
+    every sentence), batches of 1, 2, 4, ... 512 sentences of text-like lengths (3 to 52 tokens, at most
+    `max_tokens`). Other shapes compile when first met (the service's metrics count them).
+    """
+    lengths = [min(n, max_tokens) for n in (12, 3, 25, 7, 18, 41, 9, 33, 15, 52, 21, 5)]
     batches = []
     for width in sorted({min(w, max_characters_per_token - 2) for w in (8, 16, 24)}):
-        words = ["w" * (1 + i % width) for i in range(width)]  # widths 1..width, the widest in every sentence
-        batches.append([[words[-1]] + [words[i % width] for i in range(n - 1)] for n in lengths])
-    batches += [[["w" * 12] * n] for n in (1, 8, 16, 32) if n <= max_tokens]
+        words = ["w" * (1 + i % width) for i in range(width)]  # widths 1..width
+        for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
+            sizes = [lengths[(i * 7 + k) % len(lengths)] for i in range(k)]
+            batches.append([[words[-1]] + [words[(i + j) % width] for j in range(n - 1)] for i, n in enumerate(sizes)])
     return batches
