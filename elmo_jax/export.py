@@ -6,7 +6,8 @@
 
 The directory holds the published-format options.json + weights.hdf5, the frozen parameters
 (params.npz), the vocabulary of a training run, and `extractor.jax`: the feature extractor as a
-`jax.export` StableHLO program that runs with jax alone. `elmo_jax.load(MODEL_DIR)` reads it back;
+`jax.export` StableHLO program that runs with jax alone (left out with --noextractor).
+`elmo_jax.load(MODEL_DIR)` reads it back;
 `python -m elmo_jax.embed_file --model=MODEL_DIR` embeds files with it. An existing directory is
 replaced only with --overwrite, and only once the new one is complete.
 """
@@ -32,6 +33,12 @@ def define_flags() -> None:
         ["float32", "bfloat16"],
         "Matmul precision of the exported extractor (float32: the same numbers on every backend).",
     )
+    flags.DEFINE_bool(
+        "extractor",
+        True,
+        "Include extractor.jax (the StableHLO feature extractor); --noextractor: only the weights and "
+        "parameters, a faster export (elmo_jax.load and every command read such a directory too).",
+    )
     flags.DEFINE_bool("overwrite", False, "Replace an existing --output directory.")
 
 
@@ -54,6 +61,7 @@ def run() -> dict:
         compute_dtype=FLAGS.compute_dtype,
         overwrite=FLAGS.overwrite,
         inputs=inputs,
+        extractor=FLAGS.extractor,
     )
     total = sum(entry["bytes"] for entry in manifest["files"].values())
     print(f"wrote {FLAGS.output} ({total / 2**20:.1f} MiB: {', '.join(sorted(manifest['files']))}) from {source}")

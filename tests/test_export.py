@@ -156,12 +156,20 @@ def test_export_of_a_training_workdir_embeds_like_the_trained_parameters(trained
     np.testing.assert_array_equal(
         np.asarray(elmo_jax.embed(elmo_jax.load(out), chars)[0]), np.asarray(elmo_jax.embed(trained, chars)[0])
     )
-    # An older checkpoint by --step.
+    # An older checkpoint by --step, without the extractor (its own export is checked above).
     older = run_in_process(
-        "elmo_jax.export", f"--workdir={workdir}", f"--step={TRAINED_STEPS[0]}", f"--output={tmp_path / 'older'}"
+        "elmo_jax.export",
+        f"--workdir={workdir}",
+        f"--step={TRAINED_STEPS[0]}",
+        f"--output={tmp_path / 'older'}",
+        "--noextractor",
     )
     assert older.returncode == 0, older.stderr[-3000:]
-    assert json.loads((tmp_path / "older" / "manifest.json").read_text())["source"].endswith(f"step {TRAINED_STEPS[0]}")
+    manifest = json.loads((tmp_path / "older" / "manifest.json").read_text())
+    assert manifest["source"].endswith(f"step {TRAINED_STEPS[0]}") and "extractor.jax" not in manifest["files"]
+    assert not (tmp_path / "older" / "extractor.jax").exists()
+    older_params = elmo_jax.load(tmp_path / "older")
+    assert older_params.config == trained.config
 
 
 @pytest.mark.parametrize(
