@@ -198,13 +198,15 @@ def test_every_refusal_names_its_field(tiny_service):
 
 
 class GatedEmbedder:
-    """Stands in for a SentenceEmbedder: each `stream` call waits for `gate`, then gives zeros."""
+    """Stands in for a SentenceEmbedder: each `stream` call sets `running`, waits for `gate`, then gives
+    zeros."""
 
     def __init__(self):
-        self.gate = threading.Event()
+        self.gate, self.running = threading.Event(), threading.Event()
         self.stats = {"padded_tokens": 0}
 
     def stream(self, sentences, window):
+        self.running.set()
         assert self.gate.wait(60)
         return iter([np.zeros((3, len(s), 4), np.float32) for s in sentences])
 
@@ -230,9 +232,12 @@ def test_readiness_queue_full_auth_and_metrics():
             assert status == 401 and response_headers["www-authenticate"] == "Bearer", data
         assert request(port, "GET", "/metrics")[0] == 401
 
-        embedder.gate.clear()  # the devices are busy: one batch runs, the queue fills (20 tokens)
+        embedder.gate.clear()  # the devices are busy with one batch, then the queue fills (20 tokens)
+        embedder.running.clear()
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            accepted = [pool.submit(request, port, "POST", "/v1/embed", body, auth) for _ in range(3)]
+            accepted = [pool.submit(request, port, "POST", "/v1/embed", body, auth)]
+            assert embedder.running.wait(30)
+            accepted += [pool.submit(request, port, "POST", "/v1/embed", body, auth) for _ in range(2)]
             while batcher.queued_tokens < 20:
                 time.sleep(0.01)
             status, headers, data = request(port, "POST", "/v1/embed", body, auth)
