@@ -55,9 +55,10 @@ from elmo_jax.formats.model_dir import write_model_dir  # noqa: E402
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("sentences", 4000, "Sentences to draw requests from (cycled when a phase needs more).")
 flags.DEFINE_integer("per_request", 8, "Sentences per request.")
-flags.DEFINE_integer("connections", 16, "Concurrent connections of the saturating phase.")
+flags.DEFINE_integer("connections", 32, "Concurrent connections of the saturating phase.")
 flags.DEFINE_float("duration_s", 30.0, "Seconds per phase at most.")
 flags.DEFINE_float("max_wait_ms", 5.0, "The service's --max_wait_ms.")
+flags.DEFINE_integer("max_queue_tokens", 8192, "The service's --max_queue_tokens (small: overload shows 503s).")
 flags.DEFINE_enum("size", "small", ["small", "medium", "original"], "Published model size (random weights).")
 flags.DEFINE_integer("rounds", 2, "Alternating rounds of offline and saturated (the median ratio is reported).")
 flags.DEFINE_string("output", "", "Also write the results as JSON here.")
@@ -72,7 +73,8 @@ def write_model(directory: str) -> elmo_jax.BiLMParams:
 def start_service(model_dir: str) -> tuple[subprocess.Popen, int]:
     argv = [
         sys.executable, "-m", "elmo_jax.serve", f"--model={model_dir}", "--port=0",
-        f"--max_wait_ms={FLAGS.max_wait_ms}", "--max_sentence_tokens=64",
+        f"--max_wait_ms={FLAGS.max_wait_ms}", f"--max_queue_tokens={FLAGS.max_queue_tokens}",
+        "--max_sentence_tokens=64",
     ]  # fmt: skip
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = process.stdout.readline()
@@ -182,7 +184,7 @@ def open_loop_phase(port: int, sentences, rate: float) -> dict:
         status, _, tokens = clients.client.embed(batch)
         return status, time.perf_counter() - (start + at), tokens
 
-    with concurrent.futures.ThreadPoolExecutor(64) as pool:
+    with concurrent.futures.ThreadPoolExecutor(128) as pool:  # more than the service's queue holds
         futures = [pool.submit(one, at, next(source)) for at in schedule]
         results = [f.result() for f in futures]
     seconds = time.perf_counter() - start

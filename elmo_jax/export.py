@@ -36,8 +36,8 @@ def define_flags() -> None:
     flags.DEFINE_bool(
         "extractor",
         True,
-        "Include extractor.jax (the StableHLO feature extractor); --noextractor: only the weights and "
-        "parameters, a faster export (elmo_jax.load and every command read such a directory too).",
+        "Include extractor.jax (the StableHLO feature extractor). Without it (--noextractor) the export is "
+        "faster and holds the weights and parameters only, which elmo_jax.load and every command read.",
     )
     flags.DEFINE_bool("overwrite", False, "Replace an existing --output directory.")
 
