@@ -31,7 +31,21 @@ read by `bench/hlo_cost.py`, which counts every loop body as often as it runs; X
 - the roofline: step time = max(FLOP time at the published bfloat16 peak, HBM bytes at the published
   bandwidth), ignoring collectives (their bytes are listed) and the gaps between kernels, so it is a
   lower bound of a real step; utilisation = FLOP time / step time; MFU = the model's FLOPs
-  (`elmo_jax.model.flops`, nominal, each chip's share) at the peak / step time.
+  (`elmo_jax.model.flops`, nominal, each chip's share) at the peak / step time;
+- the same with the read half of each scatter-add's read-modify-write counted (`scatter_read_bytes`);
+- the serial roofline (`serial_ms`): each kernel's own max(FLOP time, HBM time), summed, as if no two
+  kernels overlapped;
+- the compiler's estimate (`estimated_ms`): each kernel's `estimated_cycles` (its backend config) times
+  its loop trips at the chip's clock (`CHIPS`, derived from published figures, with sources), plus the
+  serial time of the kernels it gives no estimate for (scatters, gathers, async copies, collectives);
+  util. and MFU from it as above. Until a TPU runs the step (bench/tpu_first_run.py), the closest thing
+  to a clock;
+- collectives by kind and their time over the chip's published ICI bandwidth (`ici_ms`: bytes / the
+  bidirectional per-chip figure, a rough lower bound, not added to any step time).
+
+`--table` prints one row per case, the newest revision's (`--all_rows`: every row of the file); `--top=N`
+prints a case's largest kernels by HBM bytes and by `--top_by` time; `--kernels=FILE` prints the stored
+per-kernel tables (the 20 kernels with the largest estimated times of each current row).
 """
 
 from __future__ import annotations
