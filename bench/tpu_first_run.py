@@ -17,9 +17,9 @@ three estimates, with the measured util. (FLOP time at the chip's peak / measure
 also a JSON line in --output, so the first real run calibrates the estimates (which of them predicts a
 TPU's step time, and by how much it is off).
 
---smoke runs configs/tiny.py, cut to one LSTM layer, two filters, no highway layer and 4 x 2 windows, on
-the default device (CPU) with a 1 x 1 mesh: no estimates to compare with, but every other part of the
-script runs, in about 4 CPU-seconds (tests/test_tpu_first_run.py).
+--smoke runs configs/tiny.py, cut to one LSTM layer, two filters, no highway layer and 4 x 2 windows of
+random 4-letter words, its 100-word softmax updated densely, on the default device (CPU) with a 1 x 1
+mesh: no estimates to compare with, but the rest of the script runs (tests/test_tpu_first_run.py).
 """
 
 from __future__ import annotations
@@ -103,9 +103,7 @@ def time_case(case_name: str, o: Options) -> dict:
     """Runs a case's train step: compile and warm-up, then `o.steps` timed steps; their times in seconds."""
     import jax
 
-    from bench.workloads import synthetic_window
     from elmo_jax.training import jitted_steps, settings, sharding
-    from elmo_jax.training.batch_feed import device_batch
 
     if o.smoke:
         case, module, vocab_size = tpu_compile.Case("v5e-1", "tiny", "float32", 1, 1, 4), "configs.tiny", 100
@@ -117,15 +115,14 @@ def time_case(case_name: str, o: Options) -> dict:
         config.model.filters, config.model.n_highway, config.model.n_layers = ((1, 4), (2, 4)), 0, 1
         config.unroll_steps = 2
     config.compute_dtype = case.dtype
-    variant = tpu_compile.VARIANTS.get(case.variant, {})
+    # The smoke run updates its 100-word softmax densely: a smaller program to compile.
+    variant = {"sparse_softmax_update": False} if o.smoke else tpu_compile.VARIANTS.get(case.variant, {})
     cfg = dataclasses.replace(settings.step_config(config, vocab_size), **variant)
     mesh = sharding.make_mesh(case.data, case.model, jax.devices()[: case.data * case.model])
     steps = jitted_steps.jit_steps(mesh, cfg, settings.optimizer(config), case.batch)
     start = time.perf_counter()
     state = steps.init(jax.random.key(0), None, None)
-    window = synthetic_window(case.batch, cfg.unroll_steps, cfg.model.max_characters_per_token, vocab_size)
-    batch, _ = device_batch(window, cfg.model.max_characters_per_token)
-    batch = jax.device_put(batch, steps.batch)
+    batch = jax.device_put(_smoke_batch(cfg, case.batch) if o.smoke else _window(cfg, case.batch), steps.batch)
     positions = min(o.positions, cfg.model.max_characters_per_token)
     times, first = [], None
     for k in range(o.warmup + o.steps):
@@ -136,6 +133,35 @@ def time_case(case_name: str, o: Options) -> dict:
         if k >= o.warmup:
             times.append(time.perf_counter() - t)
     return {"first_s": first, "step_s": times, "tokens": 2 * case.batch * cfg.unroll_steps}
+
+
+def _window(cfg, rows: int) -> dict:
+    """One window of both directions of random sentences, as training feeds it (`device_batch`)."""
+    from bench.workloads import synthetic_window
+    from elmo_jax.training.batch_feed import device_batch
+
+    C = cfg.model.max_characters_per_token
+    return device_batch(synthetic_window(rows, cfg.unroll_steps, C, cfg.vocab_size), C)[0]
+
+
+def _smoke_batch(cfg, rows: int) -> dict:
+    """A random window (words of 4 characters) without the data pipeline, for the smoke run."""
+    import numpy as np
+
+    from elmo_jax.model.chars import BOW_CHAR, EOW_CHAR, PAD_CHAR
+
+    rng = np.random.default_rng(0)
+    D, T, C = 2, cfg.unroll_steps, cfg.model.max_characters_per_token
+    char_ids = np.full((D, rows, T, C), PAD_CHAR, np.int32)
+    char_ids[..., 0], char_ids[..., 5] = BOW_CHAR, EOW_CHAR
+    char_ids[..., 1:5] = rng.integers(0, 256, (D, rows, T, 4))
+    return {
+        "char_ids": char_ids,
+        "targets": rng.integers(0, cfg.vocab_size, (D, rows, T)).astype(np.int32),
+        "mask": np.ones((D, rows, T), bool),
+        "carry": np.zeros((D, rows), bool),
+        "reset": np.zeros((D, rows, T), bool),
+    }
 
 
 def report(case_name: str, measured: dict, row: dict | None, device_kind: str) -> dict:
