@@ -22,6 +22,19 @@ XLA's own "bytes accessed". Collectives (all-reduce, all-gather, reduce-scatter,
 collective-permute) are also summed apart, by the bytes of their results, with whether they run
 inside a loop.
 
+Three more readings of the same program, beside those totals (`times`):
+
+- scatter reads: an in-place scatter that combines (a scatter-add: its `to_apply` is not "take the
+  update") reads each row it updates before writing it back; the bytes above count only the write, so
+  `scatter_read_bytes` adds the read half of that read-modify-write (the update's size, for each such
+  scatter whose result is in HBM);
+- the serial roofline: each kernel (top-level instruction) on its own takes the larger of its FLOP
+  time and its HBM time (scatter reads included), and kernels do not overlap: the sum, loops counted;
+- the compiler's estimate: the TPU compiler writes its cost model's `"estimated_cycles"` into the
+  backend config of most kernels (fusions, copies, reductions: in `window_config`); each kernel's cycles
+  times its loop trips, at the chip's clock, plus, for kernels it gives no estimate for (scatters and
+  gathers of its custom fusions, asynchronous copies, collectives), their serial roofline time.
+
 `analyse(text)` returns a `Cost` with totals and every top-level instruction's share, each attributed
 to the innermost frames of the Python source that made it (the HLO's stack-frame tables).
 """
@@ -129,6 +142,21 @@ class Item:
     hbm_bytes: float  # only operands and results in HBM, plus copies between HBM and on-chip memory
     collective_bytes: float
     in_loop: bool
+    scatter_read_bytes: float = 0.0  # the read half of in-place combining scatters' updates, in HBM
+    cycles: float | None = None  # the compiler's estimated_cycles x count; None: no estimate given
+
+    def seconds(self, peak_flops: float, hbm_bandwidth: float, clock_hz: float | None) -> dict[str, float]:
+        """This kernel's FLOP, HBM (scatter reads included), serial (the larger) and estimated times."""
+        flop_s = self.mxu_flops / peak_flops
+        hbm_s = (self.hbm_bytes + self.scatter_read_bytes) / hbm_bandwidth
+        serial_s = max(flop_s, hbm_s)
+        estimated = self.cycles / clock_hz if self.cycles is not None and clock_hz else None
+        return {
+            "flop_s": flop_s,
+            "hbm_s": hbm_s,
+            "serial_s": serial_s,
+            "estimated_s": serial_s if estimated is None else estimated,
+        }
 
 
 @dataclasses.dataclass
@@ -142,8 +170,41 @@ class Cost:
     items: list[Item]
     loops: list[tuple[str, int, str]]  # (while instruction, trip count, op_name)
 
+    @property
+    def scatter_read_bytes(self) -> float:
+        return sum(i.scatter_read_bytes for i in self.items)
+
+    def collectives_by_kind(self) -> dict[str, float]:
+        """Collective bytes per kind (all-reduce, all-gather, ...), async starts under their kind."""
+        kinds = collections.Counter()
+        for i in self.items:
+            if i.collective_bytes:
+                kinds[i.opcode.removesuffix("-start")] += i.collective_bytes
+        return dict(kinds)
+
+    def times(self, peak_flops: float, hbm_bandwidth: float, clock_hz: float | None) -> dict[str, float]:
+        """Seconds per run of the program on a chip of these figures (see the module docstring):
+        flop_s, hbm_s (scatter reads counted), serial_s (sum of per-kernel maxima), estimated_s (the
+        compiler's cycles at clock_hz plus the serial time of kernels without an estimate; None without a
+        clock), of which unestimated_s, and estimated_kernels (kernels with an estimate)."""
+        per = [i.seconds(peak_flops, hbm_bandwidth, clock_hz) for i in self.items]
+        unestimated = sum(t["serial_s"] for t, i in zip(per, self.items) if i.cycles is None)
+        return {
+            "flop_s": self.mxu_flops / peak_flops,
+            "hbm_s": (self.hbm_bytes + self.scatter_read_bytes) / hbm_bandwidth,
+            "serial_s": sum(t["serial_s"] for t in per),
+            "estimated_s": sum(t["estimated_s"] for t in per) if clock_hz else None,
+            "unestimated_s": unestimated,
+            "estimated_kernels": sum(i.cycles is not None for i in self.items),
+        }
+
     def top(self, n: int = 15, key: str = "bytes") -> list[Item]:
         return sorted(self.items, key=lambda i: -getattr(i, key))[:n]
+
+    def top_by_time(self, n: int, peak_flops: float, hbm_bandwidth: float, clock_hz: float | None, key="estimated_s"):
+        """The n kernels with the largest `key` time (estimated_s, serial_s, flop_s, hbm_s): [(item, times)]."""
+        rows = [(i, i.seconds(peak_flops, hbm_bandwidth, clock_hz)) for i in self.items]
+        return sorted(rows, key=lambda r: -r[1][key])[:n]
 
     def by_where(self, key: str = "bytes") -> list[tuple[str, float]]:
         totals = collections.Counter()
@@ -311,6 +372,16 @@ def _frames(tables: dict):
         return " < ".join(names) or "-"
 
     return where
+
+
+_CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
+
+
+def _estimated_cycles(attrs: str) -> int | None:
+    """The TPU compiler's cost-model estimate for one run of a kernel (its backend config's
+    `"estimated_cycles":"N"`), or None where it gives none."""
+    m = _CYCLES.search(attrs)
+    return int(m.group(1)) if m else None
 
 
 def _trip_count(instr: Instr, computations) -> int:
@@ -490,6 +561,42 @@ class _Analyser:
                 shapes.append(None)  # all of the result
         return (root.opcode == "tuple", shapes) if special else "all"
 
+    def _combines(self, scatter: Instr) -> bool:
+        """Whether a scatter combines the update with what is there (scatter-add) rather than overwrites."""
+        body = self.computations.get(_attr(scatter.attrs, "to_apply"), [])
+        root = next((i for i in body if i.root), None)
+        return root is not None and root.opcode != "parameter"
+
+    def _rmw_updates(self, name: str) -> list:
+        """Per result of a fused computation (one, or each of a tuple's): the update shape of a combining
+        in-place scatter that writes it (its read-modify-write reads that much), else None."""
+        body = self.computations.get(name, [])
+        by_name = {i.name: i for i in body}
+        root = next((i for i in body if i.root), None)
+        if root is None:
+            return []
+        parts = [by_name.get(o) for o in root.operands] if root.opcode == "tuple" else [root]
+        out = []
+        for part in parts:
+            if part is not None and part.opcode == "scatter" and self._combines(part):
+                out.append(self.shapes.get(part.operands[-1], ""))
+            elif part is not None and part.opcode == "fusion":
+                inner = self._rmw_updates(_attr(part.attrs, "calls"))
+                out.append(inner[0] if len(inner) == 1 else None)
+            else:
+                out.append(None)
+        return out
+
+    def scatter_read(self, i: Instr) -> float:
+        """The read half of a top-level fusion's in-place combining scatters, for results in HBM."""
+        if i.opcode != "fusion":
+            return 0.0  # an unfused scatter's traffic already counts all of its operand
+        updates = self._rmw_updates(_attr(i.attrs, "calls"))
+        elements = _tuple_elements(i.shape) if len(updates) > 1 else [i.shape]
+        return sum(
+            _bytes(update, False) for update, element in zip(updates, elements) if update and _bytes(element, True)
+        )
+
     def _traffic(self, i: Instr, hbm: bool) -> tuple[float, float]:
         """(bytes read, bytes written) by one top-level instruction; hbm: only arrays in HBM."""
         if i.opcode in ("copy-start", "slice-start"):  # asynchronous moves between memory spaces
@@ -583,6 +690,8 @@ class _Analyser:
                     hbm_bytes=(hbm_read + hbm_written) * count,
                     collective_bytes=collective * count,
                     in_loop=in_loop,
+                    scatter_read_bytes=self.scatter_read(i) * count,
+                    cycles=_estimated_cycles(i.attrs) * count if _estimated_cycles(i.attrs) is not None else None,
                 )
             )
 
@@ -615,19 +724,28 @@ def analyse_once(text: str) -> Cost:
 
 
 def main(argv: list[str]) -> None:
-    """python bench/hlo_cost.py HLO_FILE [N]: totals, the N largest instructions by HBM bytes and the N
-    largest source locations (innermost project frames) by HBM bytes."""
+    """python bench/hlo_cost.py HLO_FILE [N [KEY]]: totals, the N largest instructions by KEY (hbm_bytes,
+    the default; cycles: the compiler's estimate; flops; scatter_read_bytes) and the N largest source
+    locations (innermost project frames) by HBM bytes."""
     text = open(argv[1]).read()
     n = int(argv[2]) if len(argv) > 2 else 20
+    key = argv[3] if len(argv) > 3 else "hbm_bytes"
     cost = analyse(text)
+    estimated = [i for i in cost.items if i.cycles is not None]
     print(
         f"FLOPs {cost.flops / 1e9:,.0f} G (MXU passes {cost.mxu_flops / 1e9:,.0f} G), "
-        f"HBM {cost.hbm_bytes / 1e9:.2f} GB, "
+        f"HBM {cost.hbm_bytes / 1e9:.2f} GB (+{cost.scatter_read_bytes / 1e9:.2f} GB scatter reads), "
         f"collectives {cost.collective_bytes / 1e9:.2f} GB ({cost.collective_bytes_in_loops / 1e9:.2f} GB inside loops)"
     )
+    print(
+        f"estimated cycles {sum(i.cycles for i in estimated) / 1e6:,.2f} M over {len(estimated)} of "
+        f"{len(cost.items)} kernels; without an estimate: "
+        f"{sum(i.hbm_bytes + i.scatter_read_bytes for i in cost.items if i.cycles is None) / 1e9:.2f} GB"
+    )
     print("loops (trip counts):", ", ".join(f"{name} x{trips}" for name, trips, _ in cost.loops))
-    for i in cost.top(n, "hbm_bytes"):
-        print(f"{i.hbm_bytes / 1e9:7.3f} GB x{i.count:<4} {i.opcode:<12} {i.where[:80]:<80} {i.op_name[-50:]}")
+    for i in sorted(cost.items, key=lambda i: -(getattr(i, key) or 0))[:n]:
+        cycles = f"{i.cycles / 1e6:8.3f} Mc" if i.cycles is not None else "     - Mc"
+        print(f"{i.hbm_bytes / 1e9:7.3f} GB {cycles} x{i.count:<4} {i.opcode:<12} {i.where[:80]:<80} {i.op_name[-50:]}")
     print("by source location:")
     for where, total in cost.by_where("hbm_bytes")[:n]:
         print(f"{total / 1e9:7.3f} GB  {where}")

@@ -31,7 +31,21 @@ read by `bench/hlo_cost.py`, which counts every loop body as often as it runs; X
 - the roofline: step time = max(FLOP time at the published bfloat16 peak, HBM bytes at the published
   bandwidth), ignoring collectives (their bytes are listed) and the gaps between kernels, so it is a
   lower bound of a real step; utilisation = FLOP time / step time; MFU = the model's FLOPs
-  (`elmo_jax.model.flops`, nominal, each chip's share) at the peak / step time.
+  (`elmo_jax.model.flops`, nominal, each chip's share) at the peak / step time;
+- the same with the read half of each scatter-add's read-modify-write counted (`scatter_read_bytes`);
+- the serial roofline (`serial_ms`): each kernel's own max(FLOP time, HBM time), summed, as if no two
+  kernels overlapped;
+- the compiler's estimate (`estimated_ms`): each kernel's `estimated_cycles` (its backend config) times
+  its loop trips at the chip's clock (`CHIPS`, derived from published figures, with sources), plus the
+  serial time of the kernels it gives no estimate for (scatters, gathers, async copies, collectives);
+  util. and MFU from it as above. Until a TPU runs the step (bench/tpu_first_run.py), the closest thing
+  to a clock;
+- collectives by kind and their time over the chip's published ICI bandwidth (`ici_ms`: bytes / the
+  bidirectional per-chip figure, a rough lower bound, not added to any step time).
+
+`--table` prints one row per case, the newest revision's (`--all_rows`: every row of the file); `--top=N`
+prints a case's largest kernels by HBM bytes and by `--top_by` time; `--kernels=FILE` prints the stored
+per-kernel tables (the 20 kernels with the largest estimated times of each current row).
 """
 
 from __future__ import annotations
@@ -58,7 +72,14 @@ flags.DEFINE_string(
     "reanalyse", "", "Recount the traffic of a results file's rows from their HLO files in --hlo_dir (no compiling)."
 )
 flags.DEFINE_string("hlo_dir", "", "Also write each case's optimised HLO here (CASE.hlo.txt).")
-flags.DEFINE_integer("top", 0, "Print each case's N largest instructions by HBM bytes.")
+flags.DEFINE_integer(
+    "top", 0, "Print each case's N largest instructions by HBM bytes and its per-kernel table (--top_by)."
+)
+flags.DEFINE_enum(
+    "top_by", "estimated_ms", ["estimated_ms", "serial_ms", "flop_ms", "hbm_ms"], "The per-kernel table's order."
+)
+flags.DEFINE_string("kernels", "", "Print the per-kernel tables (--top, --top_by) of a results file's current rows.")
+flags.DEFINE_bool("all_rows", False, "--table: every row of the file, not only each case's current one.")
 flags.DEFINE_integer("timeout", 3600, "Seconds allowed per case.")
 flags.DEFINE_integer("positions", 24, "Char CNN positions compiled for (char ids of a typical 1B Word batch).")
 flags.DEFINE_string(
@@ -74,20 +95,72 @@ EMBED_TOKENS = 40
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-    """Published per-chip figures: dense bfloat16 FLOP/s, HBM bytes and HBM bytes/s."""
+    """Published per-chip figures: dense bfloat16 FLOP/s, HBM bytes and HBM bytes/s; the TensorCore clock
+    (cycles/s: the unit of the compiler's `estimated_cycles`) and the bidirectional inter-chip interconnect
+    (ICI) bytes/s, None where no public source gives them."""
 
     kind: str
     peak_flops: float
     hbm_bytes: float
     hbm_bandwidth: float
     source: str
+    clock_hz: float | None = None
+    ici_bandwidth: float | None = None
+    clock_source: str = ""
+    ici_source: str = ""
 
 
+# The clocks are derived from public figures: peak bfloat16 FLOP/s = clock x MXUs per chip x 16,384
+# multiply-accumulates per MXU per cycle x 2 FLOPs ("Each MXU is capable of performing 16K multiply-
+# accumulate operations per cycle": https://cloud.google.com/tpu/docs/system-architecture-tpu-vm; MXUs per
+# TensorCore and TensorCores per chip: each chip's page). v5e: 197e12 / (1 x 4 x 16384 x 2) = 1.50 GHz;
+# v4: 275e12 / (2 x 4 x 16384 x 2) = 1.05 GHz; v5p: 459e12 / (2 x 4 x 16384 x 2) = 1.75 GHz. v6e: its page
+# documents two 256 x 256 MXUs per TensorCore, which would give 3.5 GHz; not used until a source states
+# the clock, so v6e rows have no compiler-estimated time. ICI: "Bidirectional inter-chip interconnect
+# (ICI) bandwidth (per chip)" on each chip's page (v4's page gives none).
+_MXU_FLOPS_PER_CYCLE = 16384 * 2
+_CLOCK_SOURCE = "peak / (MXUs x 16K MACs x 2): https://cloud.google.com/tpu/docs/system-architecture-tpu-vm"
 CHIPS = {
-    "v4": Chip("TPU v4", 275e12, 32 * GIB, 1200e9, "https://cloud.google.com/tpu/docs/v4"),
-    "v5e": Chip("TPU v5 lite", 197e12, 16 * GIB, 819e9, "https://cloud.google.com/tpu/docs/v5e"),
-    "v5p": Chip("TPU v5", 459e12, 95 * GIB, 2765e9, "https://cloud.google.com/tpu/docs/v5p"),
-    "v6e": Chip("TPU v6 lite", 918e12, 32 * GIB, 1638e9, "https://cloud.google.com/tpu/docs/v6e"),
+    "v4": Chip(
+        "TPU v4",
+        275e12,
+        32 * GIB,
+        1200e9,
+        "https://cloud.google.com/tpu/docs/v4",
+        clock_hz=275e12 / (8 * _MXU_FLOPS_PER_CYCLE),
+        clock_source=_CLOCK_SOURCE,
+    ),
+    "v5e": Chip(
+        "TPU v5 lite",
+        197e12,
+        16 * GIB,
+        819e9,
+        "https://cloud.google.com/tpu/docs/v5e",
+        clock_hz=197e12 / (4 * _MXU_FLOPS_PER_CYCLE),
+        ici_bandwidth=400e9,
+        clock_source=_CLOCK_SOURCE,
+        ici_source="https://cloud.google.com/tpu/docs/v5e",
+    ),
+    "v5p": Chip(
+        "TPU v5",
+        459e12,
+        95 * GIB,
+        2765e9,
+        "https://cloud.google.com/tpu/docs/v5p",
+        clock_hz=459e12 / (8 * _MXU_FLOPS_PER_CYCLE),
+        ici_bandwidth=1200e9,
+        clock_source=_CLOCK_SOURCE,
+        ici_source="https://cloud.google.com/tpu/docs/v5p",
+    ),
+    "v6e": Chip(
+        "TPU v6 lite",
+        918e12,
+        32 * GIB,
+        1638e9,
+        "https://cloud.google.com/tpu/docs/v6e",
+        ici_bandwidth=800e9,
+        ici_source="https://cloud.google.com/tpu/docs/v6e",
+    ),
 }
 
 # Our name -> (chip, libtpu topology name, extra arguments of get_topology_desc). v4 and v5p chips have
@@ -215,8 +288,8 @@ def lower_embed(case: Case, devices):
     return lowered, embed_flops(config, case.batch, EMBED_TOKENS), case.batch * EMBED_TOKENS
 
 
-def cost_fields(text: str) -> dict:
-    """A result's figures read from the compiled program's text (`hlo_cost`)."""
+def cost_fields(text: str, chip: Chip) -> dict:
+    """A result's figures read from the compiled program's text (`hlo_cost`), times at the chip's figures."""
     from bench import hlo_cost
 
     cost = hlo_cost.analyse(text)
@@ -232,15 +305,47 @@ def cost_fields(text: str) -> dict:
         }
         for i in cost.top(FLAGS.top or 12, "hbm_bytes")
     ]
+    times = cost.times(chip.peak_flops, chip.hbm_bandwidth, chip.clock_hz)
+    kernels = [
+        {
+            "name": i.name,
+            "opcode": i.opcode,
+            "where": i.where,
+            "op": i.op_name[-80:],
+            "count": i.count,
+            "hbm_bytes": i.hbm_bytes + i.scatter_read_bytes,
+            "flops": i.mxu_flops,
+            "cycles": i.cycles,
+            **{key.replace("_s", "_ms"): 1e3 * value for key, value in t.items()},
+        }
+        for i, t in cost.top_by_time(
+            max(FLAGS.top, 20),
+            chip.peak_flops,
+            chip.hbm_bandwidth,
+            chip.clock_hz,
+            key="estimated_s" if chip.clock_hz else "serial_s",
+        )
+    ]
+    ms = lambda seconds: None if seconds is None else 1e3 * seconds  # noqa: E731
     return {
         "flops": cost.flops,
         "mxu_flops": cost.mxu_flops,
         "hbm_bytes": cost.hbm_bytes,
+        "scatter_read_bytes": cost.scatter_read_bytes,
         "operand_bytes": cost.bytes,
         "collective_bytes": cost.collective_bytes,
         "collective_bytes_in_loops": cost.collective_bytes_in_loops,
+        "collectives": cost.collectives_by_kind(),
+        "serial_ms": ms(times["serial_s"]),
+        "estimated_ms": ms(times["estimated_s"]),
+        "unestimated_ms": ms(times["unestimated_s"]),
+        "estimated_cycles": sum(i.cycles for i in cost.items if i.cycles is not None),
+        "estimated_kernels": times["estimated_kernels"],
+        "kernels_counted": len(cost.items),
+        "clock_hz": chip.clock_hz,
         "loops": [[name, trips] for name, trips, _ in cost.loops],
         "top": top,
+        "kernels": kernels,
     }
 
 
@@ -256,7 +361,7 @@ def reanalyse(results: pathlib.Path, hlo_dir: pathlib.Path) -> None:
     for r in rows:
         path = hlo_dir / pathlib.Path(r.get("hlo", "")).name if r.get("hlo") else None
         if path and path.exists() and "error" not in r:
-            r.update(cost_fields(path.read_text()))
+            r.update(cost_fields(path.read_text(), Case.parse(r["case"]).chip))
             print(f"{r['case']} ({r.get('revision')}): HBM {r['hbm_bytes'] / 1e9:.2f} GB", flush=True)
     results.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -301,7 +406,7 @@ def compile_case(case: Case) -> dict:
         "compile_s": round(compile_s, 1),
         "xla_flops": float(xla.get("flops", 0.0)),
         "xla_bytes": float(xla.get("bytes accessed", 0.0)),
-        **cost_fields(text),
+        **cost_fields(text, case.chip),
         "hlo": str(path),
         "model_flops_per_chip": model_flops / chips,
         "tokens": tokens,
@@ -341,11 +446,17 @@ def _error_line(stderr: str) -> str:
 
 
 def roofline(r: dict) -> dict:
-    """Step time, tokens/s, utilisation and MFU of a result, from its chip's published peaks."""
+    """Step times, tokens/s, utilisation and MFU of a result, from its chip's published figures: the
+    roofline (as before, and with scatter reads), the serial per-kernel roofline, the compiler's estimate
+    and the collectives' ICI time (None where a row or a chip lacks the figure)."""
     chip = Case.parse(r["case"]).chip
     flop_s = r["mxu_flops"] / chip.peak_flops
     memory_s = r["hbm_bytes"] / chip.hbm_bandwidth
     step_s = max(flop_s, memory_s)
+    scatter_s = max(flop_s, (r["hbm_bytes"] + r.get("scatter_read_bytes", 0.0)) / chip.hbm_bandwidth)
+    util = lambda ms: None if ms is None else flop_s / (ms / 1e3)  # noqa: E731
+    mfu = lambda ms: None if ms is None else r["model_flops_per_chip"] / chip.peak_flops / (ms / 1e3)  # noqa: E731
+    serial_ms, estimated_ms = r.get("serial_ms"), r.get("estimated_ms")
     return {
         "flop_ms": 1e3 * flop_s,
         "memory_ms": 1e3 * memory_s,
@@ -354,28 +465,72 @@ def roofline(r: dict) -> dict:
         "utilisation": flop_s / step_s,
         "mfu": r["model_flops_per_chip"] / chip.peak_flops / step_s,
         "headroom": 1.0 - r["total"] / chip.hbm_bytes,
+        "scatter_step_ms": 1e3 * scatter_s if "scatter_read_bytes" in r else None,
+        "scatter_utilisation": flop_s / scatter_s if "scatter_read_bytes" in r else None,
+        "serial_ms": serial_ms,
+        "serial_utilisation": util(serial_ms),
+        "estimated_ms": estimated_ms,
+        "estimated_utilisation": util(estimated_ms),
+        "estimated_mfu": mfu(estimated_ms),
+        "estimated_tokens_per_s": r["tokens"] / (estimated_ms / 1e3) if estimated_ms else None,
+        "ici_ms": 1e3 * r["collective_bytes"] / chip.ici_bandwidth if chip.ici_bandwidth else None,
     }
 
 
+COLUMNS = (
+    "| case | revision | plan GiB (args + temp) | of HBM | compile s | GFLOP | MXU GFLOP | HBM GB | "
+    "collectives GB | FLOP ms | HBM ms | step ms | tokens/s (slice) | util. | MFU | "
+    "+ scatter reads GB | util. (scatter reads) | serial ms | serial util. | est. ms | est. util. | est. MFU | "
+    "ICI ms |"
+)
+
+
+def current_rows(results: list[dict]) -> list[dict]:
+    """One row per case: the one of the newest revision (by commit time; a "+dirty" row after its commit;
+    among rows of one revision, the last in the file). Older rows stay in the JSON-lines history."""
+    best: dict[str, tuple] = {}
+    for position, r in enumerate(results):
+        revision = r.get("revision", "")
+        key = (_commit_time(revision.removesuffix("+dirty")), revision.endswith("+dirty"), position)
+        if r["case"] not in best or key > best[r["case"]][0]:
+            best[r["case"]] = (key, r)
+    return [r for _, r in sorted(best.values(), key=lambda kr: kr[1]["case"])]
+
+
+_COMMIT_TIMES: dict[str, int] = {}
+
+
+def _commit_time(revision: str) -> int:
+    """The committer time of a revision (seconds), -1 if git does not know it."""
+    if revision not in _COMMIT_TIMES:
+        out = subprocess.run(
+            ["git", "show", "-s", "--format=%ct", revision], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+        _COMMIT_TIMES[revision] = int(out) if out.isdigit() else -1
+    return _COMMIT_TIMES[revision]
+
+
 def table(results: list[dict]) -> list[str]:
-    head = (
-        "| case | revision | plan GiB (args + temp) | of HBM | compile s | GFLOP | MXU GFLOP | HBM GB | "
-        "collectives GB | FLOP ms | HBM ms | step ms | tokens/s (slice) | util. | MFU |"
-    )
+    head = COLUMNS
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    f = lambda value, spec, scale=1.0: "-" if value is None else format(value * scale, spec)  # noqa: E731
     for r in results:
         if "error" in r:
             lines.append(f"| {r['case']} | {r.get('revision', '')} | **{r['error']}** |" + " |" * (head.count("|") - 4))
             continue
         x = roofline(r)
         fits = "" if x["headroom"] >= 0.15 else " (under 15% headroom)"
+        scatter = r.get("scatter_read_bytes")
         lines.append(
             f"| {r['case']} | {r.get('revision', '')} "
             f"| {r['total'] / GIB:.2f} ({r['arguments'] / GIB:.2f} + {r['temporaries'] / GIB:.2f}) | "
             f"{1 - x['headroom']:.0%}{fits} | {r['compile_s']:.0f} | {r['flops'] / 1e9:,.0f} | "
             f"{r['mxu_flops'] / 1e9:,.0f} | {r['hbm_bytes'] / 1e9:.2f} | {r['collective_bytes'] / 1e9:.2f} | "
             f"{x['flop_ms']:.1f} | {x['memory_ms']:.1f} | {x['step_ms']:.1f} | {x['tokens_per_s']:,.0f} | "
-            f"{x['utilisation']:.1%} | {x['mfu']:.1%} |"
+            f"{x['utilisation']:.1%} | {x['mfu']:.1%} | {f(scatter, '.2f', 1e-9)} | "
+            f"{f(x['scatter_utilisation'], '.1%')} | "
+            f"{f(x['serial_ms'], '.1f')} | {f(x['serial_utilisation'], '.1%')} | {f(x['estimated_ms'], '.1f')} | "
+            f"{f(x['estimated_utilisation'], '.1%')} | {f(x['estimated_mfu'], '.1%')} | {f(x['ici_ms'], '.2f')} |"
         )
     return lines
 
@@ -386,6 +541,21 @@ def print_top(r: dict) -> None:
         print(
             f"    {i['hbm_bytes'] / 1e9:7.3f} GB x{i['count']:<4} {i['opcode']:<12} "
             f"{i['where'][:70]:<70} {i['op'][-50:]}"
+        )
+    if r.get("kernels"):
+        print_kernels(r, FLAGS.top_by, FLAGS.top)
+
+
+def print_kernels(r: dict, key: str = "estimated_ms", n: int = 20) -> None:
+    """The per-kernel table of a row (its `kernels`: the largest by the compiler's estimate when compiled),
+    sorted by `key` (estimated_ms, serial_ms, flop_ms, hbm_ms)."""
+    print(f"  kernels of {r['case']} ({r.get('revision', '')}) by {key}, per step, all executions:")
+    print(f"    {'est. ms':>8} {'serial':>7} {'FLOP ms':>7} {'HBM ms':>7} {'Mcycles':>8} trips opcode       where / op")
+    for k in sorted(r["kernels"], key=lambda k: -(k.get(key) or 0))[:n]:
+        cycles = "-" if k["cycles"] is None else f"{k['cycles'] / 1e6:.2f}"
+        print(
+            f"    {k['estimated_ms']:8.3f} {k['serial_ms']:7.3f} {k['flop_ms']:7.3f} {k['hbm_ms']:7.3f} "
+            f"{cycles:>8} x{k['count']:<4} {k['opcode']:<12} {k['where'][:60]:<60} {k['op'][-40:]}"
         )
 
 
@@ -401,7 +571,13 @@ def main(argv):
         return
     if FLAGS.table:
         results = [json.loads(line) for line in pathlib.Path(FLAGS.table).read_text().splitlines() if line.strip()]
-        print("\n".join(table(results)))
+        print("\n".join(table(results if FLAGS.all_rows else current_rows(results))))
+        return
+    if FLAGS.kernels:
+        results = [json.loads(line) for line in pathlib.Path(FLAGS.kernels).read_text().splitlines() if line.strip()]
+        for r in current_rows(results):
+            if r.get("kernels") and (not FLAGS.cases or r["case"] in FLAGS.cases):
+                print_kernels(r, FLAGS.top_by, FLAGS.top or 20)
         return
     import jax
 

@@ -14,14 +14,16 @@ bench/RESULTS_tpu_compile.md, "The LSTM time loop"). Here:
 - the forward loop saves only the gate pre-activations z (D, B, 4H), the cell and output state it read
   (after resets) and the projection before its clip, per step;
 - the reverse loop recomputes the activations from z (elementwise, the same function as the forward,
-  differentiated by `jax.vjp`), carries only the state's and the bias's gradients, and emits each
-  step's dz and projection gradient;
+  differentiated by `jax.vjp`), carries only the state's gradients (and the bias's, except on a TPU:
+  there the bias's is one sum of the stored dz after the loop), and emits each step's dz and projection
+  gradient;
 - the kernel's gradient (input and recurrent halves together) and the inputs' are then one product
   each over all steps and rows (T·B rows): dz is read twice, instead of once for each of the input
   kernel, the recurrent kernel, the inputs and the bias. The stacks that only these products read
   (dz, h_prev, the projection's input and gradient) are stored in the matmul dtype, to which the
-  products cast them anyway: the same numbers, and in bfloat16 half the bytes (dz alone is 0.34 GB
-  per layer per v5e chip of the `bilm_large` step in float32, written once and read twice).
+  products cast them anyway: the same numbers (on a TPU, in bfloat16, the bias's sum reads that rounded
+  dz too, accumulating in float32), and in bfloat16 half the bytes (dz alone is 0.34 GB per layer per
+  v5e chip of the `bilm_large` step in float32, written once and read twice).
   (Computing the inputs' gradient inside the loop instead made the TPU compiler read the input kernel
   from HBM at every step, which moved more, the more so when dz's product takes the whole kernel at
   once: bench/RESULTS_tpu_compile.md, "The LSTM time loop".)
@@ -191,9 +193,33 @@ def _backward(s: Settings, saved, cotangents):
     (z, c_prev, h_prev, h_projected), inputs, W_0, W_P, mask, resets = saved  # residuals (T, D, B, ·)
     d_outputs, dc_final, dh_final = cotangents
     P_in = inputs.shape[-1]
+    args = (z, c_prev, h_projected, d_outputs, mask, resets, W_0[:, P_in:], W_P, dc_final, dh_final)
+    # The bias's gradient: on a TPU one sum of the stored dz after the loop (a per-step sum in the loop was
+    # the TPU compiler's largest estimated kernel of the LSTM: it recomputed dz from z at every step);
+    # elsewhere a per-step sum in the loop, which a CPU runs faster (bench/RESULTS_tpu_compile.md, "The
+    # compiler's estimate").
+    (dc0, dh0), (dz, d_projected, h), d_bias = lax.platform_dependent(
+        *args,
+        tpu=functools.partial(_reverse_loop, s, False),
+        default=functools.partial(_reverse_loop, s, True),
+    )
+    # One product over every step and row for each gradient that needs dz, instead of per-step
+    # accumulators: the kernel's (inputs and state together) and the inputs'.
+    dW_0 = einsum("tdbp,tdbg->dpg", jnp.concatenate([inputs, h_prev], axis=-1), dz, s.dtype)
+    d_inputs = einsum("tdbg,dpg->tdbp", dz, W_0[:, :P_in], s.dtype)
+    dW_P = None if W_P is None else einsum("tdbh,tdbp->dhp", h, d_projected, s.dtype)
+    return d_inputs, dW_0, d_bias, dW_P, None, None, dc0, dh0
+
+
+def _reverse_loop(s: Settings, bias_in_loop: bool, z, c_prev, h_projected, d_outputs, mask, resets, W_h, W_P, dc, dh):
+    """The backward time loop: ((dc0, dh0), stacked (dz, d_projected, h) in the matmul dtype, d_bias (D, 4H)).
+
+    bias_in_loop: the bias's gradient summed step by step in the loop, else once over the stored dz after
+    it (float32 accumulation either way; in bfloat16 the stored dz is the rounded one the products read).
+    """
 
     def body(carry, t):
-        dc, dh, d_bias = carry  # gradients of the state this step hands on; of the bias so far
+        dc, dh, d_bias = carry  # gradients of the state this step hands on; of the bias so far (or None)
         z_t, c_prev_t, h_projected_t, d_out, live = z[t], c_prev[t], h_projected[t], d_outputs[t], mask[t]
         fresh = None if resets is None else resets[t]
         live = live[..., None]
@@ -214,17 +240,13 @@ def _backward(s: Settings, saved, cotangents):
         # dtype: casting here instead gives the same numbers and, in bfloat16, halves the bytes the
         # loop writes and the products read (dz is the largest, (D, B, 4H) per step).
         stored = jax.tree.map(lambda a: a.astype(s.dtype), (dz, d_projected, h_t))
-        return (dc_prev, dh_prev, d_bias + jnp.sum(dz, axis=1)), stored
+        return (dc_prev, dh_prev, None if d_bias is None else d_bias + jnp.sum(dz, axis=1)), stored
 
-    W_h = W_0[:, P_in:]
-    init = (dc_final, dh_final, jnp.zeros((z.shape[1], z.shape[-1]), jnp.float32))
-    (dc0, dh0, d_bias), (dz, d_projected, h) = stacked_scan(body, init, z.shape[0], unroll=s.unroll, reverse=True)
-    # One product over every step and row for each gradient that needs dz, instead of per-step
-    # accumulators: the kernel's (inputs and state together) and the inputs'.
-    dW_0 = einsum("tdbp,tdbg->dpg", jnp.concatenate([inputs, h_prev], axis=-1), dz, s.dtype)
-    d_inputs = einsum("tdbg,dpg->tdbp", dz, W_0[:, :P_in], s.dtype)
-    dW_P = None if W_P is None else einsum("tdbh,tdbp->dhp", h, d_projected, s.dtype)
-    return d_inputs, dW_0, d_bias, dW_P, None, None, dc0, dh0
+    d_bias = jnp.zeros((z.shape[1], z.shape[-1]), jnp.float32) if bias_in_loop else None
+    (dc0, dh0, d_bias), stacks = stacked_scan(body, (dc, dh, d_bias), z.shape[0], unroll=s.unroll, reverse=True)
+    if not bias_in_loop:
+        d_bias = jnp.sum(stacks[0], axis=(0, 2), dtype=jnp.float32)
+    return (dc0, dh0), stacks, d_bias
 
 
 recurrence.defvjp(_forward, _backward)

@@ -1,0 +1,137 @@
+"""bench/hlo_cost.py's readings of a compiled program, on a small hand-written HLO module (no libtpu, no
+compiling): the read half of a scatter-add's read-modify-write, the serial per-kernel roofline, the
+compiler-estimated time (each kernel's `estimated_cycles` times its loop trips at a clock, plus the
+serial time of kernels without an estimate) and collectives by kind."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import hlo_cost
+
+HLO = """HloModule m, entry_computation_layout={()->f32[]}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%take (c: f32[], d: f32[]) -> f32[] {
+  %c = f32[] parameter(0)
+  ROOT %d = f32[] parameter(1)
+}
+
+%scatter_add_fused (p0: f32[1024,128], p1: s32[16,1], p2: f32[16,128]) -> f32[1024,128] {
+  %p0 = f32[1024,128]{1,0} parameter(0)
+  %p1 = s32[16,1]{1,0} parameter(1)
+  %p2 = f32[16,128]{1,0} parameter(2)
+  ROOT %sc = f32[1024,128]{1,0} scatter(%p0, %p1, %p2), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add
+}
+
+%scatter_set_fused (q0: f32[1024,128], q1: s32[16,1], q2: f32[16,128]) -> f32[1024,128] {
+  %q0 = f32[1024,128]{1,0} parameter(0)
+  %q1 = s32[16,1]{1,0} parameter(1)
+  %q2 = f32[16,128]{1,0} parameter(2)
+  ROOT %sc.1 = f32[1024,128]{1,0} scatter(%q0, %q1, %q2), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%take
+}
+
+%dot_fused (r0: bf16[128,256], r1: bf16[256,256]) -> bf16[128,256] {
+  %r0 = bf16[128,256]{1,0} parameter(0)
+  %r1 = bf16[256,256]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[128,256]{1,0} dot(%r0, %r1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%body (t: (s32[], bf16[128,256], bf16[256,256])) -> (s32[], bf16[128,256], bf16[256,256]) {
+  %t = (s32[], bf16[128,256]{1,0}, bf16[256,256]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %h = bf16[128,256]{1,0} get-tuple-element(%t), index=1
+  %w = bf16[256,256]{1,0} get-tuple-element(%t), index=2
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one), backend_config={"window_config":{"estimated_cycles":"10"}}
+  %h.1 = bf16[128,256]{1,0} fusion(%h, %w), kind=kOutput, calls=%dot_fused, backend_config={"window_config":{"estimated_cycles":"1000"}}
+  ROOT %t.1 = (s32[], bf16[128,256]{1,0}, bf16[256,256]{1,0}) tuple(%next, %h.1, %w)
+}
+
+%cond (u: (s32[], bf16[128,256], bf16[256,256])) -> pred[] {
+  %u = (s32[], bf16[128,256]{1,0}, bf16[256,256]{1,0}) parameter(0)
+  %j = s32[] get-tuple-element(%u), index=0
+  %four = s32[] constant(4)
+  ROOT %lt = pred[] compare(%j, %four), direction=LT
+}
+
+ENTRY %main (table: f32[1024,128], ids: s32[16,1], rows: f32[16,128], h0: bf16[128,256], k: bf16[256,256]) -> f32[1024,128] {
+  %table = f32[1024,128]{1,0} parameter(0)
+  %ids = s32[16,1]{1,0} parameter(1)
+  %rows = f32[16,128]{1,0} parameter(2)
+  %h0 = bf16[128,256]{1,0} parameter(3)
+  %k = bf16[256,256]{1,0} parameter(4)
+  %added = f32[1024,128]{1,0} fusion(%table, %ids, %rows), kind=kCustom, calls=%scatter_add_fused
+  %set = f32[1024,128]{1,0} fusion(%added, %ids, %rows), kind=kCustom, calls=%scatter_set_fused
+  %summed = f32[16,128]{1,0} all-reduce(%rows), replica_groups={}, to_apply=%add
+  %zero = s32[] constant(0)
+  %init = (s32[], bf16[128,256]{1,0}, bf16[256,256]{1,0}) tuple(%zero, %h0, %k)
+  %loop = (s32[], bf16[128,256]{1,0}, bf16[256,256]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"4"}}
+  ROOT %out = f32[1024,128]{1,0} copy(%set), backend_config={"window_config":{"estimated_cycles":"500"}}
+}
+"""  # noqa: E501 (HLO lines as the compiler writes them)
+
+UPDATE = 16 * 128 * 4  # one scatter's update rows, f32
+TABLE = 1024 * 128 * 4
+PEAK, BANDWIDTH, CLOCK = 1e12, 1e9, 1e9  # round figures: FLOP/s, HBM bytes/s, cycles/s
+
+
+@pytest.fixture(scope="module")
+def cost():
+    return hlo_cost.analyse(HLO)
+
+
+def item(cost, opcode, op_name=None, name=None):
+    return next(i for i in cost.items if i.opcode == opcode and (name is None or i.name == name))
+
+
+def test_only_a_combining_scatter_reads_what_it_updates(cost):
+    added, overwritten = item(cost, "fusion", name="added"), item(cost, "fusion", name="set")
+    # both count the update written and their ids and rows read, not the untouched table
+    assert added.hbm_bytes == overwritten.hbm_bytes == UPDATE + 64 + UPDATE
+    assert added.scatter_read_bytes == UPDATE  # scatter-add: the rows it adds to are read first
+    assert overwritten.scatter_read_bytes == 0  # scatter that overwrites: nothing read back
+    assert cost.scatter_read_bytes == UPDATE
+
+
+def test_estimated_cycles_are_counted_per_loop_trip(cost):
+    product = item(cost, "fusion", name="h.1")
+    assert product.count == 4 and product.cycles == 4 * 1000
+    assert product.flops == 4 * 2 * 128 * 256 * 256
+    assert item(cost, "copy", name="out").cycles == 500
+    assert item(cost, "fusion", name="added").cycles is None  # the scatters carry no estimate
+    assert item(cost, "all-reduce").cycles is None
+
+
+def test_the_three_times(cost):
+    t = cost.times(PEAK, BANDWIDTH, CLOCK)
+    per = {i.name: i.seconds(PEAK, BANDWIDTH, CLOCK) for i in cost.items}
+    # the roofline's HBM time counts the scatter-add's read
+    assert t["hbm_s"] == pytest.approx((cost.hbm_bytes + UPDATE) / BANDWIDTH)
+    assert t["flop_s"] == pytest.approx(4 * 2 * 128 * 256 * 256 / PEAK)
+    # serial: each kernel's own max(FLOP time, HBM time), summed
+    product = item(cost, "fusion", name="h.1")
+    product_hbm = 4 * (2 * 128 * 256 * 2 + 256 * 256 * 2) / BANDWIDTH
+    assert per["h.1"]["serial_s"] == pytest.approx(max(product.flops / PEAK, product_hbm))
+    assert t["serial_s"] == pytest.approx(sum(p["serial_s"] for p in per.values()))
+    assert t["serial_s"] >= max(t["flop_s"], t["hbm_s"]) * (1 - 1e-12)
+    # estimated: cycles at the clock where there are some, the serial time of the others
+    no_estimate = ["added", "set", "summed"]
+    unestimated = sum(per[n]["serial_s"] for n in no_estimate)
+    assert unestimated == pytest.approx((2 * (2 * UPDATE + 64) + UPDATE + 2 * UPDATE) / BANDWIDTH)
+    assert t["unestimated_s"] == pytest.approx(unestimated)
+    assert t["estimated_s"] == pytest.approx((4 * 1000 + 4 * 10 + 500) / CLOCK + unestimated)
+    assert cost.times(PEAK, BANDWIDTH, None)["estimated_s"] is None  # no clock, no estimate
+
+
+def test_collectives_by_kind_and_the_slowest_kernels(cost):
+    assert cost.collectives_by_kind() == {"all-reduce": UPDATE}
+    top = cost.top_by_time(2, PEAK, BANDWIDTH, CLOCK)
+    assert [i.name for i, _ in top] == ["added", "set"]  # 16.4 us each of HBM time against 4 us of cycles
+    by_cycles = cost.top_by_time(1, PEAK, BANDWIDTH, CLOCK, key="flop_s")
+    assert by_cycles[0][0].name == "h.1"
