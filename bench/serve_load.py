@@ -55,9 +55,11 @@ from elmo_jax.formats.model_dir import write_model_dir  # noqa: E402
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("sentences", 4000, "Sentences to draw requests from (cycled when a phase needs more).")
 flags.DEFINE_integer("per_request", 8, "Sentences per request.")
-flags.DEFINE_integer("connections", 32, "Concurrent connections of the saturating phase.")
+flags.DEFINE_integer("connections", 64, "Concurrent connections of the saturating phase.")
 flags.DEFINE_float("duration_s", 30.0, "Seconds per phase at most.")
 flags.DEFINE_float("max_wait_ms", 5.0, "The service's --max_wait_ms.")
+flags.DEFINE_integer("max_batch_tokens", 4096, "The service's --max_batch_tokens.")
+flags.DEFINE_integer("workers", 2, "The service's --workers.")
 flags.DEFINE_integer("max_queue_tokens", 8192, "The service's --max_queue_tokens (small: overload shows 503s).")
 flags.DEFINE_enum("size", "small", ["small", "medium", "original"], "Published model size (random weights).")
 flags.DEFINE_integer("rounds", 2, "Alternating rounds of offline and saturated (the median ratio is reported).")
@@ -74,6 +76,7 @@ def start_service(model_dir: str) -> tuple[subprocess.Popen, int]:
     argv = [
         sys.executable, "-m", "elmo_jax.serve", f"--model={model_dir}", "--port=0",
         f"--max_wait_ms={FLAGS.max_wait_ms}", f"--max_queue_tokens={FLAGS.max_queue_tokens}",
+        f"--max_batch_tokens={FLAGS.max_batch_tokens}", f"--workers={FLAGS.workers}",
         "--max_sentence_tokens=64",
     ]  # fmt: skip
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -104,13 +107,23 @@ class Client:
     """One keep-alive connection; `embed` returns (status, seconds, tokens)."""
 
     def __init__(self, port: int):
+        self.port = port
         self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+
+    def _post(self, body: bytes) -> http.client.HTTPResponse:
+        self.connection.request("POST", "/v1/embed", body=body, headers={"Accept": "application/x-npy"})
+        return self.connection.getresponse()
 
     def embed(self, sentences: list[list[str]]) -> tuple[int, float, int]:
         body = json.dumps({"sentences": sentences, "layers": "all"}).encode()
         start = time.perf_counter()
-        self.connection.request("POST", "/v1/embed", body=body, headers={"Accept": "application/x-npy"})
-        response = self.connection.getresponse()
+        try:
+            response = self._post(body)
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # The service closes a keep-alive connection idle for 5 s (uvicorn's default): open another.
+            self.connection.close()
+            self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=300)
+            response = self._post(body)
         data = response.read()
         seconds = time.perf_counter() - start
         if response.status == 200:

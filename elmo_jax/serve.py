@@ -38,13 +38,16 @@ def define_flags() -> None:
         "auth_token_file", None, f"A file holding the bearer token requests must carry (or ${TOKEN_ENV})."
     )
     flags.DEFINE_integer("batch_tokens", 4096, "Time steps per device batch (rows x row length): device memory.")
-    flags.DEFINE_integer("max_batch_tokens", 16384, "A merged batch closes once it holds this many tokens ...")
+    flags.DEFINE_integer("max_batch_tokens", 4096, "A merged batch closes once it holds this many tokens ...")
     flags.DEFINE_float("max_wait_ms", 5.0, "... or once its oldest request has waited this long.")
     flags.DEFINE_integer("max_queue_tokens", 262144, "Tokens waiting for a batch at most; beyond: 503 + Retry-After.")
     flags.DEFINE_integer("max_sentences", 256, "Sentences per request at most (413 beyond).")
     flags.DEFINE_integer("max_tokens", 16384, "Tokens per request at most (413 beyond).")
     flags.DEFINE_integer("max_sentence_tokens", 512, "Tokens per sentence at most (413 beyond).")
     flags.DEFINE_integer("max_body_bytes", 8 << 20, "Bytes per request body at most (413 beyond).")
+    flags.DEFINE_integer(
+        "workers", 2, "Batches in flight: one is formed and dispatched while another's results are awaited."
+    )
     flags.DEFINE_bool("warmup", True, "Compile the common shapes before reporting ready.")
     flags.DEFINE_float("shutdown_timeout_s", 60.0, "After SIGTERM: how long open requests may take to finish.")
     flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Matmul precision.")
@@ -76,7 +79,7 @@ def read_token(path: str | None, environ=os.environ) -> str | None:
 
 def check_flags() -> str | None:
     """Checks the flags before anything is loaded; returns the token (None: none set)."""
-    for name in ("batch_tokens", "max_batch_tokens", "max_queue_tokens", "max_sentences", "max_tokens"):
+    for name in ("batch_tokens", "max_batch_tokens", "max_queue_tokens", "max_sentences", "max_tokens", "workers"):
         if getattr(FLAGS, name) < 1:
             raise ValueError(f"--{name}={getattr(FLAGS, name)}: expected a positive integer")
     if FLAGS.max_sentence_tokens < 1 or FLAGS.max_body_bytes < 1:
@@ -109,15 +112,16 @@ def build_app(params, token: str | None, on_start=None):
         max_token_bytes=C - 2,
         max_body_bytes=FLAGS.max_body_bytes,
     )
-    embedder = SentenceEmbedder(
-        params, layers="all", batch_tokens=FLAGS.batch_tokens, compute_dtype=FLAGS.compute_dtype
-    )
+    embedders = [
+        SentenceEmbedder(params, layers="all", batch_tokens=FLAGS.batch_tokens, compute_dtype=FLAGS.compute_dtype)
+        for _ in range(FLAGS.workers)
+    ]
     batcher = DynamicBatcher(
-        embedder,
+        embedders,
         max_batch_tokens=FLAGS.max_batch_tokens,
         max_wait_s=FLAGS.max_wait_ms / 1000,
         max_queue_tokens=FLAGS.max_queue_tokens,
-        warmup=warmup_sentences(FLAGS.max_sentence_tokens, C) if FLAGS.warmup else (),
+        warmup=warmup_sentences(embedders[0], FLAGS.max_sentence_tokens) if FLAGS.warmup else (),
     )
     metrics = Metrics(batcher)
     batcher.on_batch = metrics.on_batch

@@ -1,17 +1,19 @@
 """Dynamic batching: sentences of requests that arrive at random, from many connections, merged into the
 batches of one `SentenceEmbedder` and the answers split back (what `python -m elmo_jax.serve` runs).
 
-    batcher = DynamicBatcher(SentenceEmbedder(params, layers="all"), max_batch_tokens=16384, max_wait_s=0.005)
+    batcher = DynamicBatcher([SentenceEmbedder(params, layers="all") for _ in range(2)], max_wait_s=0.005)
     batcher.start()                                   # warm-up compiles, then serving
     future = batcher.submit([["The", "bank", "."]])   # from any thread; QueueFull when over the bound
     vectors = future.result()                         # [float32 (L+1, 3, 2P)], as `embed_sentences` gives
     batcher.close()                                   # what was accepted is answered first
 
-One worker thread takes the oldest waiting request, then whatever else is waiting, until the batch holds
+A worker thread takes the oldest waiting request, then whatever else is waiting, until the batch holds
 `max_batch_tokens` tokens or `max_wait_s` has passed since that oldest request arrived (so a lone request
 waits at most that long, and under load, while the devices run one batch, the next one fills up), and
-embeds it with the embedder's packed rows on every local device. Every sentence starts from a zero LSTM
-state, so its vectors do not depend on the requests it was batched with.
+embeds it with the embedder's packed rows on every local device. With two workers (each its own
+embedder, the programs shared), one forms and dispatches a batch while the other waits for its results.
+Every sentence starts from a zero LSTM state, so its vectors do not depend on the requests it was
+batched with.
 
 What waits is bounded in tokens (`max_queue_tokens`): `submit` refuses more at once (the service answers
 503), so memory stays bounded under any overload. Counts for the service's metrics are kept in `stats`.
@@ -29,6 +31,7 @@ from collections.abc import Sequence
 import jax
 from absl import logging
 
+from elmo_jax.features.packing import BOUNDARY_STEPS, MIN_ROW, RowPacker, row_length
 from elmo_jax.features.sentences import SentenceEmbedder
 
 
@@ -67,7 +70,10 @@ class DynamicBatcher:
     """Merges concurrent requests into batches of one embedder (see the module doc).
 
     Args:
-      embedder: the `SentenceEmbedder` every batch runs on (its `layers` is what each sentence gets).
+      embedder: the `SentenceEmbedder` batches run on (its `layers` is what each sentence gets), or a list
+        of them, one per worker thread: while one worker waits for its batch's results, the next one
+        forms and dispatches the next batch, so host work (forming batches, splitting answers) overlaps
+        the devices' (their programs are shared: more workers compile nothing more).
       max_batch_tokens: a batch closes once it holds this many tokens (it may hold more: requests are
         never split).
       max_wait_s: ... or once its oldest request has waited this long.
@@ -79,9 +85,9 @@ class DynamicBatcher:
 
     def __init__(
         self,
-        embedder: SentenceEmbedder,
+        embedder: SentenceEmbedder | Sequence[SentenceEmbedder],
         *,
-        max_batch_tokens: int = 16384,
+        max_batch_tokens: int = 4096,
         max_wait_s: float = 0.005,
         max_queue_tokens: int = 262144,
         warmup: Sequence[Sequence[Sequence[str]]] = (),
@@ -92,7 +98,9 @@ class DynamicBatcher:
                 raise ValueError(f"{name} must be a positive integer, found {value!r}")
         if not max_wait_s >= 0:
             raise ValueError(f"max_wait_s must be >= 0 seconds, found {max_wait_s!r}")
-        self.embedder = embedder
+        self.embedders = list(embedder) if isinstance(embedder, Sequence) else [embedder]
+        if not self.embedders:
+            raise ValueError("at least one embedder is needed")
         self.max_batch_tokens, self.max_wait_s, self.max_queue_tokens = max_batch_tokens, max_wait_s, max_queue_tokens
         self._warmup, self.on_batch = list(warmup), on_batch
         self.stats = BatchStats()
@@ -101,7 +109,11 @@ class DynamicBatcher:
         self._queued_tokens = 0
         self._closing = False
         self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._work, name="elmo_jax-batcher", daemon=True)
+        self._stats_lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._work, args=(i,), name=f"elmo_jax-batcher-{i}", daemon=True)
+            for i in range(len(self.embedders))
+        ]
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
 
     def _on_event(self, name: str, seconds: float, **kwargs) -> None:
@@ -118,8 +130,10 @@ class DynamicBatcher:
         return len(self._waiting)
 
     def start(self) -> None:
-        """Starts the worker thread: the warm-up batches first (`ready` is set after them), then requests."""
-        self._thread.start()
+        """Starts the worker threads: the first runs the warm-up batches (`ready` is set after them), then
+        every worker takes requests."""
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, sentences: Sequence[Sequence[str]]) -> concurrent.futures.Future:
         """Queues one request's sentences (lists of str tokens, already checked); returns a future of their
@@ -135,36 +149,50 @@ class DynamicBatcher:
                 raise QueueFull(f"{self._queued_tokens} tokens are waiting already (at most {self.max_queue_tokens})")
             self._waiting.append(_Request(sentences, tokens, time.monotonic(), future))
             self._queued_tokens += tokens
-            self._cond.notify()
+            self._cond.notify_all()
         return future
 
     def close(self, timeout: float | None = None) -> None:
-        """Stops taking requests, answers every one already accepted, and stops the worker."""
+        """Stops taking requests, answers every one already accepted, and stops the workers."""
         with self._cond:
             self._closing = True
-            self._cond.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+            self._cond.notify_all()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout)
 
-    def _work(self) -> None:
-        try:
-            for sentences in self._warmup:
-                self._embed(sentences)
-            logging.info("warm-up done: %d programs compiled", self.stats.compiles)
-        except Exception as e:  # the service stays up, not ready, and says why
-            logging.error("warm-up failed: %s", e)
-            return
-        self.ready.set()
+    def _work(self, worker: int) -> None:
+        embedder = self.embedders[worker]
+        if worker == 0:
+            try:
+                for sentences in self._warmup:
+                    self._embed(embedder, sentences)
+                logging.info("warm-up done: %d programs compiled", self.stats.compiles)
+            except Exception as e:  # the service stays up, not ready, and says why
+                logging.error("warm-up failed: %s", e)
+                return
+            self.ready.set()
+        else:  # the warm-up's programs first: two workers would compile the same shape twice
+            while not self.ready.wait(0.5):
+                if self._closing:
+                    return
         while True:
-            batch = self._next_batch()
+            batch = self._next_batch(worker)
             if batch is None:
                 return
-            self._run(batch)
+            self._run(embedder, batch)
 
-    def _next_batch(self) -> list[_Request] | None:
-        """The oldest request and those after it, once full or its wait is over; None once closed and empty."""
+    def _next_batch(self, worker: int) -> list[_Request] | None:
+        """The oldest request and those after it, once full or its wait is over; None once closed and empty.
+        Workers after the first take a batch only while half a batch or more waits: under a light load
+        one worker runs one batch at a time and the requests that arrive meanwhile form the next (small
+        batches run on the devices side by side cost nearly as much as one each: an LSTM step's time
+        hardly depends on its rows), under a heavy load they overlap."""
         with self._cond:
-            while not self._waiting:
+            while True:
+                busy = worker == 0 or self._closing or self._queued_tokens >= self.max_batch_tokens // 2
+                if self._waiting and busy:
+                    break
                 if self._closing:
                     return None
                 self._cond.wait()
@@ -183,50 +211,65 @@ class DynamicBatcher:
             self._queued_tokens -= tokens
             return batch
 
-    def _embed(self, sentences: list) -> list:
+    @staticmethod
+    def _embed(embedder: SentenceEmbedder, sentences: list) -> list:
         """`embedder.embed` without its log line (one per batch would flood a service's log)."""
-        return list(self.embedder.stream(sentences, window=max(len(sentences), 1)))
+        return list(embedder.stream(sentences, window=max(len(sentences), 1)))
 
-    def _run(self, batch: list[_Request]) -> None:
+    def _run(self, embedder: SentenceEmbedder, batch: list[_Request]) -> None:
         """Embeds a batch and hands each request its own vectors (or the error)."""
         live = [r for r in batch if r.future.set_running_or_notify_cancel()]
         sentences = [s for r in live for s in r.sentences]
-        before = self.embedder.stats["padded_tokens"]
+        before = embedder.stats["padded_tokens"]
         try:
-            vectors = self._embed(sentences)
+            vectors = self._embed(embedder, sentences)
         except Exception as e:  # e.g. device memory: every request of the batch is told
-            self.stats.failures += 1
+            with self._stats_lock:
+                self.stats.failures += 1
             logging.error("a batch of %d sentences failed: %s", len(sentences), e)
             for r in live:
                 r.future.set_exception(e)
             return
-        stats = self.stats
-        stats.batches += 1
-        stats.sentences += len(sentences)
-        stats.tokens += sum(r.tokens for r in live)
-        stats.padded_tokens += self.embedder.stats["padded_tokens"] - before
-        if self.on_batch is not None:
-            self.on_batch(len(live), len(sentences), sum(r.tokens for r in live))
+        tokens = sum(r.tokens for r in live)
+        with self._stats_lock:
+            stats = self.stats
+            stats.batches += 1
+            stats.sentences += len(sentences)
+            stats.tokens += tokens
+            stats.padded_tokens += embedder.stats["padded_tokens"] - before
+            if self.on_batch is not None:
+                self.on_batch(len(live), len(sentences), tokens)
         start = 0
         for r in live:
             r.future.set_result(vectors[start : start + len(r.sentences)])
             start += len(r.sentences)
 
 
-def warmup_sentences(max_tokens: int, max_characters_per_token: int) -> list[list[list[str]]]:
-    """Warm-up batches for a service: what requests of text merge into, so that the shapes they run
-    (`packing`: rows of 32, 64, 128... steps, and the partly filled last batch, whose rows and length
-    are rounded to a few sizes) are compiled before the service says it is ready.
+def warmup_sentences(
+    embedder: SentenceEmbedder, max_tokens: int, widths=(8, 16, 24), max_row: int = 128
+) -> list[list[list[str]]]:
+    """Warm-up batches for a service: one per program shape that requests of text merge into, so that
+    they are compiled before the service says it is ready.
 
-    For the char CNN's width buckets of most text (words up to 8, 16 and 24 bytes, the widest word in
-    every sentence), batches of 1, 2, 4, ... 512 sentences of text-like lengths (3 to 52 tokens, at most
-    `max_tokens`). Other shapes compile when first met (the service's metrics count them).
+    A merged batch is packed (`packing`) into rows of T2 = 32, 64, 128... steps, its last batch's rows
+    rounded to one of a few counts (`RowPacker.tail_rows`) and, for a few short sentences, its rows
+    shortened (8 or 16 steps); its char CNN width is that of its widest word. For each width bucket in
+    `widths` (8, 16, 24: words of up to 6, 14 and 22 bytes, most text) and each row length up to what
+    `max_tokens` needs and `max_row` (128 steps: sentences of up to 126 tokens), one batch per row count,
+    each sentence filling a row of its own; and lone short sentences. Shapes outside these (wider words,
+    longer sentences) compile when first met (the service's metrics count them).
     """
-    lengths = [min(n, max_tokens) for n in (12, 3, 25, 7, 18, 41, 9, 33, 15, 52, 21, 5)]
+    C = embedder.C
+    packer = RowPacker(embedder.batch_tokens, C, row_multiple=embedder.runner.row_multiple)
+    longest = min(row_length(min(max_tokens, embedder.batch_tokens) + BOUNDARY_STEPS), max_row)
     batches = []
-    for width in sorted({min(w, max_characters_per_token - 2) for w in (8, 16, 24)}):
-        words = ["w" * (1 + i % width) for i in range(width)]  # widths 1..width
-        for k in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
-            sizes = [lengths[(i * 7 + k) % len(lengths)] for i in range(k)]
-            batches.append([[words[-1]] + [words[(i + j) % width] for j in range(n - 1)] for i, n in enumerate(sizes)])
+    for S in sorted({min(w, C) for w in widths}):
+        word = "w" * (S - 2)  # with its begin and end marks, S wide: the batch's width bucket is S
+        T2 = MIN_ROW
+        while T2 <= longest:
+            n = T2 - BOUNDARY_STEPS - (T2 // 2 - BOUNDARY_STEPS) // 2  # more than half a row: one per row
+            counts = sorted({packer.tail_rows(k, T2) for k in range(1, packer.rows(T2) + 1)})
+            batches += [[[word] * min(n, max_tokens)] * rows for rows in counts]
+            T2 *= 2
+        batches += [[[word] * n] for n in (1, 4, 10)]  # a lone short sentence runs in rows of 8 or 16 steps
     return batches

@@ -79,7 +79,7 @@ class Output:
             out = np.tensordot(weights.astype(np.float32), layers, axes=1)
         else:
             out = layers[self.layers]
-        return out.astype(np.float16 if self.float16 else np.float32)
+        return out.astype(np.float16 if self.float16 else np.float32, copy=False)
 
     def describe(self):
         """The "layers" value as the answer repeats it."""
