@@ -95,19 +95,23 @@ EMBED_TOKENS = 40
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-    """Published per-chip figures: dense bfloat16 FLOP/s, HBM bytes and HBM bytes/s; the TensorCore clock
-    (cycles/s: the unit of the compiler's `estimated_cycles`) and the bidirectional inter-chip interconnect
-    (ICI) bytes/s, None where no public source gives them."""
+    """Published per-chip figures (from `source`, the chip's page): dense bfloat16 FLOP/s, HBM bytes and
+    HBM bytes/s, MXUs per chip and the bidirectional inter-chip interconnect (ICI) bytes/s, None where no
+    public source gives them."""
 
     kind: str
     peak_flops: float
     hbm_bytes: float
     hbm_bandwidth: float
     source: str
-    clock_hz: float | None = None
+    mxus: int | None = None
     ici_bandwidth: float | None = None
-    clock_source: str = ""
-    ici_source: str = ""
+
+    @property
+    def clock_hz(self) -> float | None:
+        """The TensorCore clock (cycles/s: the unit of the compiler's `estimated_cycles`), derived from the
+        peak (see the note above CHIPS), or None."""
+        return self.peak_flops / (self.mxus * _MXU_FLOPS_PER_CYCLE) if self.mxus else None
 
 
 # The clocks are derived from public figures: peak bfloat16 FLOP/s = clock x MXUs per chip x 16,384
@@ -116,51 +120,14 @@ class Chip:
 # TensorCore and TensorCores per chip: each chip's page). v5e: 197e12 / (1 x 4 x 16384 x 2) = 1.50 GHz;
 # v4: 275e12 / (2 x 4 x 16384 x 2) = 1.05 GHz; v5p: 459e12 / (2 x 4 x 16384 x 2) = 1.75 GHz. v6e: its page
 # documents two 256 x 256 MXUs per TensorCore, which would give 3.5 GHz; not used until a source states
-# the clock, so v6e rows have no compiler-estimated time. ICI: "Bidirectional inter-chip interconnect
-# (ICI) bandwidth (per chip)" on each chip's page (v4's page gives none).
+# the clock, so v6e has no `mxus` and its rows no compiler-estimated time. ICI: "Bidirectional inter-chip
+# interconnect (ICI) bandwidth (per chip)" on each chip's page (v4's page gives none).
 _MXU_FLOPS_PER_CYCLE = 16384 * 2
-_CLOCK_SOURCE = "peak / (MXUs x 16K MACs x 2): https://cloud.google.com/tpu/docs/system-architecture-tpu-vm"
 CHIPS = {
-    "v4": Chip(
-        "TPU v4",
-        275e12,
-        32 * GIB,
-        1200e9,
-        "https://cloud.google.com/tpu/docs/v4",
-        clock_hz=275e12 / (8 * _MXU_FLOPS_PER_CYCLE),
-        clock_source=_CLOCK_SOURCE,
-    ),
-    "v5e": Chip(
-        "TPU v5 lite",
-        197e12,
-        16 * GIB,
-        819e9,
-        "https://cloud.google.com/tpu/docs/v5e",
-        clock_hz=197e12 / (4 * _MXU_FLOPS_PER_CYCLE),
-        ici_bandwidth=400e9,
-        clock_source=_CLOCK_SOURCE,
-        ici_source="https://cloud.google.com/tpu/docs/v5e",
-    ),
-    "v5p": Chip(
-        "TPU v5",
-        459e12,
-        95 * GIB,
-        2765e9,
-        "https://cloud.google.com/tpu/docs/v5p",
-        clock_hz=459e12 / (8 * _MXU_FLOPS_PER_CYCLE),
-        ici_bandwidth=1200e9,
-        clock_source=_CLOCK_SOURCE,
-        ici_source="https://cloud.google.com/tpu/docs/v5p",
-    ),
-    "v6e": Chip(
-        "TPU v6 lite",
-        918e12,
-        32 * GIB,
-        1638e9,
-        "https://cloud.google.com/tpu/docs/v6e",
-        ici_bandwidth=800e9,
-        ici_source="https://cloud.google.com/tpu/docs/v6e",
-    ),
+    "v4": Chip("TPU v4", 275e12, 32 * GIB, 1200e9, "https://cloud.google.com/tpu/docs/v4", mxus=8),
+    "v5e": Chip("TPU v5 lite", 197e12, 16 * GIB, 819e9, "https://cloud.google.com/tpu/docs/v5e", 4, 400e9),
+    "v5p": Chip("TPU v5", 459e12, 95 * GIB, 2765e9, "https://cloud.google.com/tpu/docs/v5p", 8, 1200e9),
+    "v6e": Chip("TPU v6 lite", 918e12, 32 * GIB, 1638e9, "https://cloud.google.com/tpu/docs/v6e", ici_bandwidth=800e9),
 }
 
 # Our name -> (chip, libtpu topology name, extra arguments of get_topology_desc). v4 and v5p chips have
