@@ -98,10 +98,10 @@ def check_flags() -> str | None:
 
 
 def build_app(params, token: str | None, on_start=None):
-    """The application for a loaded biLM, from the flags: embedder, batcher, metrics."""
+    """The application for a loaded biLM, from the flags: embedders, batcher, limits."""
     from elmo_jax.features.dynamic_batching import DynamicBatcher, warmup_sentences
     from elmo_jax.features.embed_requests import Limits
-    from elmo_jax.features.http_service import Metrics, make_app
+    from elmo_jax.features.http_service import make_app
     from elmo_jax.features.sentences import SentenceEmbedder
 
     C = params.config.max_characters_per_token
@@ -123,13 +123,10 @@ def build_app(params, token: str | None, on_start=None):
         max_queue_tokens=FLAGS.max_queue_tokens,
         warmup=warmup_sentences(embedders[0], FLAGS.max_sentence_tokens) if FLAGS.warmup else (),
     )
-    metrics = Metrics(batcher)
-    batcher.on_batch = metrics.on_batch
     return make_app(
         batcher,
         limits=limits,
         n_layers=params.config.n_output_layers,
-        metrics=metrics,
         auth_token=token,
         on_start=on_start,
     )
@@ -166,9 +163,8 @@ def run() -> None:
     server = uvicorn.Server(config)
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then raises the signal again with the handler it
     # found: a no-op one here, so the process ends with 0 once every accepted request has its answer.
-    stopped = []
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stopped.append(signum))
+        signal.signal(sig, lambda signum, frame: None)
     server.run(sockets=[sock])
     if not server.started:
         raise OSError("the server did not start (see the lines above)")

@@ -26,7 +26,7 @@ import elmo_jax
 from elmo_jax import serve
 from elmo_jax.features.dynamic_batching import DynamicBatcher
 from elmo_jax.features.embed_requests import Limits
-from elmo_jax.features.http_service import Metrics, make_app
+from elmo_jax.features.http_service import make_app
 from elmo_jax.features.sentences import SentenceEmbedder
 from tests.reference.elmo_equations import np_scalar_mix, np_sentence_mean
 from tests.support.commands import command_argv, command_env
@@ -66,9 +66,7 @@ def running(app):
 
 def service(embedder, *, token=None, **batcher_options):
     batcher = DynamicBatcher(embedder, **batcher_options)
-    metrics = Metrics(batcher)
-    batcher.on_batch = metrics.on_batch
-    app = make_app(batcher, limits=LIMITS, n_layers=3, metrics=metrics, auth_token=token)
+    app = make_app(batcher, limits=LIMITS, n_layers=3, auth_token=token)
     return app, batcher
 
 

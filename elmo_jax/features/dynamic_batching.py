@@ -198,7 +198,7 @@ class DynamicBatcher:
                 self._cond.wait()
             deadline = self._waiting[0].arrived + self.max_wait_s
             while (
-                sum(r.tokens for r in self._waiting) < self.max_batch_tokens
+                self._queued_tokens < self.max_batch_tokens
                 and not self._closing
                 and (remaining := deadline - time.monotonic()) > 0
             ):

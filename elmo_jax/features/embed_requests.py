@@ -25,6 +25,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from elmo_jax.features.output_modes import mix_weights
+
 JSON, NPY, NPZ = "application/json", "application/x-npy", "application/x-npz"
 MEDIA_TYPES = (JSON, NPY, NPZ)
 NAMED_LAYERS = ("all", "top", "average", "sentence_mean")
@@ -74,9 +76,7 @@ class Output:
         elif self.layers == "sentence_mean":
             out = layers.mean(axis=0).mean(axis=0) if layers.shape[1] else np.zeros(layers.shape[-1], np.float32)
         elif self.layers == "mix":
-            weights = np.exp(np.asarray(self.scalars, np.float64) - max(self.scalars))
-            weights = self.gamma * weights / weights.sum()
-            out = np.tensordot(weights.astype(np.float32), layers, axes=1)
+            out = np.tensordot(mix_weights(self.scalars, self.gamma), layers, axes=1)
         else:
             out = layers[self.layers]
         return out.astype(np.float16 if self.float16 else np.float32, copy=False)

@@ -82,7 +82,6 @@ def make_app(
     *,
     limits: Limits,
     n_layers: int,
-    metrics: Metrics,
     auth_token: str | None = None,
     on_start=None,
 ) -> Starlette:
@@ -90,13 +89,14 @@ def make_app(
     shutdown, closes it after the last accepted request has its answer.
 
     Args:
-      batcher: built with `on_batch=metrics.on_batch`, not started.
+      batcher: not started; its `on_batch` is set here, to feed the metrics' histograms.
       limits: what one request may hold.
       n_layers: L+1, the biLM's output layers (a request's layer index is checked against it).
-      metrics: the service's metrics (`Metrics(batcher)`).
       auth_token: requests to /v1/embed and /metrics must carry `Authorization: Bearer <token>`; None: open.
       on_start: called once the server takes requests (its signal handlers are in place), or None.
     """
+    metrics = Metrics(batcher)
+    batcher.on_batch = metrics.on_batch
     service = _Service(batcher, limits, n_layers, metrics, auth_token, on_start)
     routes = [
         Route("/v1/embed", service.embed, methods=["POST"]),

@@ -238,6 +238,11 @@ def output_mode(
     s = np.asarray(scalars, np.float64)
     if not np.all(np.isfinite(s)) or not np.isfinite(gamma):
         raise ValueError("--mix_scalars and --gamma must be finite numbers")
+    return mode(n_layers, dim, tuple(float(w) for w in mix_weights(s, gamma)), bool(float16))
+
+
+def mix_weights(scalars: Sequence[float], gamma: float) -> np.ndarray:
+    """float32 (L+1,) weights gamma * softmax(s) of the scalar mix, the softmax in float64."""
+    s = np.asarray(scalars, np.float64)
     weights = np.exp(s - s.max())
-    mix = (gamma * weights / weights.sum()).astype(np.float32)
-    return mode(n_layers, dim, tuple(float(w) for w in mix), bool(float16))
+    return (gamma * weights / weights.sum()).astype(np.float32)

@@ -6,7 +6,7 @@ The copy is made so that a reader of the target, including a new machine after t
 never sees half of anything:
 
 - a file new or changed in the source (size or modification time differ) is copied under a staging name
-  and renamed over the target's (`atomic.write`), keeping the source's modification time, so an
+  and renamed over the target's (`publish.upload_file`), keeping the source's modification time, so an
   unchanged file is not copied again;
 - a directory new to the target (a checkpoint's step directory) is built under a staging name and
   renamed into place whole (`atomic.publish_directory`);
@@ -24,7 +24,7 @@ import os
 import shutil
 from collections.abc import Callable
 
-from elmo_jax.storage import atomic, places
+from elmo_jax.storage import atomic, places, publish
 
 
 @dataclasses.dataclass
@@ -87,8 +87,7 @@ def _copy_tree(source: str, target: str, relative: str, skip: Callable[[str], bo
 
 
 def _copy_file(source: str, target: str, stats: SyncStats) -> None:
-    with open(source, "rb") as f:
-        atomic.write(target, lambda out: shutil.copyfileobj(f, out, 1 << 20))
+    publish.upload_file(source, target)  # locally: a staged copy renamed over the target
     status = os.stat(source)
     os.utime(target, ns=(status.st_atime_ns, status.st_mtime_ns))  # unchanged from now on: not copied again
     stats.files += 1
