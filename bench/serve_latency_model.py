@@ -7,9 +7,10 @@ same model on the same cores, so that a measured p99 can be told apart from one 
 (for any batcher that runs one batch at a time and takes what waits, as the service does under light
 and moderate load).
 
-1. The batch cost curve: the seconds one batch of k requests (k x --per_request sentences, the
-   requests `serve_load.py` sends) costs in `SentenceEmbedder.stream` (the batcher's own call), median
-   of --samples different batches per k, for k from 1 to the most a batch of --max_batch_tokens holds.
+1. The batch cost curve: after the service's warm-up, the seconds one batch of k requests (k x
+   --per_request sentences, the requests `serve_load.py` sends) costs in `SentenceEmbedder.stream` (the
+   batcher's own call), the mean over --samples different batches per k, for k from 1 to the most a
+   batch of --max_batch_tokens holds.
 2. A queue of Poisson arrivals at 25%, 50% and 90% of the saturated rate (the most requests a batch
    holds over its cost) served by an ideal batcher: one batch at a time, nothing lost between batches
    (no HTTP, no Python, no other process on the cores), each batch as soon as the last ends, holding
@@ -43,6 +44,7 @@ from absl import app, flags  # noqa: E402
 import elmo_jax  # noqa: E402
 from bench.common import platform_line  # noqa: E402
 from bench.workloads import make_sentences  # noqa: E402
+from elmo_jax.features.dynamic_batching import warmup_sentences  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -52,7 +54,8 @@ def define_flags() -> None:
     flags.DEFINE_integer("sentences", 4000, "Sentences to draw requests from (as bench/serve_load.py).")
     flags.DEFINE_integer("per_request", 8, "Sentences per request.")
     flags.DEFINE_integer("max_batch_tokens", 4096, "Tokens per batch at most (the service's --max_batch_tokens).")
-    flags.DEFINE_integer("samples", 5, "Batches timed per batch size (the median is taken).")
+    flags.DEFINE_integer("tail_steps", 16, "The embedder's tail_steps (the service's --tail_steps).")
+    flags.DEFINE_integer("samples", 8, "Batches timed per batch size (their mean is taken: a queue's load).")
     flags.DEFINE_integer("arrivals", 100_000, "Requests simulated per load.")
     flags.DEFINE_list("loads", ["0.25", "0.5", "0.9"], "Loads, as fractions of the saturated request rate.")
     flags.DEFINE_string("output", "", "Write the cost curve and the table here as JSON ('': nowhere).")
@@ -87,17 +90,17 @@ def poisson(rate: float, n: int, seed: int = 1) -> list[float]:
 
 
 def cost_curve(embedder, requests: list[list[list[str]]], max_requests: int, samples: int) -> np.ndarray:
-    """Median seconds of a batch of k consecutive requests, k = 1 .. max_requests (index k - 1)."""
+    """Mean seconds of a batch of k consecutive requests, k = 1 .. max_requests (index k - 1)."""
     costs = []
     for k in range(1, max_requests + 1):
         times = []
-        for s in range(samples + 1):  # the first is not timed: it may compile a shape
+        for s in range(samples + 1):  # the first is not timed: it may compile a shape the warm-up missed
             batch = [sentence for r in requests[s * k : (s + 1) * k] for sentence in r]
             start = time.perf_counter()
             list(embedder.stream(batch, window=len(batch)))
             if s:
                 times.append(time.perf_counter() - start)
-        costs.append(float(np.median(times)))
+        costs.append(float(np.mean(times)))
         print(f"  {k:2d} requests: {1e3 * costs[-1]:7.1f} ms", flush=True)
     return np.array(costs)
 
@@ -130,7 +133,14 @@ def main(argv):
     if (FLAGS.samples + 1) * max_requests > len(requests):
         raise app.UsageError(f"--sentences={FLAGS.sentences} is too few for --samples={FLAGS.samples}")
     params = elmo_jax.init_params(elmo_jax.BiLMConfig.preset(FLAGS.size), jax.random.key(0))
-    embedder = elmo_jax.SentenceEmbedder(params, layers="all", batch_tokens=FLAGS.max_batch_tokens)
+    embedder = elmo_jax.SentenceEmbedder(
+        params, layers="all", batch_tokens=FLAGS.max_batch_tokens, tail_steps=FLAGS.tail_steps
+    )
+    start = time.perf_counter()
+    warmup = warmup_sentences(embedder, max_tokens=64)  # as serve_load.py's service (--max_sentence_tokens=64)
+    for batch in warmup:
+        list(embedder.stream(batch, window=len(batch)))
+    print(f"warm-up: {len(warmup)} batches, {time.perf_counter() - start:.0f} s")
     print(f"batch cost, requests of {k} sentences (about {per_request:.0f} tokens), up to {max_requests} a batch:")
     costs = cost_curve(embedder, requests, max_requests, FLAGS.samples)
     print(

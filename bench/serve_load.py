@@ -60,6 +60,7 @@ flags.DEFINE_float("duration_s", 30.0, "Seconds per phase at most.")
 flags.DEFINE_float("max_wait_ms", 5.0, "The service's --max_wait_ms.")
 flags.DEFINE_integer("max_batch_tokens", 4096, "The service's --max_batch_tokens.")
 flags.DEFINE_integer("workers", 2, "The service's --workers.")
+flags.DEFINE_integer("tail_steps", 16, "The service's --tail_steps.")
 flags.DEFINE_integer("max_queue_tokens", 8192, "The service's --max_queue_tokens (small: overload shows 503s).")
 flags.DEFINE_enum("size", "small", ["small", "medium", "original"], "Published model size (random weights).")
 flags.DEFINE_integer("rounds", 2, "Alternating rounds of offline and saturated (the median ratio is reported).")
@@ -72,11 +73,14 @@ def write_model(directory: str) -> elmo_jax.BiLMParams:
     return params
 
 
-def start_service(model_dir: str) -> tuple[subprocess.Popen, int]:
+def start_service(model_dir: str) -> tuple[subprocess.Popen, int, float]:
+    """The service's process, its port, and the seconds from its start to ready (warm-up included)."""
+    start = time.perf_counter()
     argv = [
         sys.executable, "-m", "elmo_jax.serve", f"--model={model_dir}", "--port=0",
         f"--max_wait_ms={FLAGS.max_wait_ms}", f"--max_queue_tokens={FLAGS.max_queue_tokens}",
         f"--max_batch_tokens={FLAGS.max_batch_tokens}", f"--workers={FLAGS.workers}",
+        f"--tail_steps={FLAGS.tail_steps}",
         "--max_sentence_tokens=64",
     ]  # fmt: skip
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -87,7 +91,7 @@ def start_service(model_dir: str) -> tuple[subprocess.Popen, int]:
     while True:  # ready once the warm-up has compiled
         try:
             if get(port, "/readyz")[0] == 200:
-                return process, port
+                return process, port, time.perf_counter() - start
         except OSError:
             pass
         time.sleep(0.5)
@@ -258,9 +262,9 @@ def main(argv):
     print(platform_line(), f"| {os.cpu_count()} cores | {FLAGS.size} model, random weights", flush=True)
     with tempfile.TemporaryDirectory(prefix="serve_load_") as tmp:
         params = write_model(os.path.join(tmp, "model"))
-        process, port = start_service(os.path.join(tmp, "model"))
+        process, port, ready_s = start_service(os.path.join(tmp, "model"))
         try:
-            results = {"warmup_compiles": compiles(port)}
+            results = {"warmup_compiles": compiles(port), "start_to_ready_s": ready_s}
             # Traffic before measuring: the shapes real requests merge into that the warm-up missed.
             results["warm_traffic"] = measured(port, saturated_phase, sentences)
             print("warm traffic (not measured):", results["warm_traffic"], flush=True)

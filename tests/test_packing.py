@@ -84,6 +84,22 @@ def test_batches_hold_every_piece_once_in_few_shapes_with_little_padding(n):
         assert slots / lengths.sum() < 1.03 and len(shapes) <= 4, (slots / lengths.sum(), shapes)
 
 
+def test_a_partly_filled_batch_rounds_its_rows_to_a_power_of_two_or_a_tail_step():
+    # 4,096 steps in rows of 64: a full batch has 64 rows; by default a tail step is 8 rows, with
+    # tail_steps=16 it is 4 (worked out by hand: min(next power of two, next multiple of the step)).
+    needed = (1, 3, 5, 10, 17, 63)
+    assert [RowPacker(4096, 4).tail_rows(n, 64) for n in needed] == [1, 4, 8, 16, 24, 64]
+    assert [RowPacker(4096, 4, tail_steps=16).tail_rows(n, 64) for n in needed] == [1, 4, 8, 12, 20, 64]
+    # ... and to the devices: 12 rows over 8 devices are 16.
+    assert RowPacker(4096, 4, row_multiple=8, tail_steps=16).tail_rows(10, 64) == 16
+
+
+def test_the_embedder_hands_its_tail_steps_to_its_packer(tiny_params):
+    assert elmo_jax.SentenceEmbedder(tiny_params, tail_steps=16)._batcher().tail_steps == 16
+    with pytest.raises(ValueError, match="tail_steps must be a positive integer, found 0"):
+        elmo_jax.SentenceEmbedder(tiny_params, tail_steps=0)
+
+
 def test_a_small_width_group_joins_a_wider_one_and_a_large_one_keeps_its_own():
     pieces = fake_pieces([10] * 20, S=8) + fake_pieces([10] * 2000, S=16) + fake_pieces([10] * 30, S=24)
     packer = RowPacker(1024, 4)

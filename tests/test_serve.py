@@ -196,17 +196,49 @@ def test_every_refusal_names_its_field(tiny_service):
 
 
 class GatedEmbedder:
-    """Stands in for a SentenceEmbedder: each `stream` call sets `running`, waits for `gate`, then gives
-    zeros."""
+    """Stands in for a SentenceEmbedder: each `stream` call notes its first word in `seen`, sets
+    `running`, waits for `gate`, then gives zeros."""
 
     def __init__(self):
         self.gate, self.running = threading.Event(), threading.Event()
         self.stats = {"padded_tokens": 0}
+        self.seen = []
 
     def stream(self, sentences, window):
+        self.seen.append(sentences[0][0])
         self.running.set()
         assert self.gate.wait(60)
         return iter([np.zeros((3, len(s), 4), np.float32) for s in sentences])
+
+
+class FailingEmbedder:
+    def stream(self, sentences, window):
+        raise RuntimeError("out of device memory")
+
+
+def test_workers_share_the_warm_up_and_the_batcher_is_ready_after_all_of_it():
+    """Each of two workers runs every other warm-up batch (side by side); `ready` waits for both; a
+    failed warm-up leaves the batcher not ready and its workers stopped."""
+    first, second = GatedEmbedder(), GatedEmbedder()
+    first.gate.set()
+    batcher = DynamicBatcher([first, second], warmup=[[[str(i)]] for i in range(5)])
+    batcher.start()
+    assert second.running.wait(10)
+    time.sleep(0.2)
+    # The first ran its share; the second's is still running.
+    assert first.seen == ["0", "2", "4"] and second.seen == ["1"] and not batcher.ready.is_set()
+    second.gate.set()
+    assert batcher.ready.wait(10)
+    assert len(batcher.submit([["a", "b"]]).result(10)) == 1
+    batcher.close(10)
+
+    batcher = DynamicBatcher([GatedEmbedder(), FailingEmbedder()], warmup=[[["0"]], [["1"]]])
+    batcher.embedders[0].gate.set()
+    batcher.start()
+    for thread in batcher._threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert not batcher.ready.is_set()
 
 
 def test_readiness_queue_full_auth_and_metrics():

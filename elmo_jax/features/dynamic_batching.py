@@ -108,6 +108,7 @@ class DynamicBatcher:
         self._waiting: collections.deque[_Request] = collections.deque()
         self._queued_tokens = 0
         self._closing = False
+        self._warming, self._warm_up_failed = len(self.embedders), False  # workers still warming up; one failed
         self._cond = threading.Condition()
         self._stats_lock = threading.Lock()
         self._threads = [
@@ -118,7 +119,8 @@ class DynamicBatcher:
 
     def _on_event(self, name: str, seconds: float, **kwargs) -> None:
         if name.endswith("backend_compile_duration"):
-            self.stats.compiles += 1
+            with self._stats_lock:  # the workers compile side by side during the warm-up
+                self.stats.compiles += 1
 
     @property
     def queued_tokens(self) -> int:
@@ -130,7 +132,7 @@ class DynamicBatcher:
         return len(self._waiting)
 
     def start(self) -> None:
-        """Starts the worker threads: the first runs the warm-up batches (`ready` is set after them), then
+        """Starts the worker threads: they share the warm-up batches (`ready` is set after them all), then
         every worker takes requests."""
         for thread in self._threads:
             thread.start()
@@ -163,24 +165,35 @@ class DynamicBatcher:
 
     def _work(self, worker: int) -> None:
         embedder = self.embedders[worker]
-        if worker == 0:
-            try:
-                for sentences in self._warmup:
-                    self._embed(embedder, sentences)
-                logging.info("warm-up done: %d programs compiled", self.stats.compiles)
-            except Exception as e:  # the service stays up, not ready, and says why
-                logging.error("warm-up failed: %s", e)
-                return
-            self.ready.set()
-        else:  # the warm-up's programs first: two workers would compile the same shape twice
-            while not self.ready.wait(0.5):
-                if self._closing:
-                    return
+        if not self._warm_up(worker, embedder):
+            return
         while True:
             batch = self._next_batch(worker)
             if batch is None:
                 return
             self._run(embedder, batch)
+
+    def _warm_up(self, worker: int, embedder: SentenceEmbedder) -> bool:
+        """Runs this worker's share of the warm-up batches (every n-th of n workers: their shapes differ,
+        so the workers compile side by side on the host's cores), then waits for the others' (`ready`
+        is set once all are done). False: a warm-up failed or the batcher closed first."""
+        try:
+            for sentences in self._warmup[worker :: len(self.embedders)]:
+                self._embed(embedder, sentences)
+        except Exception as e:  # the service stays up, not ready, and says why
+            logging.error("warm-up failed: %s", e)
+            with self._cond:
+                self._warm_up_failed = True
+            return False
+        with self._cond:
+            self._warming -= 1
+            if self._warming == 0 and not self._warm_up_failed:
+                logging.info("warm-up done: %d programs compiled", self.stats.compiles)
+                self.ready.set()
+        while not self.ready.wait(0.5):
+            if self._closing or self._warm_up_failed:
+                return False
+        return True
 
     def _next_batch(self, worker: int) -> list[_Request] | None:
         """The oldest request and those after it, once full or its wait is over; None once closed and empty.
@@ -260,7 +273,9 @@ def warmup_sentences(
     longer sentences) compile when first met (the service's metrics count them).
     """
     C = embedder.C
-    packer = RowPacker(embedder.batch_tokens, C, row_multiple=embedder.runner.row_multiple)
+    packer = RowPacker(
+        embedder.batch_tokens, C, row_multiple=embedder.runner.row_multiple, tail_steps=embedder.tail_steps
+    )
     longest = min(row_length(min(max_tokens, embedder.batch_tokens) + BOUNDARY_STEPS), max_row)
     batches = []
     for S in sorted({min(w, C) for w in widths}):

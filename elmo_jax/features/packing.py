@@ -141,10 +141,18 @@ class RowPacker:
       max_characters_per_token: C.
       row_multiple: rows per batch are a multiple of this (the devices the rows are split over).
       chunk_batches: batches' worth of time steps collected before packing.
+      tail_steps: a last, partly filled batch's rows are a multiple of 1/tail_steps of a full batch's
+        (`tail_rows`): more steps, less padding in small batches and more programs.
     """
 
     def __init__(
-        self, batch_tokens: int, max_characters_per_token: int, *, row_multiple: int = 1, chunk_batches=CHUNK_BATCHES
+        self,
+        batch_tokens: int,
+        max_characters_per_token: int,
+        *,
+        row_multiple: int = 1,
+        chunk_batches: int = CHUNK_BATCHES,
+        tail_steps: int = TAIL_STEPS,
     ):
         if not can_pack(batch_tokens, row_multiple):
             raise ValueError(
@@ -152,6 +160,7 @@ class RowPacker:
             )
         self.batch_tokens, self.C, self.row_multiple = batch_tokens, max_characters_per_token, row_multiple
         self.chunk_steps = chunk_batches * batch_tokens
+        self.tail_steps = tail_steps
         self._waiting: list[Piece] = []
         self._steps = 0
         self._bos = boundary_char_ids(BOS_CHAR, self.C) + 1
@@ -168,11 +177,12 @@ class RowPacker:
 
     def tail_rows(self, n_rows: int, T2: int) -> int:
         """Rows of a last, partly filled batch holding `n_rows` rows of `T2` steps: rounded up to a
-        power of two or to an eighth of a full batch, whichever is fewer (and to the devices), so a
-        single sentence runs in one row and there are a dozen such shapes at most per row length."""
+        power of two or to a multiple of 1/`tail_steps` of a full batch (an eighth by default), whichever
+        is fewer (and to the devices), so a single sentence runs in one row and there are about
+        `tail_steps` + log2(tail_steps) such shapes at most per row length."""
         full = self.rows(T2)
-        eighths = round_up(n_rows, max(1, full // TAIL_STEPS))
-        return min(round_up(min(1 << (n_rows - 1).bit_length(), eighths), self.row_multiple), full)
+        steps = round_up(n_rows, max(1, full // self.tail_steps))
+        return min(round_up(min(1 << (n_rows - 1).bit_length(), steps), self.row_multiple), full)
 
     def add(self, piece: Piece) -> Iterator[PackedBatch]:
         """Files `piece` (at least one token); yields full batches once a chunk's worth is waiting."""

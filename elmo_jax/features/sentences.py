@@ -39,7 +39,7 @@ from absl import logging
 from elmo_jax.features.batch_runner import BatchRunner
 from elmo_jax.features.length_buckets import BucketBatcher, Piece
 from elmo_jax.features.output_modes import output_mode
-from elmo_jax.features.packing import PackedBatch, RowPacker, can_pack
+from elmo_jax.features.packing import TAIL_STEPS, PackedBatch, RowPacker, can_pack
 from elmo_jax.features.token_ids import CharIdTable, width_bucket
 from elmo_jax.model.params import BiLMParams
 
@@ -61,6 +61,9 @@ class SentenceEmbedder:
         `jax.local_devices()`); None: all of them.
       compute_dtype: "float32" or "bfloat16" matrix products.
       token_cache: a `TokenCache` of this biLM: cached tokens skip the char CNN (same vectors to 1e-6).
+      tail_steps: a last, partly filled batch has a multiple of 1/tail_steps of a full batch's rows
+        (`packing.RowPacker`): a service whose batches are often small pads less with 16 and compiles
+        more shapes.
     """
 
     def __init__(
@@ -75,17 +78,19 @@ class SentenceEmbedder:
         devices=None,
         compute_dtype: str = "float32",
         token_cache=None,
+        tail_steps: int = TAIL_STEPS,
     ):
         if not isinstance(params, BiLMParams):
             raise ValueError(
                 f"params must be BiLMParams (from load, load_hdf5 or init_params), found {type(params).__name__}"
             )
-        if not isinstance(batch_tokens, int) or batch_tokens < 1:
-            raise ValueError(f"batch_tokens must be a positive integer, found {batch_tokens!r}")
+        for name, value in (("batch_tokens", batch_tokens), ("tail_steps", tail_steps)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, found {value!r}")
         config = params.config
         output = output_mode(layers, config.n_output_layers, config.output_dim, mix_scalars, gamma, float16)
         self.runner = BatchRunner(params, output, devices=devices, compute_dtype=compute_dtype, cache=token_cache)
-        self.batch_tokens = batch_tokens
+        self.batch_tokens, self.tail_steps = batch_tokens, tail_steps
         self.C = params.config.max_characters_per_token
         self._ids = CharIdTable(self.C)
         self.stats = {
@@ -129,7 +134,7 @@ class SentenceEmbedder:
         cache) one sentence per row in length x width buckets."""
         multiple = self.runner.row_multiple
         if self.runner.cache is None and can_pack(self.batch_tokens, multiple):
-            return RowPacker(self.batch_tokens, self.C, row_multiple=multiple)
+            return RowPacker(self.batch_tokens, self.C, row_multiple=multiple, tail_steps=self.tail_steps)
         return BucketBatcher(self.batch_tokens, self.C, row_multiple=multiple)
 
     def _stream(self, sentences: Iterable[Sequence[str]], window: int) -> Iterator[np.ndarray]:
