@@ -24,8 +24,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-import jax
-import jax.numpy as jnp
 import optax
 
 ADAGRAD, ADAM = "adagrad", "adam"
@@ -76,14 +74,8 @@ def declares_row_sparse(optimizer) -> bool:
 
 @functools.lru_cache(maxsize=8)
 def _transform(optimizer: Optimizer) -> optax.GradientTransformation:
-    return _CHOICES[optimizer.name][0](optimizer)
-
-
-def _chain(optimizer: Optimizer) -> optax.GradientTransformation:
-    """The clip, then the choice's optax optimiser: what every choice computes, and its state."""
     clip = optax.clip_by_global_norm(optimizer.clip_norm)  # first: bilm-tf clips before Adagrad sees it
-    inner = _adam if optimizer.name == ADAM else _adagrad
-    return optax.chain(clip, inner(optimizer))
+    return optax.chain(clip, _CHOICES[optimizer.name][0](optimizer))
 
 
 def _adagrad(optimizer: Optimizer) -> optax.GradientTransformation:
@@ -94,50 +86,7 @@ def _adam(optimizer: Optimizer) -> optax.GradientTransformation:
     return optax.adam(optimizer.learning_rate)
 
 
-def _clipped_adagrad(optimizer: Optimizer) -> optax.GradientTransformation:
-    """`_chain`'s clip + Adagrad with the clip's scale applied inside Adagrad's elementwise update.
-
-    The same state as the chain (its `init`: `(EmptyState(), (ScaleByRssState, EmptyState()))`), and
-    its updates within float32 rounding: the clip multiplies by one scalar, s = min(1, c / norm),
-    where optax divides every element by the norm and multiplies by c (exact when the clip is
-    inactive: s = 1). A per-element division is several vector operations on a TPU; one pass per
-    parameter reads g and the accumulator and writes the accumulator and the update.
-    """
-    chain = _chain(optimizer)
-    neg_lr = -optimizer.learning_rate
-
-    def update(grads, state, params=None):
-        del params
-        clip_state, (rss, lr_state) = state
-        scale = clip_scale(grads, optimizer.clip_norm)
-        pairs = jax.tree.map(lambda g, acc: _adagrad_leaf(g, acc, scale, neg_lr), grads, rss.sum_of_squares)
-        is_pair = lambda x: isinstance(x, tuple)  # noqa: E731 (the leaves of `pairs`)
-        updates = jax.tree.map(lambda p: p[0], pairs, is_leaf=is_pair)
-        accumulators = jax.tree.map(lambda p: p[1], pairs, is_leaf=is_pair)
-        return updates, (clip_state, (rss._replace(sum_of_squares=accumulators), lr_state))
-
-    return optax.GradientTransformation(chain.init, update)
-
-
-def clip_scale(grads, clip_norm: float) -> jax.Array:
-    """s = min(1, c / ||grads||) as a float32 scalar: 1 exactly when optax's clip leaves grads as they are."""
-    norm = optax.tree.norm(grads)
-    return jnp.where(norm < clip_norm, jnp.float32(1.0), clip_norm / norm).astype(jnp.float32)
-
-
-def _adagrad_leaf(g: jax.Array, acc: jax.Array, scale: jax.Array, neg_lr: float):
-    """TensorFlow's Adagrad (no epsilon) on the clipped gradient s·g of one parameter, any shape.
-
-    Returns (update, acc'): acc' = acc + (s·g)², update = -lr · s·g / sqrt(acc') (0 where acc' = 0,
-    as optax's `scale_by_rss`), in the order of optax's operations.
-    """
-    clipped = g * scale.astype(g.dtype)
-    acc = jnp.square(clipped) + acc
-    inv_sqrt = jnp.where(acc > 0, jax.lax.rsqrt(acc), 0.0)
-    return neg_lr * (inv_sqrt * clipped), acc
-
-
-# name -> (the clipped optimiser, whether it is row-sparse: the module docstring); the first is the
-# default. What each reads from the config is written in configs/default.py.
-_CHOICES = {ADAGRAD: (_clipped_adagrad, True), ADAM: (_chain, False)}
+# name -> (the optimiser after clipping, whether it is row-sparse: the module docstring); the first is
+# the default. What each reads from the config is written in configs/default.py.
+_CHOICES = {ADAGRAD: (_adagrad, True), ADAM: (_adam, False)}
 OPTIMIZERS = tuple(_CHOICES)
