@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import gc
 import http.client
 import io
 import json
@@ -17,7 +18,9 @@ import signal
 import subprocess
 import threading
 import time
+import weakref
 
+import jax
 import numpy as np
 import pytest
 import uvicorn
@@ -239,6 +242,26 @@ def test_workers_share_the_warm_up_and_the_batcher_is_ready_after_all_of_it():
         thread.join(10)
         assert not thread.is_alive()
     assert not batcher.ready.is_set()
+
+
+def test_the_batcher_counts_compiles_while_open_and_is_freed_when_closed():
+    """A program compiled while the batcher is open counts in its stats, none after `close`; a closed
+    batcher is not kept alive by the compile listener (it holds the embedders and their programs)."""
+    embedder = GatedEmbedder()
+    embedder.gate.set()
+    batcher = DynamicBatcher([embedder])
+    batcher.start()
+    assert batcher.ready.wait(10)
+    before = batcher.stats.compiles
+    jax.jit(lambda x: x * 3.0 + 1.0)(np.ones(7, np.float32))  # a program no test compiles elsewhere
+    assert batcher.stats.compiles == before + 1
+    batcher.close(10)
+    jax.jit(lambda x: x * 5.0 - 2.0)(np.ones(7, np.float32))
+    assert batcher.stats.compiles == before + 1
+    closed = weakref.ref(batcher)
+    del batcher
+    gc.collect()
+    assert closed() is None
 
 
 def test_readiness_queue_full_auth_and_metrics():

@@ -26,6 +26,7 @@ import concurrent.futures
 import dataclasses
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 
 import jax
@@ -33,6 +34,31 @@ from absl import logging
 
 from elmo_jax.features.packing import BOUNDARY_STEPS, MIN_ROW, RowPacker, row_length
 from elmo_jax.features.sentences import SentenceEmbedder
+
+# The open batchers that count XLA compiles. jax.monitoring holds its listeners for the life of the
+# process (and jax 0.6, the dependency floor, has no public way to remove one), so one listener, registered
+# once, counts for the batchers in this weak set: a closed batcher stops counting, and the listener does
+# not keep it (its embedders, their compiled programs) alive.
+_COUNTING: weakref.WeakSet = weakref.WeakSet()
+_COUNTING_LOCK = threading.Lock()
+_listening = False
+
+
+def _on_event(name: str, seconds: float, **kwargs) -> None:
+    if name.endswith("backend_compile_duration"):
+        with _COUNTING_LOCK:
+            batchers = list(_COUNTING)
+        for batcher in batchers:
+            batcher._count_compile()
+
+
+def _count_compiles(batcher: DynamicBatcher) -> None:
+    global _listening
+    with _COUNTING_LOCK:
+        if not _listening:
+            jax.monitoring.register_event_duration_secs_listener(_on_event)
+            _listening = True
+        _COUNTING.add(batcher)
 
 
 class QueueFull(Exception):
@@ -54,7 +80,7 @@ class BatchStats:
     Attributes:
       batches: merged batches run; sentences, tokens: in them.
       padded_tokens: token positions the devices ran (padding included).
-      compiles: XLA programs compiled since the batcher was made (warm-up included).
+      compiles: XLA programs compiled in the process while the batcher was open (warm-up included).
       failures: batches whose embedding raised (their requests got the error).
     """
 
@@ -115,12 +141,11 @@ class DynamicBatcher:
             threading.Thread(target=self._work, args=(i,), name=f"elmo_jax-batcher-{i}", daemon=True)
             for i in range(len(self.embedders))
         ]
-        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+        _count_compiles(self)
 
-    def _on_event(self, name: str, seconds: float, **kwargs) -> None:
-        if name.endswith("backend_compile_duration"):
-            with self._stats_lock:  # the workers compile side by side during the warm-up
-                self.stats.compiles += 1
+    def _count_compile(self) -> None:
+        with self._stats_lock:  # the workers compile side by side during the warm-up
+            self.stats.compiles += 1
 
     @property
     def queued_tokens(self) -> int:
@@ -162,6 +187,8 @@ class DynamicBatcher:
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(timeout)
+        with _COUNTING_LOCK:
+            _COUNTING.discard(self)
 
     def _work(self, worker: int) -> None:
         embedder = self.embedders[worker]
