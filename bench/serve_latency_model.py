@@ -1,6 +1,6 @@
 """The latency an ideal batcher reaches at a given load with the batch costs of this machine (#34).
 
-    python bench/serve_latency_model.py                 # small model, random weights, about 3 minutes
+    python bench/serve_latency_model.py                 # small model, random weights, 5-10 minutes on 2 cores
 
 `bench/serve_load.py` measures the service; this script asks what an ideal batcher would do with the
 same model on the same cores, so that a measured p99 can be told apart from one the batch costs set

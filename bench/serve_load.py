@@ -66,6 +66,8 @@ flags.DEFINE_enum("size", "small", ["small", "medium", "original"], "Published m
 flags.DEFINE_integer("rounds", 2, "Alternating rounds of offline and saturated (the median ratio is reported).")
 flags.DEFINE_string("output", "", "Also write the results as JSON here.")
 
+_DECODE_LOCK = threading.Lock()  # see Client.embed
+
 
 def write_model(directory: str) -> elmo_jax.BiLMParams:
     params = elmo_jax.init_params(elmo_jax.BiLMConfig.preset(FLAGS.size), jax.random.key(0))
@@ -131,7 +133,12 @@ class Client:
         data = response.read()
         seconds = time.perf_counter() - start
         if response.status == 200:
-            np.load(io.BytesIO(data))  # the client reads what it gets
+            # The client reads what it gets. One thread at a time: np.load parses the .npy header with
+            # ast.literal_eval, and CPython 3.11's AST constructor is not safe to run in several threads
+            # at once (it raised "SystemError: AST constructor recursion depth mismatch" in one run of
+            # 64 connections here; https://github.com/python/cpython/issues/106905).
+            with _DECODE_LOCK:
+                np.load(io.BytesIO(data))
         return response.status, seconds, sum(len(s) for s in sentences)
 
 
