@@ -52,7 +52,7 @@ def _on_event(name: str, seconds: float, **kwargs) -> None:
             batcher._count_compile()
 
 
-def _count_compiles(batcher: DynamicBatcher) -> None:
+def _watch_compiles(batcher: DynamicBatcher) -> None:
     global _listening
     with _COUNTING_LOCK:
         if not _listening:
@@ -141,7 +141,7 @@ class DynamicBatcher:
             threading.Thread(target=self._work, args=(i,), name=f"elmo_jax-batcher-{i}", daemon=True)
             for i in range(len(self.embedders))
         ]
-        _count_compiles(self)
+        _watch_compiles(self)
 
     def _count_compile(self) -> None:
         with self._stats_lock:  # the workers compile side by side during the warm-up
