@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax.training import loop
+from elmo_jax.training import checkpoint, loop
 from elmo_jax.training.checkpoint import TMP_SUFFIX
 from elmo_jax.training.metrics_log import MetricsLog
 from elmo_jax.training.start import restore_checkpoint
@@ -338,6 +338,29 @@ def test_metrics_jsonl_deleted_during_a_run_is_recreated(corpus, tmp_path, monke
     steps = [r["step"] for r in read_metrics(workdir)]
     assert steps == list(range(30, STEPS + 1))
     assert [r["step"] for r in read_metrics(workdir, "eval")][-1] == STEPS
+
+
+def test_a_tensorstore_error_keeps_its_cause_without_the_array_spec():
+    """The stress tier's full disk once failed opening an array rather than writing one: TensorStore's
+    error then ends with the array's spec (a kilobyte of escaped JSON) before the OS error code, and the
+    error line, cut to its start and end, lost the cause ("File too large"). The message below has the
+    shape TensorStore printed in that run (.ci/run, 2026-12-03)."""
+    place = "/scratch/experiments/a_long_run_name/attempt_1/workdir_copied_for_the_full_disk_case/checkpoints"
+    spec = (
+        '{\\"driver\\":\\"zarr\\",\\"metadata\\":{\\"shape\\":[2,2,8,16]},'
+        + ",".join(f'\\"option_{i}\\":false' for i in range(40))
+        + "}"
+    )
+    message = (
+        f'OUT_OF_RANGE: Error opening "zarr" driver: Error writing "lstm.c/.zarray" in OCDBT database at local '
+        f'file "{place}/15.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/": Failed writing: '
+        f'"{place}/15.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/d/1b16663f94ba8bcb70faa3617ce69ea8"'
+        f": Failed to write 3192 bytes to file 4: File too large [tensorstore_spec='{spec}'] [os_error_code='27']"
+    )
+    brief = checkpoint._brief(ValueError(message + "\n(and a second line)"))
+    assert brief.startswith('ValueError: OUT_OF_RANGE: Error opening "zarr" driver'), brief
+    assert brief.endswith("File too large [os_error_code='27']"), brief
+    assert "tensorstore_spec" not in brief and len(brief) < 320, brief
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ What can go wrong on disk, and what happens:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -52,10 +53,18 @@ class CheckpointCorruptError(ValueError):
     """No checkpoint of a workdir can be restored; the message names each one and why."""
 
 
+# TensorStore ends an error with payloads, ` [key='value']` (quotes in the value escaped): the cause's OS
+# error code, and on some paths (opening a driver) the whole array spec, a kilobyte of JSON that would bury
+# the cause ("... File too large [tensorstore_spec='{...}'] [os_error_code='27']").
+_TENSORSTORE_PAYLOAD = re.compile(r" \[(\w+)='(?:[^'\\]|\\.)*'\]")
+
+
 def _brief(error: BaseException) -> str:
-    """The first line of an error (orbax and TensorStore append pages of spec), at most ~300 characters:
-    its start and its end, where TensorStore puts the cause ("File too large [os_error_code='27']")."""
+    """The first line of an error (orbax and TensorStore append pages of spec), without TensorStore's spec
+    payloads, at most ~300 characters: its start and its end, where TensorStore puts the cause ("File too
+    large [os_error_code='27']")."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = _TENSORSTORE_PAYLOAD.sub(lambda m: m.group(0) if m.group(1) == "os_error_code" else "", text)
     if len(text) > 300:
         text = f"{text[:140]} ... {text[-160:]}"
     return f"{type(error).__name__}: {text}"
