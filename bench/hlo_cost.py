@@ -20,7 +20,10 @@ Every byte counted is assumed to cross HBM: values the compiler keeps in on-chip
 TPU layout) are counted too, so the figure is an upper bound of HBM traffic, the same convention as
 XLA's own "bytes accessed". Collectives (all-reduce, all-gather, reduce-scatter, all-to-all,
 collective-permute) are also summed apart, by the bytes of their results, with whether they run
-inside a loop.
+inside a loop. A collective the TPU compiler overlaps with other work is split into fusions sharing its
+buffers (an "AsyncCollectiveStart" custom-call, the fusions of the work it overlaps, which carry the
+buffers and a copy of the collective op through every loop trip, and a done); it runs once, and is
+counted once, at its start (its input read, its result written).
 
 Three more readings of the same program, beside those totals (`times`):
 
@@ -144,6 +147,7 @@ class Item:
     in_loop: bool
     scatter_read_bytes: float = 0.0  # the read half of in-place combining scatters' updates, in HBM
     cycles: float | None = None  # the compiler's estimated_cycles x count; None: no estimate given
+    collective: str = ""  # the kind of collective a fusion starts (TPU async collective fusions)
 
     def seconds(self, peak_flops: float, hbm_bandwidth: float, clock_hz: float | None) -> dict[str, float]:
         """This kernel's FLOP, HBM (scatter reads included), serial (the larger) and estimated times."""
@@ -179,7 +183,7 @@ class Cost:
         kinds = collections.Counter()
         for i in self.items:
             if i.collective_bytes:
-                kinds[i.opcode.removesuffix("-start")] += i.collective_bytes
+                kinds[i.collective or i.opcode.removesuffix("-start")] += i.collective_bytes
         return dict(kinds)
 
     def times(self, peak_flops: float, hbm_bandwidth: float, clock_hz: float | None) -> dict[str, float]:
@@ -377,6 +381,11 @@ def _frames(tables: dict):
 _CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
 
 
+def _is_collective(i: Instr) -> bool:
+    """A collective op, or the TPU compiler's custom-call that starts or ends one asynchronously."""
+    return i.opcode.startswith(COLLECTIVES) or (i.opcode == "custom-call" and "AsyncCollective" in i.attrs)
+
+
 def _estimated_cycles(attrs: str) -> int | None:
     """The TPU compiler's cost-model estimate for one run of a kernel (its backend config's
     `"estimated_cycles":"N"`), or None where it gives none."""
@@ -505,8 +514,17 @@ class _Analyser:
                 flops += inner[0]
                 mxu += inner[3]
         root = next((i for i in body if i.root), None)
-        reads = {index: self._param_read(pname, users, root.name if root else "") for pname, index in params.items()}
-        written = self._root_written(root, by_name) if root else "all"
+        # A TPU async collective fusion (see `_collective_start`) carries the collective's buffers through
+        # unchanged: they are neither read nor written by it (the start counts the collective once).
+        collective = {i.name for i in body if _is_collective(i)}
+        reads = {
+            index: "none"
+            if collective and all(u.name in collective or (u.root and u.opcode == "tuple") for u, _ in users[pname])
+            else self._param_read(pname, users, root.name if root else "")
+            for pname, index in params.items()
+        }
+        passed = collective | ({n for n, i in by_name.items() if i.opcode == "parameter"} if collective else set())
+        written = self._root_written(root, by_name, passed) if root else "all"
         self._fusion_cache[name] = (flops, reads, written, mxu)
         return self._fusion_cache[name]
 
@@ -541,12 +559,16 @@ class _Analyser:
     def _elementwise(self, name: str) -> bool:
         return all(i.opcode not in NOT_ELEMENTWISE for i in self.computations.get(name, [None]) if i is not None)
 
-    def _root_written(self, root: Instr, by_name):
-        """ "all", or per result (one, or each of a tuple's) the shape written: an update's if in place."""
+    def _root_written(self, root: Instr, by_name, passed: set[str] = frozenset()):
+        """ "all", or per result (one, or each of a tuple's) the shape written: an update's if in place,
+        nothing ("") for the results named in `passed` (a collective's buffers passed through)."""
         parts = [by_name.get(o) for o in root.operands] if root.opcode == "tuple" else [root]
         shapes, special = [], False
         for part in parts:
-            if part is not None and part.opcode == "dynamic-update-slice":
+            if part is not None and part.name in passed:
+                shapes.append("")
+                special = True
+            elif part is not None and part.opcode == "dynamic-update-slice":
                 shapes.append(self.shapes.get(part.operands[1], ""))
                 special = True
             elif part is not None and part.opcode == "scatter":
@@ -596,6 +618,25 @@ class _Analyser:
         return sum(
             _bytes(update, False) for update, element in zip(updates, elements) if update and _bytes(element, True)
         )
+
+    def _collective_start(self, i: Instr) -> Instr | None:
+        """The collective a top-level fusion starts, if it is a TPU async collective start.
+
+        The TPU compiler splits a collective it overlaps with other work into fusions that share its
+        buffers: `async-collective-start` (a `custom-call` "AsyncCollectiveStart" around the collective),
+        fusions that run the work it overlaps and carry the collective and its buffers along (inside a
+        loop: every trip), and `async-collective-done`. Each holds a copy of the collective op; it runs
+        once. Its bytes are counted at the start; the others count only their own work.
+        """
+        if i.opcode != "fusion":
+            return None
+        body = self.computations.get(_attr(i.attrs, "calls"), [])
+        by_name = {b.name: b for b in body}
+        for b in body:
+            if b.opcode == "custom-call" and "AsyncCollectiveStart" in b.attrs and b.operands:
+                wrapped = by_name.get(b.operands[0])
+                return wrapped if wrapped is not None and wrapped.opcode.startswith(COLLECTIVES) else None
+        return None
 
     def _traffic(self, i: Instr, hbm: bool) -> tuple[float, float]:
         """(bytes read, bytes written) by one top-level instruction; hbm: only arrays in HBM."""
@@ -677,6 +718,15 @@ class _Analyser:
             collective = _bytes(i.shape, False) if is_collective else 0.0
             if is_collective and i.opcode.endswith("-start"):  # (operands, results) tuples: the results
                 collective = _bytes(i.shape, False) / 2
+            started = self._collective_start(i)
+            if started is not None:  # the collective's input read and its result written, once
+                source, result = self.shapes.get(started.operands[0], ""), started.shape
+                collective = _bytes(result, False)
+                # Where they live is the start's own result: (input, result, synchronisation flags).
+                placed = _tuple_elements(i.shape)
+                source_at, result_at = placed[:2] if len(placed) >= 2 else (source, result)
+                all_read, all_written = all_read + _bytes(source, False), all_written + collective
+                hbm_read, hbm_written = hbm_read + _bytes(source_at, True), hbm_written + _bytes(result_at, True)
             self.items.append(
                 Item(
                     name=i.name,
@@ -692,6 +742,7 @@ class _Analyser:
                     in_loop=in_loop,
                     scatter_read_bytes=self.scatter_read(i) * count,
                     cycles=_estimated_cycles(i.attrs) * count if _estimated_cycles(i.attrs) is not None else None,
+                    collective=started.opcode if started is not None else "",
                 )
             )
 
