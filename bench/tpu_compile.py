@@ -139,6 +139,7 @@ TOPOLOGIES = {
     "v6e-8": ("v6e", "v6e:2x4", {}),
     "v4-8": ("v4", "v4:2x2x1", {"chip_config_name": "megacore"}),
     "v5p-8": ("v5p", "v5p:2x2x1", {"chip_config_name": "megacore"}),
+    "v5e-32": ("v5e", "v5e:4x8", {}),
     "v5e-64": ("v5e", "v5e:8x8", {}),
 }
 WORKLOADS = {"large": "configs.bilm_large", "small": "configs.bilm_small"}  # and "embed"
@@ -155,6 +156,7 @@ DEFAULT_CASES = [
     "v6e-8/large/bfloat16/8x1/1024",
     "v4-8/large/bfloat16/4x1/512",
     "v5p-8/large/bfloat16/4x1/1024",
+    "v5e-32/large/bfloat16/32x1/4096",
     "v5e-64/large/bfloat16/64x1/8192",
     # bilm_small as the training notebook runs it on a TPU: 128 rows per chip (configs/notebooks.py)
     *[f"{t}/small/{d}/1x1/128" for t in ("v5e-1", "v6e-1") for d in ("bfloat16", "float32")],

@@ -99,9 +99,14 @@ def test_the_sparse_update_is_the_dense_update(states):
 
 
 def test_the_sparse_update_is_used_only_when_it_reads_fewer_rows(states):
-    """The slot count: fewer rows than V' (sparse), or the dense update (full softmax, a large batch)."""
+    """The slot count when a step's reads, repeats counted, are fewer than V' (sparse), else the dense
+    update (full softmax, a large batch, many candidate groups)."""
     _, _, sparse, _, adagrad = states
-    assert softmax_row_slots(sparse, B, adagrad) == V  # min(2 x (2 x 6 + 4 x 5), 40)
+    assert softmax_row_slots(sparse, B, adagrad) == V  # min(2 x (2 x 6 + 4 x 5), 40); 64 reads < V' = 256
+    # 16 groups of 2 rows: 2 x (16 x 6 + 32 x 5) = 512 reads of V' = 256 rows, though only 40 are distinct
+    # (U = V): the per-read work would exceed one pass over the softmax.
+    assert softmax_row_slots(sparse, 32, adagrad) is None
+    assert softmax_row_slots(sparse, 8, adagrad) == V  # 2 x (4 x 6 + 8 x 5) = 128 reads
     big = dataclasses.replace(sparse, vocab_size=102_400)  # a multiple of 256: V = V'
     assert softmax_row_slots(big, B, adagrad) == 2 * (2 * S + B * T)
     assert softmax_row_slots(dataclasses.replace(big, full_softmax=True), B, adagrad) is None

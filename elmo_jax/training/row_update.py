@@ -33,10 +33,14 @@ import optax
 SOFTMAX_KEYS = ("W", "b")
 
 
+def row_uses(n_directions: int, groups: int, num_sampled: int, batch_size: int, unroll_steps: int, vocab_size: int):
+    """How many softmax rows a step reads, repeats counted: D·G·S + D·B·T (S at most the vocabulary)."""
+    return n_directions * (groups * min(num_sampled, vocab_size) + batch_size * unroll_steps)
+
+
 def row_slots(n_directions: int, groups: int, num_sampled: int, batch_size: int, unroll_steps: int, vocab_size: int):
-    """U: how many distinct softmax rows a step can read, min(D·G·S + D·B·T, vocabulary size)."""
-    uses = n_directions * (groups * min(num_sampled, vocab_size) + batch_size * unroll_steps)
-    return min(uses, vocab_size)
+    """U: how many distinct softmax rows a step can read, min(`row_uses`, vocabulary size)."""
+    return min(row_uses(n_directions, groups, num_sampled, batch_size, unroll_steps, vocab_size), vocab_size)
 
 
 def distinct_rows(candidates: jax.Array, targets: jax.Array, slots: int, fill: int):

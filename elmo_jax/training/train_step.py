@@ -31,7 +31,7 @@ from elmo_jax.training.lm import (
     softmax_rows,
 )
 from elmo_jax.training.optimizers import Optimizer, declares_row_sparse
-from elmo_jax.training.row_update import row_slots, sparse_update
+from elmo_jax.training.row_update import row_slots, row_uses, sparse_update
 from elmo_jax.training.softmax import padded_vocab_size
 
 
@@ -50,8 +50,9 @@ class StepConfig:
     loss_scale_by_unroll: bool = True
     compute: ComputeOptions = ComputeOptions()  # its content_positions is set per batch (`train_step_fn`)
     # Update only the softmax rows the sampled softmax read (`row_update`): the dense update's numbers
-    # without a (V', P) gradient. Used when those rows are fewer than V' and the optimiser declares that
-    # this is exact (`optimizers.declares_row_sparse`: Adagrad, not Adam); ignored with full_softmax.
+    # without a (V', P) gradient. Used when a step's reads (repeats counted) are fewer than V' and the
+    # optimiser declares that this is exact (`optimizers.declares_row_sparse`: Adagrad, not Adam);
+    # ignored with full_softmax.
     sparse_softmax_update: bool = True
 
 
@@ -169,12 +170,19 @@ def _scaled_loss(cfg: StepConfig, sums, counts, final):
 def softmax_row_slots(cfg: StepConfig, batch_size: int, optimizer) -> int | None:
     """U, the rows a sparse softmax update handles (`row_update.row_slots`), or None for a dense update:
     with the full softmax, with `sparse_softmax_update` off, with an optimiser that does not declare
-    itself row-sparse (`optimizers.declares_row_sparse`), or when U would not be fewer than V'."""
+    itself row-sparse (`optimizers.declares_row_sparse`), or when a step reads V' rows or more, repeats
+    counted (`row_update.row_uses`).
+
+    The sparse update's work grows with the reads (every read row's gradient is gathered across the
+    data axis and summed per id), the dense update's with V' (one gradient of the whole softmax, summed
+    across the data axis, one pass of the optimiser). U alone (at most V) would miss that: bilm_large on
+    64 data-parallel chips reads 1.38M rows of 793,600 per step, and compiled for v5e the sparse update
+    moved 40.8 GB per chip per step against the dense one's 32.5 (bench/RESULTS_tpu_compile.md)."""
     if cfg.full_softmax or not cfg.sparse_softmax_update or not declares_row_sparse(optimizer):
         return None
     groups = candidate_groups(batch_size, cfg.negative_sample_group_rows)
-    slots = row_slots(2, groups, cfg.n_negative_samples, batch_size, cfg.unroll_steps, cfg.vocab_size)
-    return slots if slots < padded_vocab_size(cfg.vocab_size) else None
+    sizes = (2, groups, cfg.n_negative_samples, batch_size, cfg.unroll_steps, cfg.vocab_size)
+    return row_slots(*sizes) if row_uses(*sizes) < padded_vocab_size(cfg.vocab_size) else None
 
 
 def _dense_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, content_positions):
@@ -226,9 +234,9 @@ def train_step_fn(
     """One optimisation step on one window of both directions (pure; `train_step` is it jitted on one
     device, `jitted_steps.jit_steps` jitted for a mesh).
 
-    With the sampled softmax the softmax is updated only at the rows the step read when they are fewer
-    than its V' rows and the optimiser declares that exact (`softmax_row_slots`, `row_update`): the
-    same numbers as the dense update.
+    With the sampled softmax the softmax is updated only at the rows the step read when its reads,
+    repeats counted, are fewer than its V' rows and the optimiser declares that exact
+    (`softmax_row_slots`, `row_update`): the same numbers as the dense update.
 
     Args:
       state: donated; the new state replaces it.
