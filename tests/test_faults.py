@@ -151,10 +151,10 @@ def _stop_inside_a_checkpoint_write(proc: subprocess.Popen, workdir, before: int
         proc.send_signal(signal.SIGCONT)
 
 
-# (seed, kill moments): the README's command kills once at each kind of moment; the stress tier twice
-# at each, for two seeds.
+# (seed, kill moments): the README's command kills once mid-training and once inside a checkpoint write;
+# the stress tier twice at each kind of moment, start-up included, for two seeds.
 KILL_PLANS = [
-    pytest.param(1234, ("start", "step", "checkpoint_write"), id="seed1234-3kills"),
+    pytest.param(1234, ("step", "checkpoint_write"), id="seed1234-2kills"),
     pytest.param(1234, ("start", "step", "checkpoint_write") * 2, id="seed1234-6kills", marks=pytest.mark.stress),
     pytest.param(5678, ("checkpoint_write", "step", "start") * 2, id="seed5678-6kills", marks=pytest.mark.stress),
 ]

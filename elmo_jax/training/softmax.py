@@ -49,6 +49,7 @@ def log_uniform_probs(vocab_size: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=64)  # traced into every train and eval step: 1.3 s of CPU for bilm_large's V
 def expected_draws(vocab_size: int, num_sampled: int) -> float:
     """With-replacement draws n at which the expected number of distinct ids is `num_sampled`.
 
@@ -63,6 +64,8 @@ def expected_draws(vocab_size: int, num_sampled: int) -> float:
         high *= 2.0
     for _ in range(100):  # bisection to float64 resolution
         mid = 0.5 * (low + high)
+        if mid in (low, high):  # no float64 between them: converged
+            break
         low, high = (mid, high) if distinct(mid) < num_sampled else (low, mid)
     return high
 

@@ -7,6 +7,8 @@ with elmo_jax.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
@@ -16,8 +18,10 @@ def np_log_uniform(V):
     return np.log((k + 2.0) / (k + 1.0)) / np.log(V + 1.0)
 
 
+@functools.cache  # a pure function of two ints; each call is ~60 sums over V
 def np_draws(V, S):
-    """The n with sum_k 1 - (1 - P(k))^n = S (expected distinct ids after n draws), by bisection."""
+    """The n with sum_k 1 - (1 - P(k))^n = S (expected distinct ids after n draws), by bisection down to
+    adjacent float64 values."""
     p = np_log_uniform(V)
     distinct = lambda n: np.sum(1.0 - (1.0 - p) ** n)
     low, high = 0.0, 1.0
@@ -25,6 +29,8 @@ def np_draws(V, S):
         high *= 2.0
     for _ in range(200):
         mid = 0.5 * (low + high)
+        if mid in (low, high):  # no float64 between them: converged
+            break
         low, high = (mid, high) if distinct(mid) < S else (low, mid)
     return 0.5 * (low + high)
 
