@@ -1,9 +1,10 @@
-"""Hand-written gradients (issue #8's speed-ups) against plain autodiff of the textbook forms.
+"""Hand-written gradients (issue #8's speed-ups, issue #32's TPU kernels) against plain autodiff of the
+textbook forms.
 
 `char_cnn.conv_max` runs in token blocks and keeps only the argmax for its backward pass, and
 `precision.matmul` flattens a >2-D input before the product; both must give the gradients `jax.grad`
 gives for `jnp.max` and `jnp.einsum`, and the char CNN as a whole the gradient of a max-pool written
-with `jnp.max`.
+with `jnp.max`. `char_cnn.highway`'s written-out gradient must equal autodiff's of the same layer.
 """
 
 from __future__ import annotations
@@ -64,6 +65,51 @@ def test_matmul_gradients_equal_einsum(shape):
     reference = jax.grad(lambda x, w: jnp.sum(jnp.einsum(spec, x, w, precision="highest") * g), argnums=(0, 1))(x, w)
     for a, b in zip(ours, reference):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+def _highway_problem(F=24, N=37):
+    keys = jax.random.split(jax.random.key(7), 6)
+    x = jax.random.normal(keys[0], (N, F))
+    weights = {
+        "W_carry": jax.random.normal(keys[1], (F, F)) / np.sqrt(F),
+        "b_carry": jax.random.normal(keys[2], (F,)),
+        "W_transform": jax.random.normal(keys[3], (F, F)) / np.sqrt(F),
+        "b_transform": jax.random.normal(keys[4], (F,)),  # about half the relu inputs are negative
+    }
+    return x, weights, jax.random.normal(keys[5], (N, F))
+
+
+def _highway_gradients(layer, x, weights, g, compute_dtype):
+    """Gradients of sum(layer(x) * g) in x and every weight, as one flat dict."""
+    args = (x, weights["W_carry"], weights["b_carry"], weights["W_transform"], weights["b_transform"])
+    grads = jax.grad(lambda *a: jnp.sum(layer(*a, compute_dtype) * g), argnums=tuple(range(5)))(*args)
+    return dict(zip(("x", "W_carry", "b_carry", "W_transform", "b_transform"), grads))
+
+
+def test_highway_gradient_equals_autodiff_of_the_same_layer():
+    """`_highway.fun` is the undecorated layer, so `jax.grad` of it is plain autodiff. Values identical;
+    gradients within float32 rounding of sums over 24-37 terms of magnitude ~1 (the products and
+    the bias sums run in another order)."""
+    x, weights, g = _highway_problem()
+    assert np.asarray(jnp.sum(x @ weights["W_transform"] + weights["b_transform"][None, :] < 0)) > 100  # relu bites
+    np.testing.assert_array_equal(
+        np.asarray(char_cnn.highway(x, weights)),
+        np.asarray(char_cnn._highway.fun(x, *weights.values(), "float32")),
+    )
+    ours = _highway_gradients(char_cnn._highway, x, weights, g, "float32")
+    autodiff = _highway_gradients(char_cnn._highway.fun, x, weights, g, "float32")
+    for name in ours:
+        scale = float(jnp.max(jnp.abs(autodiff[name])))
+        np.testing.assert_allclose(ours[name], autodiff[name], rtol=0, atol=64 * 2**-24 * scale, err_msg=name)
+
+
+def test_highway_bfloat16_gradient_is_as_close_to_float32_as_autodiff():
+    x, weights, g = _highway_problem(F=64, N=96)
+    truth = _highway_gradients(char_cnn._highway.fun, x, weights, g, "float32")
+    error = lambda got: max(float(jnp.linalg.norm(got[k] - truth[k]) / jnp.linalg.norm(truth[k])) for k in truth)
+    custom = error(_highway_gradients(char_cnn._highway, x, weights, g, "bfloat16"))
+    autodiff = error(_highway_gradients(char_cnn._highway.fun, x, weights, g, "bfloat16"))
+    assert custom <= 1.1 * autodiff, (custom, autodiff)
 
 
 def _jnp_max_conv(char_vectors, kernel, last_start, n_starts, compute):

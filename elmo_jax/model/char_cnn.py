@@ -16,6 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from elmo_jax.model.chars import PAD_CHAR
 from elmo_jax.model.config import BiLMConfig
@@ -146,6 +147,10 @@ def _conv_max_bwd(last_start, n_blocks, compute_dtype, residuals, g):
     def block(d_kernel, xs):
         w, a, g_block = xs  # (n, S, K), (n, F), (n, F)
         d_conv = jnp.where(starts == a[:, None, :], g_block[:, None, :], 0.0)  # (n, S, F)
+        # Materialised once in the matmul dtype: left to the compiler, a TPU broadcast the pooled gradient
+        # over the starts in bfloat16 (a costly relayout of packed rows) and rebuilt the select inside
+        # both products (bench/RESULTS_tpu_compile.md, "The compiler's estimate").
+        d_conv = lax.optimization_barrier(d_conv.astype(compute_dtype))
         d_windows = matmul(d_conv, kernel.T, compute_dtype)  # (n, S, K)
         d_kernel = d_kernel + matmul(w.reshape(-1, K).T, d_conv.reshape(-1, d_conv.shape[-1]), compute_dtype)
         return d_kernel, d_windows
@@ -187,9 +192,55 @@ def highway(x: jax.Array, layer_weights, compute_dtype=jnp.float32) -> jax.Array
 
     g = sigmoid(x W_carry + b_carry) weights the relu branch: y = g * relu(x W_transform + b_transform) + (1 - g) * x.
     """
-    gate = jax.nn.sigmoid(linear(x, layer_weights["W_carry"], layer_weights["b_carry"], compute_dtype))
-    transform = jax.nn.relu(linear(x, layer_weights["W_transform"], layer_weights["b_transform"], compute_dtype))
-    return gate * transform + (1.0 - gate) * x
+    w = layer_weights
+    return _highway(x, w["W_carry"], w["b_carry"], w["W_transform"], w["b_transform"], jnp.dtype(compute_dtype).name)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _highway(x, W_carry, b_carry, W_transform, b_transform, compute_dtype: str):
+    """`highway` with its gradient written out: x (N, F), kernels (F, F), biases (F,) -> (N, F).
+
+    Autodiff's backward pass hands the TPU compiler each gradient product with the elementwise work
+    before it (the sigmoid's and relu's slopes, the carry term) as part of the product's operand, and
+    the compiler fuses that work into the product, where it is redone for every block of the output: the
+    two largest products of the char CNN's backward pass were estimated at 5-6x their FLOP time. Here
+    each pre-activation's gradient is computed once and materialised in the matmul dtype (which the
+    products cast it to anyway), and the four gradient products read it and x in that dtype as they
+    are. Measured: bench/RESULTS_tpu_compile.md, "The compiler's estimate".
+    """
+    return _highway_fwd(x, W_carry, b_carry, W_transform, b_transform, compute_dtype)[0]
+
+
+def _highway_fwd(x, W_carry, b_carry, W_transform, b_transform, compute_dtype):
+    gate = jax.nn.sigmoid(linear(x, W_carry, b_carry, compute_dtype))
+    transform = jax.nn.relu(linear(x, W_transform, b_transform, compute_dtype))
+    # x in the matmul dtype for the kernels' gradients (the forward products cast it so too).
+    return gate * transform + (1.0 - gate) * x, (x, x.astype(compute_dtype), gate, transform, W_carry, W_transform)
+
+
+def _highway_bwd(compute_dtype, residuals, dy):
+    x, x_mm, gate, transform, W_carry, W_transform = residuals
+    d_carry = dy * (transform - x) * (gate * (1.0 - gate))  # through the sigmoid: its slope g (1 - g)
+    d_transform = jnp.where(transform > 0, dy * gate, 0.0)  # relu's slope, 0 at 0 as jax.nn.relu's
+    # The barrier keeps the compiler from fusing the two gradients back into the products' operands.
+    d_carry_mm, d_transform_mm = lax.optimization_barrier(
+        (d_carry.astype(compute_dtype), d_transform.astype(compute_dtype))
+    )
+    dx = (
+        dy * (1.0 - gate)
+        + matmul(d_carry_mm, W_carry.T, compute_dtype)
+        + matmul(d_transform_mm, W_transform.T, compute_dtype)
+    )
+    F = x.shape[-1]
+    x_rows = x_mm.reshape(-1, F).T
+    d_W_carry = matmul(x_rows, d_carry_mm.reshape(-1, F), compute_dtype)
+    d_W_transform = matmul(x_rows, d_transform_mm.reshape(-1, F), compute_dtype)
+    d_b_carry = jnp.sum(d_carry.reshape(-1, F), axis=0)
+    d_b_transform = jnp.sum(d_transform.reshape(-1, F), axis=0)
+    return dx, d_W_carry, d_b_carry, d_W_transform, d_b_transform
+
+
+_highway.defvjp(_highway_fwd, _highway_bwd)
 
 
 def token_embedding(
