@@ -25,7 +25,13 @@ from elmo_jax.training import settings, sharding
 from elmo_jax.training.jitted_steps import jit_steps
 from elmo_jax.training.optimizers import Optimizer
 from elmo_jax.training.row_update import distinct_rows, row_slots, sum_rows
-from elmo_jax.training.train_step import StepConfig, init_train_state, softmax_row_slots, train_step
+from elmo_jax.training.train_step import (
+    SPARSE_ROW_COST,
+    StepConfig,
+    init_train_state,
+    softmax_row_slots,
+    train_step,
+)
 from tests.support.compare import assert_trees_equal
 from tests.support.models import random_char_ids, tiny_bilm_config
 
@@ -99,14 +105,19 @@ def test_the_sparse_update_is_the_dense_update(states):
 
 
 def test_the_sparse_update_is_used_only_when_it_reads_fewer_rows(states):
-    """The slot count when a step's reads, repeats counted, are fewer than V' (sparse), else the dense
-    update (full softmax, a large batch, many candidate groups)."""
+    """The slot count when twice a step's reads, repeats counted, are fewer than one vocabulary shard's
+    rows, V' / vocab_shards (sparse; `train_step.SPARSE_ROW_COST`), else the dense update (full softmax,
+    a large batch, many candidate groups, the vocabulary split over devices)."""
     _, _, sparse, _, adagrad = states
-    assert softmax_row_slots(sparse, B, adagrad) == V  # min(2 x (2 x 6 + 4 x 5), 40); 64 reads < V' = 256
+    assert SPARSE_ROW_COST == 2
+    assert softmax_row_slots(sparse, B, adagrad) == V  # min(2 x (2 x 6 + 4 x 5), 40); 2 x 64 reads < V' = 256
     # 16 groups of 2 rows: 2 x (16 x 6 + 32 x 5) = 512 reads of V' = 256 rows, though only 40 are distinct
     # (U = V): the per-read work would exceed one pass over the softmax.
     assert softmax_row_slots(sparse, 32, adagrad) is None
-    assert softmax_row_slots(sparse, 8, adagrad) == V  # 2 x (4 x 6 + 8 x 5) = 128 reads
+    assert softmax_row_slots(sparse, 6, adagrad) == V  # 2 x (3 x 6 + 6 x 5) = 96 reads: 192 < 256
+    assert softmax_row_slots(sparse, 8, adagrad) is None  # 2 x (4 x 6 + 8 x 5) = 128 reads: 256, not < 256
+    # The vocabulary over two devices: each updates 128 rows densely, against 2 x 64 reads sparsely.
+    assert softmax_row_slots(dataclasses.replace(sparse, vocab_shards=2), B, adagrad) is None
     big = dataclasses.replace(sparse, vocab_size=102_400)  # a multiple of 256: V = V'
     assert softmax_row_slots(big, B, adagrad) == 2 * (2 * S + B * T)
     assert softmax_row_slots(dataclasses.replace(big, full_softmax=True), B, adagrad) is None

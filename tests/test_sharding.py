@@ -95,7 +95,7 @@ def assert_trees_close(a, b):
 
 
 def test_parameter_shardings_follow_the_rules_table():
-    """On a (2, 4) mesh: the softmax is split over the vocabulary on "model" (64 of 512 rows per device),
+    """On a (2, 4) mesh: the softmax is split over the vocabulary on both axes (64 of 512 rows per device),
     everything of the biLM is replicated (RULES maps its axes to None), Adagrad's accumulators are
     sharded like their parameters, step and key are replicated, the carried state is split on rows."""
     mesh = sharding.make_mesh(2, 4)
@@ -103,11 +103,13 @@ def test_parameter_shardings_follow_the_rules_table():
     assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
     state = jitted_steps.jit_steps(mesh, CFG, OPTIMIZER, B).init(jax.random.key(0), None, None)
     rules = dict(sharding.RULES)
-    assert rules["vocab"] == "model" and rules["batch"] == "data"
+    assert rules["vocab"] == ("model", "data") and rules["batch"] == "data"
 
     W, b = state.params["softmax"]["W"], state.params["softmax"]["b"]
-    assert W.shape == (512, 8) and W.sharding.spec == P("model", None) and b.sharding.spec == P("model")
-    assert {s.data.shape for s in W.addressable_shards} == {(128, 8)}
+    vocab = ("model", "data")
+    assert W.shape == (512, 8) and W.sharding.spec == P(vocab, None) and b.sharding.spec == P(vocab)
+    assert {s.data.shape for s in W.addressable_shards} == {(64, 8)}
+    assert len({s.index[0].start for s in W.addressable_shards}) == 8  # no two devices hold the same rows
     flat = jax.tree_util.tree_flatten_with_path(state.params["bilm"])[0]
     # 4 LSTM cells x (W_0, B, W_P_0), 3 convolutions x (W, b), highway (2 W, 2 b), CNN projection, char_embed
     assert len(flat) == 4 * 3 + 3 * 2 + 4 + 2 + 1
@@ -118,7 +120,7 @@ def test_parameter_shardings_follow_the_rules_table():
     )
     assert len(bilm_axes) == len(flat) and all(rules[a] is None for axes in bilm_axes for a in axes)
     accumulators = [s for s in jax.tree.leaves(state.opt_state) if s.ndim == 2 and s.shape == (512, 8)]
-    assert len(accumulators) == 1 and accumulators[0].sharding.spec == P("model", None)
+    assert len(accumulators) == 1 and accumulators[0].sharding.spec == P(vocab, None)
     assert state.step.sharding.is_fully_replicated and state.key.sharding.is_fully_replicated
     assert state.lstm.c.sharding.spec == P(None, None, "data", None) == state.lstm.h.sharding.spec
     assert {s.data.shape for s in state.lstm.c.addressable_shards} == {(2, 2, 4, 16)}
@@ -134,9 +136,10 @@ def test_changing_the_rules_table_changes_the_parallelism():
     cell = shardings.params["bilm"]["RNN_0"]["RNN"]["MultiRNNCell"]["Cell1"]["LSTMCell"]
     assert cell["W_0"].spec == P(None, "model") and cell["B"].spec == P("model")
     assert cell["W_P_0"].spec == P(None, None)
-    assert shardings.params["softmax"]["W"].spec == P("model", None)
+    assert shardings.params["softmax"]["W"].spec == P(("model", "data"), None)
     specs = [s.spec for s in jax.tree.leaves(shardings.opt_state)]
-    assert specs.count(P(None, "model")) == 4 and specs.count(P("model")) == 4 + 1  # 4 biases + softmax b
+    assert specs.count(P(None, "model")) == 4 and specs.count(P("model")) == 4  # the 4 gate biases
+    assert specs.count(P(("model", "data"))) == 1  # the softmax's b
 
 
 def test_every_published_weight_has_logical_axes():
@@ -213,17 +216,21 @@ def test_vocab_sharded_softmax_equals_the_unsharded_one(num_sampled):
     assert np.all(per_token < 30.0), per_token  # a scored padding row (b = 1000) would dominate
 
 
-def test_sharded_steps_never_gather_the_softmax_or_the_batch():
-    """The compiled train and eval steps on a 2 x 4 mesh gather no sharded array whole: each device works
-    on its own rows of the batch and of the softmax (only reductions cross devices). The one exception is
-    the sparse softmax update's bookkeeping: the ids a step read and their per-use gradient rows, (D, B, T)
-    and (D, G, S) (x P), which are gathered to be summed per distinct id (`training.row_update`); they
-    hold no part of the softmax nor of the characters."""
+def test_sharded_steps_never_gather_the_softmax_or_the_characters():
+    """The compiled train and eval steps on a 2 x 4 mesh gather no part of the softmax, of the characters
+    or of the LSTM's work: each device works on its own rows of the batch and of the softmax. What is
+    gathered is the softmax's bookkeeping, since the vocabulary is split over the data axis too, so
+    every device handles its own vocabulary rows for every row of the batch: in the train step the ids
+    a step reads, (D, B, T) and (D, G, S) (x 1 as gather indices), and their per-use gradient rows
+    (x P), to be summed into the rows' shards (or per distinct id, `training.row_update`); in the eval
+    step (the full softmax), each direction's B·T outputs (x P), targets and gather indices, which each
+    device scores against its own rows (gathering them moves B·T·P values, where gathering the softmax
+    would move V'·P)."""
     steps = jitted_steps.jit_steps(sharding.make_mesh(2, 4), CFG, OPTIMIZER, B)
     batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=steps.batch) for k, v in random_batch(0, True).items()}
     state = steps.abstract_state
     G, S, P_ = B // CFG.negative_sample_group_rows, CFG.n_negative_samples, MODEL.projection_dim
-    row_bookkeeping = {(2, B, T), (2, B, T, P_), (2, G, S), (2, G, S, P_)}
+    row_bookkeeping = {(2, B, T), (2, B, T, 1), (2, B, T, P_), (2, G, S), (2, G, S, 1), (2, G, S, P_)}
     for name, compiled in (
         ("train", steps.train.lower(state, batch, 8).compile()),
         ("eval", steps.eval.lower(state.params, state.lstm, batch, 8).compile()),
@@ -232,7 +239,7 @@ def test_sharded_steps_never_gather_the_softmax_or_the_batch():
         assert "all-reduce" in text
         gathered = re.findall(r"= \(?\w+\[([0-9,]*)\][^=]*? all-gather(?:-start)?\(", text)
         shapes = {tuple(int(n) for n in dims.split(",")) for dims in gathered}
-        allowed = row_bookkeeping if name == "train" else set()
+        allowed = row_bookkeeping if name == "train" else {(B * T,), (B * T, 1), (B * T, P_)}
         assert shapes <= allowed, f"{name}: a sharded array is gathered whole: {sorted(shapes - allowed)}"
 
 
@@ -288,6 +295,23 @@ def test_a_batch_or_vocabulary_that_does_not_split_is_refused():
     with pytest.raises(ValueError, match=r"mesh.model=3.*size 3 must divide 256"):
         sharding.check_training_mesh(sharding.make_mesh(1, 3, devices=jax.devices()[:3]), 12, process_count=1)
     sharding.check_training_mesh(sharding.make_mesh(2, 4), 8, process_count=2)  # fits
+
+
+@pytest.mark.parametrize(
+    "data,model,vocab,shards",
+    [(8, 1, "data", 8), (1, 8, "model", 8), (2, 4, ("model", "data"), 8), (6, 1, "model", 1), (3, 2, "model", 2)],
+)
+def test_the_vocabulary_is_split_over_every_axis_its_padding_divides_into(data, model, vocab, shards):
+    """The softmax's rows go over both mesh axes where their 256-row padding splits into that many shards;
+    a data axis of 6 or 3 devices leaves them on "model" (replicated when that has one device), and the
+    mesh is accepted: the padding, and so a checkpoint's shapes, is the same on every mesh."""
+    mesh = sharding.make_mesh(data, model, devices=jax.devices()[: data * model])
+    assert dict(sharding.fit_rules(mesh))["vocab"] == vocab
+    assert sharding.logical_shards(mesh, "vocab") == shards and sharding.logical_shards(mesh, "batch") == data
+    sharding.check_training_mesh(mesh, 12 * data, process_count=1)
+    abstract = {"bilm": {}, "softmax": {"W": jax.ShapeDtypeStruct((512, 8), jnp.float32)}}
+    W = sharding.param_shardings(mesh, abstract)["softmax"]["W"]
+    assert W.spec == P(vocab, None) and W.shard_shape((512, 8)) == (512 // shards, 8)
 
 
 def test_the_cli_refuses_a_bad_mesh_in_one_line_before_writing_anything(tmp_path):

@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.training.optimizers import Optimizer, declares_row_sparse
-from elmo_jax.training.sharding import RULES, batch_sharding, state_shardings, with_shardings
+from elmo_jax.training.sharding import RULES, batch_sharding, logical_shards, state_shardings, with_shardings
 from elmo_jax.training.train_step import StepConfig, eval_step_fn, init_train_state, train_step_fn
 
 
@@ -81,7 +81,7 @@ def jit_steps(
     the dense softmax update even when `cfg.sparse_softmax_update` asks for the sparse one (logged).
     """
     _log_dense_softmax_update(cfg, optimizer)
-    cfg = _with_token_shards(cfg, mesh, rules)
+    cfg = _with_mesh_shards(cfg, mesh, rules)
 
     def init(key, bilm, softmax):
         return init_train_state(key, cfg, optimizer, batch_size, bilm, softmax)
@@ -116,13 +116,13 @@ def _log_dense_softmax_update(cfg: StepConfig, optimizer: Optimizer | optax.Grad
         )
 
 
-def _with_token_shards(cfg: StepConfig, mesh: Mesh, rules) -> StepConfig:
-    """`cfg` with `compute.token_shards` set to the shards of the batch axis of `rules` on `mesh`."""
+def _with_mesh_shards(cfg: StepConfig, mesh: Mesh, rules) -> StepConfig:
+    """`cfg` with `compute.token_shards` and `vocab_shards` set to the shards of the batch and vocabulary
+    axes of `rules` on `mesh`."""
     # The char CNN's token blocks and the LSTM's input-product form are chosen by one device's rows
-    # (the batch axis's shards), not the global batch's.
-    batch_axis = dict(rules).get("batch")
-    token_shards = mesh.shape[batch_axis] if batch_axis is not None else 1
-    return dataclasses.replace(cfg, compute=dataclasses.replace(cfg.compute, token_shards=token_shards))
+    # (the batch axis's shards), not the global batch's; the softmax update by one device's vocabulary rows.
+    compute = dataclasses.replace(cfg.compute, token_shards=logical_shards(mesh, "batch", rules))
+    return dataclasses.replace(cfg, compute=compute, vocab_shards=logical_shards(mesh, "vocab", rules))
 
 
 def _jit_train(

@@ -38,9 +38,9 @@ MESH_AXES = ("data", "model")
 # projection needs an all-reduce of (D, B, P) before the next step can start): 2 x L x T latency-bound
 # collectives per forward pass, plus as many in the backward pass, for ~1 GB of memory. It does not
 # pay. The entries stay so that trying it is a change of this table.
-RULES: tuple[tuple[str, str | None], ...] = (
+RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", "data"),  # B: rows of the batch and of the carried LSTM state
-    ("vocab", "model"),  # V': softmax rows (padded to a multiple of VOCAB_PAD_MULTIPLE)
+    ("vocab", ("model", "data")),  # V': softmax rows (padded to a multiple of VOCAB_PAD_MULTIPLE)
     ("gates", None),  # 4H: LSTM kernel columns and gate biases (i, j, f, o blocks)
     ("cell", None),  # H: LSTM cell state, rows of the LSTM projection W_P_0
     ("lstm_in", None),  # 2P: LSTM kernel rows ([x ; h])
@@ -111,6 +111,40 @@ def make_mesh(data: int, model: int, devices: Sequence[jax.Device] | None = None
     return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
 
 
+def mesh_shards(mesh: Mesh, mesh_axis: str | tuple[str, ...] | None) -> int:
+    """How many shards a PartitionSpec entry splits an array axis into: a mesh axis's size, the product
+    of several axes' sizes, or 1 (None: replicated)."""
+    names = () if mesh_axis is None else (mesh_axis,) if isinstance(mesh_axis, str) else mesh_axis
+    return int(np.prod([mesh.shape[name] for name in names], dtype=np.int64))
+
+
+def fit_rules(mesh: Mesh, rules=RULES) -> tuple:
+    """`rules` as they apply on `mesh`, for an entry of several mesh axes ("vocab"): axes of size 1 are
+    left out (a (1, 8) mesh shards the vocabulary on "model", an (8, 1) mesh on "data"), and so are the
+    trailing axes whose shards would not divide the vocabulary padding (`VOCAB_PAD_MULTIPLE`): a data
+    axis of 6 devices then leaves the softmax on "model" (replicated on a (6, 1) mesh) instead of
+    refusing the mesh, since the padding, and so every checkpoint's shapes, must not depend on the
+    mesh. The entry's first axis stays even when it does not divide, for `check_training_mesh` to
+    refuse it, naming it."""
+    fitted = []
+    for name, entry in rules:
+        if isinstance(entry, tuple):
+            axes = [axis for axis in entry if mesh.shape[axis] > 1]
+            while axes and VOCAB_PAD_MULTIPLE % mesh_shards(mesh, tuple(axes)):
+                if axes == [entry[0]]:
+                    break  # for check_training_mesh to refuse, naming it
+                axes.pop()
+            axes = axes or [entry[0]]
+            entry = axes[0] if len(axes) == 1 else tuple(axes)
+        fitted.append((name, entry))
+    return tuple(fitted)
+
+
+def logical_shards(mesh: Mesh, name: str, rules=RULES) -> int:
+    """How many shards `rules` split the logical axis `name` into on `mesh` (1: replicated)."""
+    return mesh_shards(mesh, dict(fit_rules(mesh, rules)).get(name))
+
+
 def logical_to_spec(axes: Sequence[str | None], rules=RULES) -> PartitionSpec:
     """PartitionSpec of an array whose axes have these logical names (None: replicated)."""
     table = dict(rules)
@@ -119,7 +153,7 @@ def logical_to_spec(axes: Sequence[str | None], rules=RULES) -> PartitionSpec:
         if name is not None and name not in table:
             raise ValueError(f"logical axis {name!r} has no entry in the partition rules {sorted(table)}")
         spec.append(None if name is None else table[name])
-    used = [a for a in spec if a is not None]
+    used = [a for entry in spec if entry is not None for a in ((entry,) if isinstance(entry, str) else entry)]
     if len(used) != len(set(used)):
         raise ValueError(f"partition rules map two axes of {tuple(axes)} to one mesh axis: {tuple(spec)}")
     return PartitionSpec(*spec)
@@ -142,12 +176,12 @@ def param_logical_axes(params: dict) -> dict:
 
 
 def _named(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int], what: str, rules) -> NamedSharding:
-    spec = logical_to_spec(axes, rules)
+    spec = logical_to_spec(axes, fit_rules(mesh, rules))
     for dim, (size, mesh_axis) in enumerate(zip(shape, spec)):
-        if mesh_axis is not None and size % mesh.shape[mesh_axis]:
+        if mesh_axis is not None and size % mesh_shards(mesh, mesh_axis):
             raise ValueError(
                 f"{what}: axis {dim} ({axes[dim]}, size {size}) does not divide into the "
-                f"{mesh.shape[mesh_axis]} shards of mesh axis {mesh_axis!r}"
+                f"{mesh_shards(mesh, mesh_axis)} shards of mesh axis {mesh_axis!r}"
             )
     return NamedSharding(mesh, spec)
 
@@ -194,7 +228,7 @@ def state_shardings(
 
 def batch_sharding(mesh: Mesh, rules=RULES) -> NamedSharding:
     """The sharding of every batch array (D, B, ...): rows on the batch axis, the rest replicated."""
-    return NamedSharding(mesh, logical_to_spec(BATCH_AXES, rules))
+    return NamedSharding(mesh, logical_to_spec(BATCH_AXES, fit_rules(mesh, rules)))
 
 
 def with_shardings(abstract: Any, shardings: Any) -> Any:
@@ -212,7 +246,7 @@ def check_training_mesh(mesh: Mesh, batch_size: int, process_count: int, rules=R
             f"--config.batch_size={batch_size} is not divisible by the {process_count} processes: "
             "every process must feed the same number of rows"
         )
-    table = dict(rules)
+    table = dict(fit_rules(mesh, rules))
     batch_axis, vocab_axis = table.get("batch"), table.get("vocab")
     if batch_axis is not None and batch_size % mesh.shape[batch_axis]:
         raise ValueError(
@@ -220,10 +254,10 @@ def check_training_mesh(mesh: Mesh, batch_size: int, process_count: int, rules=R
             f"shards of mesh axis {batch_axis!r} ({sizes}); use a batch size that is a multiple of "
             f"{mesh.shape[batch_axis]}"
         )
-    if vocab_axis is not None and VOCAB_PAD_MULTIPLE % mesh.shape[vocab_axis]:
+    if VOCAB_PAD_MULTIPLE % mesh_shards(mesh, vocab_axis):
         raise ValueError(
             f"{sizes}: the softmax vocabulary is padded to a multiple of {VOCAB_PAD_MULTIPLE} and "
-            f"sharded on mesh axis {vocab_axis!r}, whose size {mesh.shape[vocab_axis]} must divide "
+            f"sharded on mesh axis {vocab_axis!r}, whose size {mesh_shards(mesh, vocab_axis)} must divide "
             f"{VOCAB_PAD_MULTIPLE}"
         )
 

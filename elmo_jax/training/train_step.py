@@ -54,6 +54,9 @@ class StepConfig:
     # optimiser declares that this is exact (`optimizers.declares_row_sparse`: Adagrad, not Adam);
     # ignored with full_softmax.
     sparse_softmax_update: bool = True
+    # How many devices the softmax's vocabulary is split over (`jitted_steps` sets it from the mesh):
+    # the dense update's work per device is V' / vocab_shards rows (`softmax_row_slots`).
+    vocab_shards: int = 1
 
 
 @flax.struct.dataclass
@@ -167,22 +170,36 @@ def _scaled_loss(cfg: StepConfig, sums, counts, final):
     return scaled, (loss, per_direction, counts, final)
 
 
+# What the sparse softmax update costs per row it handles, in rows of the dense update: derived from
+# two v5e-8 compiles of bilm_large with the vocabulary split over all 8 chips (bench/RESULTS_tpu_compile.md,
+# "The softmax over every chip"): 4 x 2 / 512 rows, 86k reads against 99k rows a chip, sparse 48.2 ms and
+# dense 46.4 ms; 8 x 1 / 1,024 rows, 172k reads, 55.6 and 49.1 ms. The two differences, each a per-row
+# cost times the rows of its update with no fixed part, give 0.055 ms per 1,000 sparse rows against 0.029
+# per 1,000 dense ones, a ratio of 1.9: every device handles every read row (gathered across the
+# vocabulary's shards, summed per id, updated and scattered back), the dense update only its own rows,
+# in plain passes.
+SPARSE_ROW_COST = 2
+
+
 def softmax_row_slots(cfg: StepConfig, batch_size: int, optimizer) -> int | None:
     """U, the rows a sparse softmax update handles (`row_update.row_slots`), or None for a dense update:
     with the full softmax, with `sparse_softmax_update` off, with an optimiser that does not declare
-    itself row-sparse (`optimizers.declares_row_sparse`), or when a step reads V' rows or more, repeats
-    counted (`row_update.row_uses`).
+    itself row-sparse (`optimizers.declares_row_sparse`), or when `SPARSE_ROW_COST` times the rows a
+    step reads, repeats counted (`row_update.row_uses`), is not below the rows of one vocabulary shard,
+    V' / `cfg.vocab_shards`.
 
-    The sparse update's work grows with the reads (every read row's gradient is gathered across the
-    data axis and summed per id), the dense update's with V' (one gradient of the whole softmax, summed
-    across the data axis, one pass of the optimiser). U alone (at most V) would miss that: bilm_large on
-    64 data-parallel chips reads 1.38M rows of 793,600 per step, and compiled for v5e the sparse update
-    moved 40.8 GB per chip per step against the dense one's 32.5 (bench/RESULTS_tpu_compile.md)."""
+    The sparse update's work per device grows with the reads (every read row's gradient is gathered
+    and summed per id on every device), the dense update's with the device's share of V' (one gradient
+    of its rows, summed across the data axis, one pass of the optimiser). U alone (at most V) would
+    miss that: bilm_large on 64 data-parallel chips reads 1.38M rows of 793,600 per step, and compiled
+    for v5e the sparse update moved 40.8 GB per chip per step against the dense one's 32.5
+    (bench/RESULTS_tpu_compile.md)."""
     if cfg.full_softmax or not cfg.sparse_softmax_update or not declares_row_sparse(optimizer):
         return None
     groups = candidate_groups(batch_size, cfg.negative_sample_group_rows)
     sizes = (2, groups, cfg.n_negative_samples, batch_size, cfg.unroll_steps, cfg.vocab_size)
-    return row_slots(*sizes) if row_uses(*sizes) < padded_vocab_size(cfg.vocab_size) else None
+    shard_rows = padded_vocab_size(cfg.vocab_size) // cfg.vocab_shards
+    return row_slots(*sizes) if SPARSE_ROW_COST * row_uses(*sizes) < shard_rows else None
 
 
 def _dense_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, content_positions):
