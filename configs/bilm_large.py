@@ -21,9 +21,9 @@ TRAIN_TOKENS = 768_648_884
 # Tested meshes per TPU type: (mesh.data, mesh.model, batch_size), 128 rows per chip as bilm-tf's GPUs had.
 # Each was compiled by libtpu for that topology with the char CNN at 24 positions and bfloat16 compute
 # (bench/tpu_compile.py; per-chip memory plans and roofline step times in bench/RESULTS_tpu_compile.md)
-# and plans at most 85% of the chip's HBM. Data-parallel meshes: with the sparse softmax update the
-# replicated softmax fits every chip, and a model axis would make each chip of a model group repeat the
-# biLM's work (only the softmax is split over it). Pass them as --config.mesh.data, --config.mesh.model
+# and plans at most 85% of the chip's HBM. Data-parallel meshes: the softmax's rows are split over every
+# chip anyway (elmo_jax/training/sharding.py), and a model axis would make each chip of a model group
+# repeat the biLM's work (only the softmax is split over it). Pass them as --config.mesh.data, --config.mesh.model
 # and --config.batch_size (and num_train_steps for 10 epochs: 10 * TRAIN_TOKENS // (batch_size * 20)).
 TPU_MESHES = {
     "v5e-1": (1, 1, 128),

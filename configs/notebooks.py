@@ -6,8 +6,8 @@ single-chip TPUs (v5e-1, v6e-1: Colab's TPU runtimes) and the notebooks' size ta
     config = notebooks.train_bilm("tpu", jax.device_count(), lm1b=False)
 
 Every mesh is data-parallel only (`mesh.data = -1`, `mesh.model = 1`), so any device count works: one chip,
-a v5e-4 or v6e-8 slice, several GPUs, or the CPU. A model axis only pays when the softmax does not fit
-one device (`configs/bilm_large.py` on the 1B Word vocabulary); `mesh_model` checks a requested one.
+a v5e-4 or v6e-8 slice, several GPUs, or the CPU; the softmax's rows are split over every device either way
+(elmo_jax/training/sharding.py). `mesh_model` checks a requested model axis.
 """
 
 import json
@@ -17,7 +17,6 @@ from configs import bilm_small, default, demo
 
 ROWS_PER_TPU_CHIP = 128  # bilm-tf trained with 128 rows per GPU; a v5e chip holds this easily (see bench)
 ROWS_PER_GPU = 128
-VOCAB_PAD_MULTIPLE = 1024  # elmo_jax.training.sharding: the softmax rows are padded to a multiple of this
 
 
 def smoke(config):
@@ -82,6 +81,8 @@ def mesh_model(requested: int, n_devices: int) -> tuple[int, str]:
     into groups of it and the padded softmax rows split over it, else 1 (data-parallel) with a note why."""
     if requested <= 1:
         return 1, ""
+    from elmo_jax.training.softmax import VOCAB_PAD_MULTIPLE  # the softmax rows are padded to a multiple of it
+
     if n_devices % requested or VOCAB_PAD_MULTIPLE % requested:
         return 1, (
             f"MESH_MODEL = {requested} does not divide {n_devices} device(s) (and {VOCAB_PAD_MULTIPLE} softmax rows); "

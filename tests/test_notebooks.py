@@ -231,6 +231,8 @@ def test_notebook_sizes_fit_any_device_count(backend, devices):
     axis, note = notebooks.mesh_model(2, devices)
     assert (axis, bool(note)) == ((2, False) if devices % 2 == 0 else (1, True))
     assert notebooks.mesh_model(3, 8)[0] == 1 and "does not divide 8 device(s)" in notebooks.mesh_model(3, 8)[1]
+    # The softmax's 256-row padding (elmo_jax.training.softmax) does not split into 512 shards.
+    assert notebooks.mesh_model(512, 512)[0] == 1 and "256 softmax rows" in notebooks.mesh_model(512, 512)[1]
 
 
 def test_a_notebook_workdir_of_other_sizes_is_refused_with_the_way_out(tmp_path):
