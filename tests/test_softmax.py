@@ -143,6 +143,42 @@ def test_sampled_softmax_matches_tf_rederivation_with_accidental_hits():
         np.testing.assert_allclose(np.asarray(without), got[i : i + 1], atol=ATOL, rtol=0, err_msg=f"token {i}")
 
 
+def test_sampled_softmax_gradient_matches_numpy_past_float32_exp_range():
+    """Logits near 100 (exp overflows float32 past ~88.7) and a token whose only candidate is its target
+    (every sampled logit removed): the loss and its gradient with respect to h equal the float64
+    re-derivation, d loss / d h = sum_k (p_k - [k = true]) W_k over the true row and the kept candidates,
+    p the softmax of TF's logits. A bias shift of every row leaves both unchanged."""
+    rng = np.random.default_rng(4)
+    V, S, P = 8, 3, 5
+    W, b, h = rng.normal(0, 1, (V, P)), rng.normal(0, 1, (V,)), rng.normal(0, 1, (4, P))
+    targets = np.array([2, 4, 7, 4])
+
+    def numpy_loss_and_grad(candidates):
+        losses, grads = [], []
+        for x, y in zip(h, targets):
+            kept = candidates[candidates != y]
+            rows = np.concatenate([[y], kept])
+            logits = W[rows] @ x + b[rows] - np_log_q(rows, V, S)
+            p = np.exp(logits - np_logsumexp(logits))
+            losses.append(np_logsumexp(logits) - logits[0])
+            grads.append((p - np.eye(len(rows))[0]) @ W[rows])
+        return np.array(losses), np.array(grads)
+
+    for candidates in (np.array([1, 4, 6]), np.array([4])):
+        want_loss, want_grad = numpy_loss_and_grad(candidates)
+
+        def loss(x, candidates=candidates):
+            ids = jnp.asarray(candidates, jnp.int32)
+            per_token = sampled_softmax_loss(f32(W), f32(b + 100.0), x, jnp.asarray(targets), ids, V, num_sampled=S)
+            return jnp.sum(per_token), per_token
+
+        grad, got = jax.grad(loss, has_aux=True)(f32(h))
+        assert np.all(np.isfinite(np.asarray(got))) and np.all(np.isfinite(np.asarray(grad)))
+        np.testing.assert_allclose(np.asarray(got), want_loss, atol=ATOL, rtol=0)
+        np.testing.assert_allclose(np.asarray(grad), want_grad, atol=ATOL, rtol=0)
+    assert want_loss[1] == 0.0 and np.all(want_grad[1] == 0.0)  # token 1: its only candidate is its target
+
+
 # ----------------------------------------------------------------------------- expected counts
 
 

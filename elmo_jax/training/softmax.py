@@ -160,8 +160,11 @@ def sampled_softmax_loss_rows(
     sampled_logits = sampled_logits - log_expected_count(candidates, vocab_size, num_sampled)[None, :]
     hits = candidates[None, :] == targets[:, None]
     sampled_logits = jnp.where(hits, -jnp.inf, sampled_logits)
-    all_logits = jnp.concatenate([true_logits[:, None], sampled_logits], axis=1)
-    return jax.nn.logsumexp(all_logits, axis=1) - true_logits
+    # logsumexp over [true, sampled] without joining them into one (N, 1 + S) array: a TPU writes a
+    # join as a pass per piece over the whole width. The true logit is finite, so the shift is too.
+    shift = jax.lax.stop_gradient(jnp.maximum(true_logits, jnp.max(sampled_logits, axis=1)))  # (N,)
+    total = jnp.exp(true_logits - shift) + jnp.sum(jnp.exp(sampled_logits - shift[:, None]), axis=1)
+    return shift + jnp.log(total) - true_logits
 
 
 def full_softmax_loss(
