@@ -86,7 +86,7 @@ def mesh_model(requested: int, n_devices: int) -> tuple[int, str]:
     if n_devices % requested or VOCAB_PAD_MULTIPLE % requested:
         return 1, (
             f"MESH_MODEL = {requested} does not divide {n_devices} device(s) (and {VOCAB_PAD_MULTIPLE} softmax rows); "
-            "using 1: every device holds the whole softmax and takes its share of the batch"
+            "using 1: every device takes its share of the batch (and of the softmax's rows where they split evenly)"
         )
     return requested, ""
 
