@@ -314,6 +314,14 @@ def test_the_vocabulary_is_split_over_every_axis_its_padding_divides_into(data, 
     assert W.spec == P(vocab, None) and W.shard_shape((512, 8)) == (512 // shards, 8)
 
 
+def test_only_the_vocabulary_is_trimmed_by_its_padding():
+    """Another entry of several mesh axes (the batch over both, say) keeps them on a mesh whose 6 devices
+    do not divide the vocabulary's 256-row padding; the vocabulary falls back to "model"."""
+    rules = tuple((name, ("data", "model") if name == "batch" else axis) for name, axis in sharding.RULES)
+    fitted = dict(sharding.fit_rules(sharding.make_mesh(3, 2, devices=jax.devices()[:6]), rules))
+    assert fitted["batch"] == ("data", "model") and fitted["vocab"] == "model"
+
+
 def test_the_cli_refuses_a_bad_mesh_in_one_line_before_writing_anything(tmp_path):
     result = run_in_process(  # this process's 8 devices
         "train.py",
