@@ -252,16 +252,17 @@ def check_training_mesh(mesh: Mesh, batch_size: int, process_count: int, rules=R
         )
     table = dict(fit_rules(mesh, rules))
     batch_axis, vocab_axis = table.get("batch"), table.get("vocab")
-    if batch_axis is not None and batch_size % mesh.shape[batch_axis]:
+    batch_shards, vocab_shards = mesh_shards(mesh, batch_axis), mesh_shards(mesh, vocab_axis)
+    if batch_size % batch_shards:
         raise ValueError(
-            f"--config.batch_size={batch_size} is not divisible by the {mesh.shape[batch_axis]} "
+            f"--config.batch_size={batch_size} is not divisible by the {batch_shards} "
             f"shards of mesh axis {batch_axis!r} ({sizes}); use a batch size that is a multiple of "
-            f"{mesh.shape[batch_axis]}"
+            f"{batch_shards}"
         )
-    if VOCAB_PAD_MULTIPLE % mesh_shards(mesh, vocab_axis):
+    if VOCAB_PAD_MULTIPLE % vocab_shards:
         raise ValueError(
             f"{sizes}: the softmax vocabulary is padded to a multiple of {VOCAB_PAD_MULTIPLE} and "
-            f"sharded on mesh axis {vocab_axis!r}, whose size {mesh_shards(mesh, vocab_axis)} must divide "
+            f"sharded on mesh axis {vocab_axis!r}, whose size {vocab_shards} must divide "
             f"{VOCAB_PAD_MULTIPLE}"
         )
 
