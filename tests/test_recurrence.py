@@ -76,24 +76,47 @@ def test_gradient_equals_autodiff(projection, cell_clip, proj_clip):
         np.testing.assert_array_equal(a, b)
 
 
-def test_bfloat16_gradient_is_as_close_to_float32_as_autodiff():
+def force_tpu_form(monkeypatch):
+    """The TPU's branches of `lax.platform_dependent` taken on this CPU."""
+    monkeypatch.setattr(recurrence.lax, "platform_dependent", lambda *a, tpu, default: tpu(*a))
+
+
+@pytest.mark.parametrize("form", ["default", "tpu"])
+def test_bfloat16_gradient_is_as_close_to_float32_as_autodiff(form, monkeypatch):
+    """In bfloat16, in either form of the loops (the TPU's stores dz gate by gate, rounded once)."""
     args, fixed, weights = problem(1, 4)
     truth = gradients(recurrence.recurrence.fun, recurrence.Settings(3.0, 3.0), args, fixed, weights)
     bf16 = recurrence.Settings(3.0, 3.0, "bfloat16")
     error = lambda g: max(float(jnp.linalg.norm(g[k] - truth[k]) / jnp.linalg.norm(truth[k])) for k in truth)
-    custom = error(gradients(recurrence.recurrence, bf16, args, fixed, weights))
     autodiff = error(gradients(recurrence.recurrence.fun, bf16, args, fixed, weights))
+    if form == "tpu":
+        force_tpu_form(monkeypatch)
+    custom = error(gradients(recurrence.recurrence, bf16, args, fixed, weights))
     assert custom < 0.05 and custom <= 1.1 * autodiff, (custom, autodiff)
 
 
-def test_the_tpu_loop_with_per_step_input_products_equals_the_hoisted_one(monkeypatch):
-    """On a TPU each step computes its own input product (`lax.platform_dependent`'s tpu branch); forced
-    here on the CPU, its values and custom gradients equal the hoisted product's within float32 rounding."""
+def test_side_by_side_pieces_are_stacked_joined():
+    """`stacked_scan` stores a `SideBySide` output's pieces into their columns of one stack, forward and
+    in reverse, beside a plain output."""
+    pieces = lambda t: recurrence.SideBySide((jnp.full((2, 3), t), jnp.full((2, 1), 10 * t), jnp.full((2, 2), -t)))
+    step = lambda carry, t: (carry + 1, (pieces(t.astype(jnp.float32)), t))
+    for reverse in (False, True):
+        carry, (joined, ts) = recurrence.stacked_scan(step, jnp.int32(0), 4, reverse=reverse)
+        expected = np.concatenate([np.asarray(p) for p in jax.vmap(pieces)(jnp.arange(4.0))], axis=-1)
+        np.testing.assert_array_equal(joined, expected)
+        np.testing.assert_array_equal(ts, np.arange(4))
+        assert int(carry) == 4
+
+
+def test_the_tpu_loop_equals_the_default_one(monkeypatch):
+    """On a TPU each step computes its own input product and the backward loop computes and stores dz
+    gate by gate (`lax.platform_dependent`'s tpu branches); forced here on the CPU, its values and custom
+    gradients equal the default form's (the hoisted product) within float32 rounding."""
     args, fixed, weights = problem(2, 4)
     settings = recurrence.Settings(0.5, 0.3)
     hoisted_values = call(recurrence.recurrence, settings, args, fixed)
     hoisted = gradients(recurrence.recurrence, settings, args, fixed, weights)
-    monkeypatch.setattr(recurrence.lax, "platform_dependent", lambda *a, tpu, default: tpu(*a))
+    force_tpu_form(monkeypatch)
     for a, b in zip(call(recurrence.recurrence, settings, args, fixed), hoisted_values):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * float(jnp.max(jnp.abs(b))))
     per_step = gradients(recurrence.recurrence, settings, args, fixed, weights)

@@ -16,7 +16,7 @@ bench/RESULTS_tpu_compile.md, "The LSTM time loop"). Here:
 - the reverse loop recomputes the activations from z (elementwise, the same function as the forward,
   differentiated by `jax.vjp`), carries only the state's gradients (and the bias's, except on a TPU:
   there the bias's is one sum of the stored dz after the loop), and emits each step's dz and projection
-  gradient;
+  gradient (on a TPU dz gate by gate, each gate stored into its columns of the stack: `_reverse_loop`);
 - the kernel's gradient (input and recurrent halves together) and the inputs' are then one product
   each over all steps and rows (T·B rows): dz is read twice, instead of once for each of the input
   kernel, the recurrent kernel, the inputs and the bias. The stacks that only these products read
@@ -92,6 +92,38 @@ def _step(s: Settings, W_h, W_P, carry, z_x, live, fresh):
     return new, jnp.where(live, h, 0.0), (z, c_prev, h_prev.astype(s.dtype), h_projected)
 
 
+class SideBySide(tuple):
+    """Arrays of one dtype and leading shape that `stacked_scan` stacks as one array, joined along the last
+    axis, each written by its own store into its columns: joining them first (a concatenate) cost a TPU
+    several passes over the joined width (the LSTM backward loop's dz, bench/RESULTS_tpu_compile.md, "The
+    backward loop's dz stored gate by gate")."""
+
+
+jax.tree_util.register_pytree_node(SideBySide, lambda pieces: (tuple(pieces), None), lambda _, xs: SideBySide(xs))
+
+
+def _is_side_by_side(x) -> bool:
+    return isinstance(x, SideBySide)
+
+
+def _stack_buffer(length: int, y) -> jax.Array:
+    """The uninitialised (length, ...) stack of a step output's shape (`SideBySide`: joined)."""
+    if isinstance(y, SideBySide):
+        return _empty((length, *y[0].shape[:-1], sum(piece.shape[-1] for piece in y)), y[0].dtype)
+    return _empty((length, *y.shape), y.dtype)
+
+
+def _store(buffer: jax.Array, y, t) -> jax.Array:
+    """buffer[t] = y (`SideBySide`: each piece into its columns of buffer[t])."""
+    if not isinstance(y, SideBySide):
+        return lax.dynamic_update_index_in_dim(buffer, y, t, 0)
+    column = 0
+    for piece in y:
+        buffer = lax.dynamic_update_slice(buffer, piece[None], (t,) + (0,) * (piece.ndim - 1) + (column,))
+        column += piece.shape[-1]
+    return buffer
+
+
 def stacked_scan(step, carry, length: int, *, unroll: int = 1, reverse: bool = False):
     """`lax.scan` over t = 0 .. length - 1 (or back) of `step(carry, t) -> (carry, y)`, the ys stacked (T, ...).
 
@@ -99,15 +131,16 @@ def stacked_scan(step, carry, length: int, *, unroll: int = 1, reverse: bool = F
     `lax.scan` fills its output buffers with zeros first: on a TPU `lax.empty` is an uninitialised
     allocation, and the zero fill of the residual stacks was a measurable part of the `bilm_large` step's
     traffic (bench/RESULTS_tpu_compile.md, "The LSTM time loop"; elsewhere `lax.empty` is zeros, as before).
+    A `SideBySide` output is stacked joined: (T, ..., sum of the pieces' widths).
     """
     y_shapes = jax.eval_shape(lambda c: step(c, jnp.int32(0))[1], carry)
-    stacks = jax.tree.map(lambda a: _empty((length, *a.shape), a.dtype), y_shapes)
+    stacks = jax.tree.map(lambda y: _stack_buffer(length, y), y_shapes, is_leaf=_is_side_by_side)
 
     def body(state, i):
         carry, stacks = state
         t = length - 1 - i if reverse else i
         carry, y = step(carry, t)
-        stacks = jax.tree.map(lambda buffer, v: lax.dynamic_update_index_in_dim(buffer, v, t, 0), stacks, y)
+        stacks = jax.tree.map(lambda buffer, v: _store(buffer, v, t), stacks, y, is_leaf=_is_side_by_side)
         return (carry, stacks), None
 
     (carry, stacks), _ = lax.scan(body, (carry, stacks), jnp.arange(length), unroll=unroll)
@@ -194,14 +227,12 @@ def _backward(s: Settings, saved, cotangents):
     d_outputs, dc_final, dh_final = cotangents
     P_in = inputs.shape[-1]
     args = (z, c_prev, h_projected, d_outputs, mask, resets, W_0[:, P_in:], W_P, dc_final, dh_final)
-    # The bias's gradient: on a TPU one sum of the stored dz after the loop (a per-step sum in the loop was
-    # the TPU compiler's largest estimated kernel of the LSTM: it recomputed dz from z at every step);
-    # elsewhere a per-step sum in the loop, which a CPU runs faster (bench/RESULTS_tpu_compile.md, "The
-    # compiler's estimate").
+    # The loop in the TPU's form and elsewhere (`_reverse_loop`'s `tpu`); a CPU runs the form it ran before
+    # each TPU change, as fast or faster there (bench/RESULTS_tpu_compile.md, "The compiler's estimate").
     (dc0, dh0), (dz, d_projected, h), d_bias = lax.platform_dependent(
         *args,
-        tpu=functools.partial(_reverse_loop, s, False),
-        default=functools.partial(_reverse_loop, s, True),
+        tpu=functools.partial(_reverse_loop, s, True),
+        default=functools.partial(_reverse_loop, s, False),
     )
     # One product over every step and row for each gradient that needs dz, instead of per-step
     # accumulators: the kernel's (inputs and state together) and the inputs'.
@@ -211,11 +242,18 @@ def _backward(s: Settings, saved, cotangents):
     return d_inputs, dW_0, d_bias, dW_P, None, None, dc0, dh0
 
 
-def _reverse_loop(s: Settings, bias_in_loop: bool, z, c_prev, h_projected, d_outputs, mask, resets, W_h, W_P, dc, dh):
+def _reverse_loop(s: Settings, tpu: bool, z, c_prev, h_projected, d_outputs, mask, resets, W_h, W_P, dc, dh):
     """The backward time loop: ((dc0, dh0), stacked (dz, d_projected, h) in the matmul dtype, d_bias (D, 4H)).
 
-    bias_in_loop: the bias's gradient summed step by step in the loop, else once over the stored dz after
-    it (float32 accumulation either way; in bfloat16 the stored dz is the rounded one the products read).
+    tpu: the loop in the form the TPU compiler estimates faster (bench/RESULTS_tpu_compile.md, "The
+    compiler's estimate"), the same numbers up to the order of float32 sums:
+    - the bias's gradient is one sum of the stored dz after the loop, not a sum step by step in it (where
+      the compiler recomputed dz from z to sum it over the rows; float32 accumulation either way, and in
+      bfloat16 the stored dz is the rounded one the products read);
+    - dz is computed gate by gate (i, j, f, o, (D, B, H) each), materialised once in the matmul dtype, and
+      stored into its columns of the (T, D, B, 4H) stack by one store per gate (`SideBySide`), while the
+      state's gradient is the sum of one product per gate: joined first, dz's concatenate made four passes
+      over the whole 4H width at every step.
     """
 
     def body(carry, t):
@@ -225,26 +263,40 @@ def _reverse_loop(s: Settings, bias_in_loop: bool, z, c_prev, h_projected, d_out
         live = live[..., None]
         d_h = jnp.where(live, dh + d_out, 0.0)  # of the step's (clipped, projected) output
         d_c = jnp.where(live, dc, 0.0)
-        (_, h_t), cell_vjp = jax.vjp(lambda zz, cc: cell(zz, cc, s.cell_clip), z_t, c_prev_t)
+        if tpu:  # differentiated with respect to each gate's pre-activations, so dz comes out in pieces
+            gates = tuple(jnp.split(z_t, 4, axis=-1))
+            cell_of_gates = lambda g, cc: cell(jnp.concatenate(g, axis=-1), cc, s.cell_clip)  # noqa: E731
+            (_, h_t), cell_vjp = jax.vjp(cell_of_gates, gates, c_prev_t)
+        else:
+            (_, h_t), cell_vjp = jax.vjp(lambda zz, cc: cell(zz, cc, s.cell_clip), z_t, c_prev_t)
         d_projected = d_h
         if W_P is not None:
             d_projected = jax.vjp(lambda x: _clip_projection(x, s), h_projected_t)[1](d_h)[0]
             d_h = einsum("dbp,dhp->dbh", d_projected, W_P, s.dtype)
         dz, dc_cell = cell_vjp((d_c, d_h))
+        if tpu:
+            # Computed once (the barrier) for both the products and the stores, which otherwise each
+            # recomputed the cell from z.
+            dz = lax.optimization_barrier(tuple(g.astype(s.dtype) for g in dz))
+            H = dz[0].shape[-1]
+            d_state = sum(einsum("dbh,dph->dbp", g, W_h[..., k * H : (k + 1) * H], s.dtype) for k, g in enumerate(dz))
+            dz = SideBySide(dz)
+        else:
+            d_state = einsum("dbg,dpg->dbp", dz, W_h, s.dtype)
         dc_prev = jnp.where(live, 0.0, dc) + dc_cell
-        dh_prev = jnp.where(live, 0.0, dh) + einsum("dbg,dpg->dbp", dz, W_h, s.dtype)
+        dh_prev = jnp.where(live, 0.0, dh) + d_state
         if fresh is not None:
             dc_prev = jnp.where(fresh[..., None], 0.0, dc_prev)
             dh_prev = jnp.where(fresh[..., None], 0.0, dh_prev)
         # The stacked outputs feed only the products after the loop, which cast them to the matmul
         # dtype: casting here instead gives the same numbers and, in bfloat16, halves the bytes the
         # loop writes and the products read (dz is the largest, (D, B, 4H) per step).
-        stored = jax.tree.map(lambda a: a.astype(s.dtype), (dz, d_projected, h_t))
+        stored = (dz if tpu else dz.astype(s.dtype), d_projected.astype(s.dtype), h_t.astype(s.dtype))
         return (dc_prev, dh_prev, None if d_bias is None else d_bias + jnp.sum(dz, axis=1)), stored
 
-    d_bias = jnp.zeros((z.shape[1], z.shape[-1]), jnp.float32) if bias_in_loop else None
+    d_bias = None if tpu else jnp.zeros((z.shape[1], z.shape[-1]), jnp.float32)
     (dc0, dh0, d_bias), stacks = stacked_scan(body, (dc, dh, d_bias), z.shape[0], unroll=s.unroll, reverse=True)
-    if not bias_in_loop:
+    if tpu:
         d_bias = jnp.sum(stacks[0], axis=(0, 2), dtype=jnp.float32)
     return (dc0, dh0), stacks, d_bias
 
