@@ -252,8 +252,8 @@ def _reverse_loop(s: Settings, tpu: bool, z, c_prev, h_projected, d_outputs, mas
       bfloat16 the stored dz is the rounded one the products read);
     - dz is computed gate by gate (i, j, f, o, (D, B, H) each), materialised once in the matmul dtype, and
       stored into its columns of the (T, D, B, 4H) stack by one store per gate (`SideBySide`), while the
-      state's gradient is the sum of one product per gate: joined first, dz's concatenate made four passes
-      over the whole 4H width at every step.
+      state's gradient is one product of the gates stacked on a leading axis: joined along 4H first,
+      dz's concatenate made four passes over the whole width at every step.
     """
 
     def body(carry, t):
@@ -278,8 +278,11 @@ def _reverse_loop(s: Settings, tpu: bool, z, c_prev, h_projected, d_outputs, mas
             # Computed once (the barrier) for both the products and the stores, which otherwise each
             # recomputed the cell from z.
             dz = lax.optimization_barrier(tuple(g.astype(s.dtype) for g in dz))
-            H = dz[0].shape[-1]
-            d_state = sum(einsum("dbh,dph->dbp", g, W_h[..., k * H : (k + 1) * H], s.dtype) for k, g in enumerate(dz))
+            # One product over the gates stacked on a leading axis (k) and the kernel's columns viewed
+            # as (4, H): one per gate read four column slices of the kernel, which the compiler
+            # materialised before the loop.
+            gates_first = W_h.reshape(*W_h.shape[:-1], 4, dz[0].shape[-1])  # (D, P, 4, H)
+            d_state = einsum("kdbh,dpkh->dbp", jnp.stack(dz), gates_first, s.dtype)
             dz = SideBySide(dz)
         else:
             d_state = einsum("dbg,dpg->dbp", dz, W_h, s.dtype)
