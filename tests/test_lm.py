@@ -24,6 +24,7 @@ from elmo_jax.model.precision import ComputeOptions
 from elmo_jax.training import lm
 from tests.reference.elmo_equations import BOS, BOW, EOW, PAD, np_lm_outputs
 from tests.support.models import randomize, tiny_bilm_config, to_numpy
+from tests.support.tolerance import assert_close_up_to_order
 
 ATOL = 1e-5
 
@@ -162,3 +163,23 @@ def test_lm_outputs_dropout_matches_numpy_with_its_masks(monkeypatch):
     assert np.max(np.abs(other_key[0] - out)) > 0.1
     assert np.max(np.abs(no_dropout[0] - out)) > 0.1
     assert np.max(np.abs(no_dropout[1] - c)) > 0.1  # the dropped inputs changed the carried state too
+
+
+def test_gather_rows_gradient_adds_both_index_arrays_rows_into_one_array():
+    """`lm.gather_rows` gathers like indexing, and its one-array gradient is every use's row gradient summed
+    per row (ids repeated within and across the two index arrays), against a float64 NumPy sum, within
+    float32 rounding of the longest per-row sum."""
+    rng = np.random.default_rng(0)
+    table = jnp.asarray(rng.normal(size=(11, 3)), jnp.float32)
+    first, second = rng.integers(0, 11, (2, 4, 5)), rng.integers(0, 11, (2, 7))
+    d_first = rng.normal(size=(2, 4, 5, 3)).astype(np.float32)
+    d_second = rng.normal(size=(2, 7, 3)).astype(np.float32)
+    (rows_first, rows_second), pullback = jax.vjp(lm.gather_rows, table, jnp.asarray(first), jnp.asarray(second))
+    np.testing.assert_array_equal(rows_first, np.asarray(table)[first])
+    np.testing.assert_array_equal(rows_second, np.asarray(table)[second])
+    expected = np.zeros((11, 3))
+    np.add.at(expected, first.reshape(-1), d_first.reshape(-1, 3).astype(np.float64))
+    np.add.at(expected, second.reshape(-1), d_second.reshape(-1, 3).astype(np.float64))
+    uses = int(np.bincount(np.concatenate([first.reshape(-1), second.reshape(-1)])).max())
+    assert uses > 2  # some row's gradient is a sum over both arrays' uses
+    assert_close_up_to_order(pullback((d_first, d_second))[0], expected, terms=uses)

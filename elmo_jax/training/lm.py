@@ -169,8 +169,33 @@ def softmax_rows(softmax: dict[str, jax.Array], candidates: jax.Array, targets: 
     Differentiating the loss with respect to these rows instead of W and b gives one gradient row per
     use, which `training.row_update` sums per word to update only the rows the step read.
     """
-    W, b = softmax["W"], softmax["b"]
-    return {"candidate_W": W[candidates], "candidate_b": b[candidates], "true_W": W[targets], "true_b": b[targets]}
+    (candidate_W, true_W), (candidate_b, true_b) = (gather_rows(softmax[k], candidates, targets) for k in ("W", "b"))
+    return {"candidate_W": candidate_W, "candidate_b": candidate_b, "true_W": true_W, "true_b": true_b}
+
+
+@jax.custom_vjp
+def gather_rows(table: jax.Array, first: jax.Array, second: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(table[first], table[second]) for int index arrays of any shape; table (V', ...).
+
+    Its gradient is one (V', ...) array that both index arrays' row gradients are added into, one after
+    the other: autodiff of the two gathers builds a zero-filled gradient for each and adds them, which
+    for the softmax writes, re-reads and adds a second (V', P) array at every step (on a TPU, 0.6 GB per
+    chip of the `bilm_large` step: bench/RESULTS_tpu_compile.md, "The softmax gradient in one array").
+    """
+    return table[first], table[second]
+
+
+def _gather_rows_fwd(table, first, second):
+    return gather_rows(table, first, second), (table, first, second)  # the table only for its shape
+
+
+def _gather_rows_bwd(residuals, cotangents):
+    table, first, second = residuals
+    d_first, d_second = cotangents
+    return jnp.zeros_like(table).at[first].add(d_first).at[second].add(d_second), None, None
+
+
+gather_rows.defvjp(_gather_rows_fwd, _gather_rows_bwd)
 
 
 def sampled_lm_losses(
