@@ -94,10 +94,16 @@ def assert_trees_close(a, b):
 # ----------------------------------------------------------------------------- rules
 
 
+# The biLM weights RULES splits over "data" between steps (by their input axis): the LSTM kernels and
+# projections, the highway and projection kernels of the char CNN.
+SPLIT_WEIGHTS = ("W_0", "W_P_0", "W_carry", "W_transform", "W_proj")
+
+
 def test_parameter_shardings_follow_the_rules_table():
     """On a (2, 4) mesh: the softmax is split over the vocabulary on both axes (64 of 512 rows per device),
-    everything of the biLM is replicated (RULES maps its axes to None), Adagrad's accumulators are
-    sharded like their parameters, step and key are replicated, the carried state is split on rows."""
+    the biLM's kernels over "data" by their input axis, everything else of the biLM is replicated,
+    Adagrad's accumulators are sharded like their parameters, step and key are replicated, the carried
+    state is split on rows."""
     mesh = sharding.make_mesh(2, 4)
     assert mesh.axis_names == ("data", "model") and dict(mesh.shape) == {"data": 2, "model": 4}
     assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
@@ -114,13 +120,22 @@ def test_parameter_shardings_follow_the_rules_table():
     # 4 LSTM cells x (W_0, B, W_P_0), 3 convolutions x (W, b), highway (2 W, 2 b), CNN projection, char_embed
     assert len(flat) == 4 * 3 + 3 * 2 + 4 + 2 + 1
     for path, leaf in flat:
-        assert leaf.sharding.is_fully_replicated, jax.tree_util.keystr(path)
+        if path[-1].key in SPLIT_WEIGHTS:  # each half of the rows on one of the two data rows of devices
+            assert leaf.sharding.spec == P("data", None), jax.tree_util.keystr(path)
+            assert {s.data.shape for s in leaf.addressable_shards} == {(leaf.shape[0] // 2, leaf.shape[1])}
+        else:
+            assert leaf.sharding.is_fully_replicated, jax.tree_util.keystr(path)
+    assert sum(path[-1].key in SPLIT_WEIGHTS for path, _ in flat) == 4 * 2 + 3
     bilm_axes = jax.tree.leaves(
         sharding.param_logical_axes(state.params)["bilm"], is_leaf=lambda x: isinstance(x, tuple)
     )
-    assert len(bilm_axes) == len(flat) and all(rules[a] is None for axes in bilm_axes for a in axes)
+    split = {a for axes in bilm_axes for a in axes if rules[a] is not None}
+    assert len(bilm_axes) == len(flat) and split == {"lstm_in", "proj_in", "dense_in"}
+    assert {rules[a] for a in split} == {"data"}
     accumulators = [s for s in jax.tree.leaves(state.opt_state) if s.ndim == 2 and s.shape == (512, 8)]
     assert len(accumulators) == 1 and accumulators[0].sharding.spec == P(vocab, None)
+    split_accumulators = [s for s in jax.tree.leaves(state.opt_state) if s.ndim == 2 and s.shape == (16, 64)]
+    assert len(split_accumulators) == 4 and all(s.sharding.spec == P("data", None) for s in split_accumulators)
     assert state.step.sharding.is_fully_replicated and state.key.sharding.is_fully_replicated
     assert state.lstm.c.sharding.spec == P(None, None, "data", None) == state.lstm.h.sharding.spec
     assert {s.data.shape for s in state.lstm.c.addressable_shards} == {(2, 2, 4, 16)}
@@ -128,17 +143,17 @@ def test_parameter_shardings_follow_the_rules_table():
 
 def test_changing_the_rules_table_changes_the_parallelism():
     """Mapping the LSTM gate axis to "model" (not what RULES does, see its comment) shards every LSTM kernel
-    and gate bias over its 4H columns, and their accumulators with them; nothing else changes."""
+    and gate bias over its 4H columns too, and their accumulators with them; nothing else changes."""
     mesh = sharding.make_mesh(2, 4)
     rules = tuple((name, "model" if name == "gates" else axis) for name, axis in sharding.RULES)
     abstract = jitted_steps.jit_steps(mesh, CFG, OPTIMIZER, B).abstract_state
     shardings = sharding.state_shardings(mesh, abstract, OPTIMIZER, rules)
     cell = shardings.params["bilm"]["RNN_0"]["RNN"]["MultiRNNCell"]["Cell1"]["LSTMCell"]
-    assert cell["W_0"].spec == P(None, "model") and cell["B"].spec == P("model")
-    assert cell["W_P_0"].spec == P(None, None)
+    assert cell["W_0"].spec == P("data", "model") and cell["B"].spec == P("model")
+    assert cell["W_P_0"].spec == P("data", None)
     assert shardings.params["softmax"]["W"].spec == P(("model", "data"), None)
     specs = [s.spec for s in jax.tree.leaves(shardings.opt_state)]
-    assert specs.count(P(None, "model")) == 4 and specs.count(P("model")) == 4  # the 4 gate biases
+    assert specs.count(P("data", "model")) == 4 and specs.count(P("model")) == 4  # the 4 gate biases
     assert specs.count(P(("model", "data"))) == 1  # the softmax's b
 
 
@@ -156,8 +171,21 @@ def test_every_published_weight_has_logical_axes():
     )
     shardings = sharding.param_shardings(sharding.make_mesh(1, 8), abstract)
     assert shardings["softmax"]["W"].spec == P("model", None)
-    assert shardings["bilm"]["CNN_high_1"]["W_carry"].spec == P(None, None)
     assert padded_vocab_size(793_471) == 793_600 == 3100 * VOCAB_PAD_MULTIPLE
+    shardings = sharding.param_shardings(sharding.make_mesh(8, 1), abstract)
+    assert shardings["softmax"]["W"].spec == P("data", None)
+    cell = shardings["bilm"]["RNN_1"]["RNN"]["MultiRNNCell"]["Cell0"]["LSTMCell"]
+    for kernel in (cell["W_0"], cell["W_P_0"], shardings["bilm"]["CNN_high_1"]["W_carry"]):
+        assert kernel.spec == P("data", None)
+    assert cell["B"].spec == P(None) and shardings["bilm"]["CNN"]["W_cnn_6"].spec == P(None, None, None, None)
+
+
+def test_a_weight_whose_rows_do_not_divide_into_the_data_axis_stays_replicated():
+    """On (8, 1) the tiny model's LSTM kernels (16 rows) are split in 8, its char CNN kernels (20 rows, the
+    filters' total) stay whole on every device: the split only saves memory and optimiser work."""
+    shardings = jitted_steps.jit_steps(sharding.make_mesh(8, 1), CFG, OPTIMIZER, B).state.params["bilm"]
+    assert shardings["RNN_0"]["RNN"]["MultiRNNCell"]["Cell1"]["LSTMCell"]["W_0"].spec == P("data", None)
+    assert shardings["CNN_high_0"]["W_carry"].spec == P(None, None) == shardings["CNN_proj"]["W_proj"].spec
 
 
 # ----------------------------------------------------------------------------- equivalence
@@ -219,7 +247,8 @@ def test_vocab_sharded_softmax_equals_the_unsharded_one(num_sampled):
 def test_sharded_steps_never_gather_the_softmax_or_the_characters():
     """The compiled train and eval steps on a 2 x 4 mesh gather no part of the softmax, of the characters
     or of the LSTM's work: each device works on its own rows of the batch and of the softmax. What is
-    gathered is the softmax's bookkeeping, since the vocabulary is split over the data axis too, so
+    gathered is the biLM's split weights, each whole and once per step, outside every loop
+    (`sharding.weight_gather`), and the softmax's bookkeeping, since the vocabulary is split over the data axis too, so
     every device handles its own vocabulary rows for every row of the batch: in the train step the ids
     a step reads, (D, B, T) and (D, G, S) (x 1 as gather indices), and their per-use gradient rows
     (x P), to be summed into the rows' shards (or per distinct id, `training.row_update`); in the eval
@@ -231,6 +260,8 @@ def test_sharded_steps_never_gather_the_softmax_or_the_characters():
     state = steps.abstract_state
     G, S, P_ = B // CFG.negative_sample_group_rows, CFG.n_negative_samples, MODEL.projection_dim
     row_bookkeeping = {(2, B, T), (2, B, T, 1), (2, B, T, P_), (2, G, S), (2, G, S, 1), (2, G, S, P_)}
+    split = {tuple(w.shape) for w in jax.tree.leaves(state.params["bilm"]) if not w.sharding.is_fully_replicated}
+    assert split == {(16, 64), (16, 8), (20, 20), (20, 8)}  # W_0, W_P_0, the highway's and W_proj
     for name, compiled in (
         ("train", steps.train.lower(state, batch, 8).compile()),
         ("eval", steps.eval.lower(state.params, state.lstm, batch, 8).compile()),
@@ -239,8 +270,14 @@ def test_sharded_steps_never_gather_the_softmax_or_the_characters():
         assert "all-reduce" in text
         gathered = re.findall(r"= \(?\w+\[([0-9,]*)\][^=]*? all-gather(?:-start)?\(", text)
         shapes = {tuple(int(n) for n in dims.split(",")) for dims in gathered}
-        allowed = row_bookkeeping if name == "train" else {(B * T,), (B * T, 1), (B * T, P_)}
+        allowed = split | (row_bookkeeping if name == "train" else {(B * T,), (B * T, 1), (B * T, P_)})
         assert shapes <= allowed, f"{name}: a sharded array is gathered whole: {sorted(shapes - allowed)}"
+        entry = text[text.index("\nENTRY ") :]
+        entry = entry[: entry.index("\n}\n")]
+        in_entry = re.findall(r"= \(?\w+\[([0-9,]*)\][^=]*? all-gather(?:-start)?\(", entry)
+        weights = [dims for dims in gathered if tuple(int(n) for n in dims.split(",")) in split]
+        assert sorted(weights) == sorted(d for d in in_entry if d in weights), f"{name}: a weight gathered in a loop"
+        assert len(weights) >= len(split), name
 
 
 # ----------------------------------------------------------------------------- checkpoints

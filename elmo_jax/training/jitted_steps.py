@@ -17,7 +17,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.training.optimizers import Optimizer, declares_row_sparse
-from elmo_jax.training.sharding import RULES, batch_sharding, logical_shards, state_shardings, with_shardings
+from elmo_jax.training.sharding import (
+    RULES,
+    batch_sharding,
+    logical_shards,
+    state_shardings,
+    weight_gather,
+    with_shardings,
+)
 from elmo_jax.training.train_step import StepConfig, eval_step_fn, init_train_state, train_step_fn
 
 
@@ -90,6 +97,7 @@ def jit_steps(
     shardings = state_shardings(mesh, abstract, optimizer, rules)
     batch = batch_sharding(mesh, rules)
     replicated = NamedSharding(mesh, PartitionSpec())
+    gather = weight_gather(shardings.params["bilm"])
     return Steps(
         mesh=mesh,
         batch_size=batch_size,
@@ -97,8 +105,8 @@ def jit_steps(
         batch=batch,
         abstract_state=with_shardings(abstract, shardings),
         init=jax.jit(init, out_shardings=shardings),
-        train=_jit_train(cfg, optimizer, skip_nonfinite, shardings, batch, replicated),
-        eval=_jit_eval(cfg, shardings, batch, replicated),
+        train=_jit_train(cfg, optimizer, skip_nonfinite, shardings, batch, replicated, gather),
+        eval=_jit_eval(cfg, shardings, batch, replicated, gather),
         zero_lstm=jax.jit(lambda: zero_state(cfg.model, batch_size), out_shardings=shardings.lstm),
         finite=jax.jit(all_finite, in_shardings=(shardings,), out_shardings=replicated),
     )
@@ -132,11 +140,15 @@ def _jit_train(
     shardings: Any,
     batch: NamedSharding,
     replicated: NamedSharding,
+    gather,
 ):
-    """`train_step_fn` jitted: (state, batch, content_positions) -> (state, metrics), the state donated."""
+    """`train_step_fn` jitted: (state, batch, content_positions) -> (state, metrics), the state donated; the
+    biLM's weights gathered by `gather` (`sharding.weight_gather`)."""
 
     def train(state, batch, content_positions):
-        step = functools.partial(train_step_fn, cfg=cfg, optimizer=optimizer, content_positions=content_positions)
+        step = functools.partial(
+            train_step_fn, cfg=cfg, optimizer=optimizer, content_positions=content_positions, gather_weights=gather
+        )
         return skip_nonfinite_step(step, state, batch) if skip_nonfinite else step(state, batch)
 
     # content_positions (the char CNN's position bucket) is static and positional: pjit takes no kwargs.
@@ -149,11 +161,11 @@ def _jit_train(
     )
 
 
-def _jit_eval(cfg: StepConfig, shardings: Any, batch: NamedSharding, replicated: NamedSharding):
+def _jit_eval(cfg: StepConfig, shardings: Any, batch: NamedSharding, replicated: NamedSharding, gather):
     """`eval_step_fn` jitted: (params, lstm, batch, content_positions) -> (loss sums (D,), counts (D,), lstm)."""
 
     def evaluate(params, lstm, batch, content_positions):
-        return eval_step_fn(params, lstm, batch, cfg=cfg, content_positions=content_positions)
+        return eval_step_fn(params, lstm, batch, cfg=cfg, content_positions=content_positions, gather_weights=gather)
 
     # content_positions is static and positional, as in the train step.
     return jax.jit(

@@ -2,8 +2,9 @@
 the shardings of the train state and the batch derived from it. `jitted_steps` compiles the
 train and eval steps with them.
 
-The mesh has two axes, `data` (batch rows) and `model` (the softmax's vocabulary only), sized by
-`--config.mesh.data` and `--config.mesh.model`; the vocabulary is split over both (`fit_rules`).
+The mesh has two axes, `data` (batch rows, and the biLM's weights between steps) and `model` (the softmax's
+vocabulary only), sized by `--config.mesh.data` and `--config.mesh.model`; the vocabulary is split over
+both (`fit_rules`).
 Every array axis has a logical name ("batch", "vocab", "gates", ...) and `RULES` maps each name to mesh
 axes or to None (replicated), so changing the parallelism is a change of this table, never of the
 model code. `jax.jit` with these shardings
@@ -29,25 +30,34 @@ MESH_AXES = ("data", "model")
 
 # Logical axis -> mesh axis (None: replicated). Every axis of every training array is named here.
 #
-# Why only "batch" and "vocab" are sharded: the softmax (793,471 x 512 for the published vocabulary,
-# 1.6 GB, and as much again for its Adagrad accumulators and its gradient) is the only large tensor,
-# and sharding it over the vocabulary costs one small all-reduce of the gathered candidate rows per
-# step. The whole biLM is 93.6M parameters (374 MB): replicated, it and its Adagrad state and gradient
-# need ~1.1 GB per device, which every accelerator has. Sharding the LSTM on "model" would save at
-# most that, but ELMo's LSTM is sequential: each of the T steps of each layer would then need its own
-# collectives (the i, j, f, o split of a "gates"-sharded kernel crosses shards, and a "cell"-sharded
-# projection needs an all-reduce of (D, B, P) before the next step can start): 2 x L x T latency-bound
-# collectives per forward pass, plus as many in the backward pass, for ~1 GB of memory. It does not
-# pay. The entries stay so that trying it is a change of this table. The vocabulary goes over "data" as
-# well, so that a data-parallel mesh does not keep a copy of the softmax and its Adagrad state on every
-# device (3.74 -> 1.09 GiB of state per device on 8 x 1): each device scores and updates its own rows for
-# every row of the batch, and only the ids, outputs and gradient rows of the batch cross devices.
+# The softmax (793,471 x 512 for the published vocabulary, 1.6 GB, and as much again for its Adagrad
+# accumulators and its gradient) is split over the vocabulary on both axes, so that a data-parallel mesh
+# does not keep a copy of it and its Adagrad state on every device (3.74 -> 1.09 GiB of state per device
+# on 8 x 1): each device scores and updates its own rows for every row of the batch, and only the ids,
+# outputs and gradient rows of the batch cross devices.
+#
+# The biLM's large weights (the LSTM kernels and projections, the highway and projection layers of the
+# char CNN: 93.6M parameters, 374 MB) are split over "data" by their input axis between steps, and
+# gathered whole once at the start of each step (`weight_gather`): each device keeps and updates 1/N of
+# them and of their Adagrad state, where a replicated biLM had every device make the optimiser's passes
+# over all of it (on v5e-8, 8 x 1, bilm_large: 1.6 GB of HBM traffic and ~3 ms a step by the compiler's
+# estimate; bench/RESULTS_tpu_compile.md, "The biLM's weights split over the data axis"). The gather
+# replaces no collective: the gradient's all-reduce becomes a sum and a slice. A weight whose axis does
+# not divide into the data axis's shards stays replicated (`param_shardings`).
+#
+# The computation itself is never split on the biLM's axes: ELMo's LSTM is sequential, and with its kernel
+# split on "model" each of the T steps of each layer would need its own collectives (the i, j, f, o split
+# of a "gates"-sharded kernel crosses shards, and a "cell"-sharded projection needs an all-reduce of
+# (D, B, P) before the next step can start): 2 x L x T latency-bound collectives per forward pass, plus as
+# many in the backward pass. It does not pay. The entries stay so that trying it is a change of this table.
 RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("batch", "data"),  # B: rows of the batch and of the carried LSTM state
     ("vocab", ("model", "data")),  # V': softmax rows (padded to a multiple of VOCAB_PAD_MULTIPLE)
     ("gates", None),  # 4H: LSTM kernel columns and gate biases (i, j, f, o blocks)
-    ("cell", None),  # H: LSTM cell state, rows of the LSTM projection W_P_0
-    ("lstm_in", None),  # 2P: LSTM kernel rows ([x ; h])
+    ("cell", None),  # H: LSTM cell state
+    ("lstm_in", "data"),  # 2P: LSTM kernel rows ([x ; h]), split between steps
+    ("proj_in", "data"),  # H: rows of the LSTM projection W_P_0, split between steps
+    ("dense_in", "data"),  # F: rows of the char CNN's highway and projection kernels, split between steps
     ("embed", None),  # P: token embedding, LSTM output, softmax columns
     ("filters", None),  # F: char CNN filters, highway input
     ("highway", None),  # F: highway output
@@ -66,15 +76,15 @@ _BILM_AXES = {
     "char_embed": ("char_vocab", "char_embed"),
     "W_cnn": ("conv_height", "conv_width", "char_embed", "filters"),
     "b_cnn": ("filters",),
-    "W_carry": ("filters", "highway"),
-    "W_transform": ("filters", "highway"),
+    "W_carry": ("dense_in", "highway"),
+    "W_transform": ("dense_in", "highway"),
     "b_carry": ("highway",),
     "b_transform": ("highway",),
-    "W_proj": ("filters", "embed"),
+    "W_proj": ("dense_in", "embed"),
     "b_proj": ("embed",),
     "W_0": ("lstm_in", "gates"),
     "B": ("gates",),
-    "W_P_0": ("cell", "embed"),
+    "W_P_0": ("proj_in", "embed"),
 }
 SOFTMAX_AXES = {"W": ("vocab", "embed"), "b": ("vocab",)}
 BATCH_AXES = ("direction", "batch")  # (D, B, ...) batch arrays; trailing axes (T, C) replicated
@@ -179,8 +189,17 @@ def param_logical_axes(params: dict) -> dict:
     }
 
 
-def _named(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int], what: str, rules) -> NamedSharding:
+def _named(
+    mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int], what: str, rules, replicate_uneven: bool = False
+) -> NamedSharding:
+    """The NamedSharding of an array with these logical axes and shape. An axis that does not divide into
+    its shards is an error, or with `replicate_uneven` (weights, whose split only saves memory and
+    optimiser work) left replicated."""
     spec = logical_to_spec(axes, fit_rules(mesh, rules))
+    if replicate_uneven:
+        spec = PartitionSpec(
+            *(None if e is not None and size % mesh_shards(mesh, e) else e for size, e in zip(shape, spec))
+        )
     for dim, (size, mesh_axis) in enumerate(zip(shape, spec)):
         if mesh_axis is not None and size % mesh_shards(mesh, mesh_axis):
             raise ValueError(
@@ -191,14 +210,47 @@ def _named(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int], what: s
 
 
 def param_shardings(mesh: Mesh, params: dict, rules=RULES) -> dict:
-    """NamedShardings of `TrainState.params` (arrays or shapes), following `rules`."""
+    """NamedShardings of `TrainState.params` (arrays or shapes), following `rules`; a biLM weight axis that
+    does not divide into its shards stays replicated (e.g. a 6-device data axis and W_0's 1,024 rows)."""
     axes = param_logical_axes(params)
     return jax.tree_util.tree_map_with_path(
-        lambda path, a, leaf: _named(mesh, a, leaf.shape, jax.tree_util.keystr(path), rules),
+        lambda path, a, leaf: _named(
+            mesh, a, leaf.shape, jax.tree_util.keystr(path), rules, replicate_uneven=path[0].key == "bilm"
+        ),
         axes,
         params,
         is_leaf=lambda x: isinstance(x, tuple),
     )
+
+
+def weight_gather(shardings):
+    """The gather of the biLM's weights at the start of a step: weights -> the same weights, replicated.
+
+    Args:
+      shardings: NamedShardings of the weights between steps (`param_shardings(...)["bilm"]`).
+
+    Returns a function of the weights (inside `jax.jit`) that constrains them to be replicated, so that XLA
+    all-gathers each split weight once before the model reads it, and whose gradient is summed over the
+    devices and then constrained back to the weights' shards (each device keeps its slice). Constrained
+    straight to the shards, the gradient's split propagated back into the products that compute it,
+    which the partitioner then split differently and partly recomputed (bench/RESULTS_tpu_compile.md,
+    "The biLM's weights split over the data axis": 2,005 -> 2,574 GFLOP per chip).
+    """
+    replicated = jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec()), shardings)
+
+    @jax.custom_vjp
+    def gather(weights):
+        return jax.lax.with_sharding_constraint(weights, replicated)
+
+    def gather_fwd(weights):
+        return gather(weights), None
+
+    def gather_bwd(_, grads):
+        summed = jax.lax.with_sharding_constraint(grads, replicated)
+        return (jax.lax.with_sharding_constraint(summed, shardings),)
+
+    gather.defvjp(gather_fwd, gather_bwd)
+    return gather
 
 
 def state_shardings(

@@ -125,10 +125,11 @@ def step_keys(base_key: jax.Array, step: jax.Array | int) -> tuple[jax.Array, ja
     return k_dropout, k_sample
 
 
-def _outputs(bilm_weights, cfg: StepConfig, batch, lstm: LSTMState, key, *, train: bool, content_positions):
-    """Top-layer outputs (D, B, T, P) and the final LSTM state of one window."""
+def _outputs(bilm_weights, cfg: StepConfig, batch, lstm: LSTMState, key, *, train: bool, content_positions, gather):
+    """Top-layer outputs (D, B, T, P) and the final LSTM state of one window; `gather` (or None) is applied
+    to the weights first (`sharding.weight_gather`)."""
     return lm_outputs(
-        BiLMParams(weights=bilm_weights, config=cfg.model),
+        BiLMParams(weights=bilm_weights if gather is None else gather(bilm_weights), config=cfg.model),
         batch["char_ids"],
         batch["mask"],
         reset_state(lstm, batch["carry"]),
@@ -139,11 +140,11 @@ def _outputs(bilm_weights, cfg: StepConfig, batch, lstm: LSTMState, key, *, trai
     )
 
 
-def _lm_pass(params, cfg: StepConfig, batch, lstm: LSTMState, keys, *, train: bool, content_positions):
+def _lm_pass(params, cfg: StepConfig, batch, lstm: LSTMState, keys, *, train: bool, content_positions, gather):
     """Outputs and per-direction (loss sums, counts) of one window; keys: (dropout key, candidate key)."""
     k_dropout, k_sample = keys
     outputs, final = _outputs(
-        params["bilm"], cfg, batch, lstm, k_dropout, train=train, content_positions=content_positions
+        params["bilm"], cfg, batch, lstm, k_dropout, train=train, content_positions=content_positions, gather=gather
     )
     sampled = train and not cfg.full_softmax
     sums, counts = lm_losses(
@@ -202,12 +203,12 @@ def softmax_row_slots(cfg: StepConfig, batch_size: int, optimizer) -> int | None
     return row_slots(*sizes) if SPARSE_ROW_COST * row_uses(*sizes) < shard_rows else None
 
 
-def _dense_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, content_positions):
+def _dense_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, content_positions, gather):
     """The gradient of every parameter (the softmax's a (V', P) matrix), then the optimiser on all of them."""
 
     def loss_fn(params):
         sums, counts, final = _lm_pass(
-            params, cfg, batch, state.lstm, keys, train=True, content_positions=content_positions
+            params, cfg, batch, state.lstm, keys, train=True, content_positions=content_positions, gather=gather
         )
         return _scaled_loss(cfg, sums, counts, final)
 
@@ -216,7 +217,7 @@ def _dense_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, cont
     return optax.apply_updates(state.params, updates), opt_state, optax.tree.norm(grads), aux
 
 
-def _sparse_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, content_positions, slots):
+def _sparse_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, content_positions, gather, slots):
     """The gradient of the biLM and of the softmax rows the step reads, then `row_update.sparse_update`."""
     k_dropout, k_sample = keys
     D, B = batch["targets"].shape[:2]
@@ -225,7 +226,7 @@ def _sparse_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, con
 
     def loss_fn(bilm, rows):
         outputs, final = _outputs(
-            bilm, cfg, batch, state.lstm, k_dropout, train=True, content_positions=content_positions
+            bilm, cfg, batch, state.lstm, k_dropout, train=True, content_positions=content_positions, gather=gather
         )
         sums, counts = sampled_lm_losses(
             rows, candidates, outputs, batch["targets"], batch["mask"], compute_dtype=cfg.compute.dtype, **sampler
@@ -247,6 +248,7 @@ def train_step_fn(
     cfg: StepConfig,
     optimizer: Optimizer | optax.GradientTransformation,
     content_positions: int | None = None,
+    gather_weights=None,
 ):
     """One optimisation step on one window of both directions (pure; `train_step` is it jitted on one
     device, `jitted_steps.jit_steps` jitted for a mesh).
@@ -259,6 +261,8 @@ def train_step_fn(
       state: donated; the new state replaces it.
       optimizer: static (hashable): the run's `optimizers.Optimizer`, or any optax transformation
         (which gets the dense softmax update).
+      gather_weights: None, or `sharding.weight_gather(...)`: applied to the biLM's weights where the
+        model reads them, so that weights split between steps are gathered whole once per step.
       batch: {"char_ids": int (D, B, T, C) raw, "targets": int (D, B, T), "mask": bool (D, B, T),
         "carry": bool (D, B), optionally "reset": bool (D, B, T)}.
 
@@ -269,9 +273,9 @@ def train_step_fn(
     keys = step_keys(state.key, state.step)
     slots = softmax_row_slots(cfg, batch["targets"].shape[1], optimizer)
     if slots is None:
-        step = _dense_step(state, batch, keys, cfg, optimizer, content_positions)
+        step = _dense_step(state, batch, keys, cfg, optimizer, content_positions, gather_weights)
     else:
-        step = _sparse_step(state, batch, keys, cfg, optimizer, content_positions, slots)
+        step = _sparse_step(state, batch, keys, cfg, optimizer, content_positions, gather_weights, slots)
     params, opt_state, grad_norm, (loss, per_direction, counts, final) = step
     new_state = state.replace(
         step=state.step + 1, params=params, opt_state=opt_state, lstm=jax.lax.stop_gradient(final)
@@ -287,11 +291,18 @@ def train_step_fn(
 
 
 def eval_step_fn(
-    params: dict, lstm: LSTMState, batch: dict[str, jax.Array], *, cfg: StepConfig, content_positions: int | None = None
+    params: dict,
+    lstm: LSTMState,
+    batch: dict[str, jax.Array],
+    *,
+    cfg: StepConfig,
+    content_positions: int | None = None,
+    gather_weights=None,
 ):
-    """Full-softmax cross-entropy sums and token counts (D,) of one heldout window, and the carried state."""
+    """Full-softmax cross-entropy sums and token counts (D,) of one heldout window, and the carried state
+    (`gather_weights` as for `train_step_fn`)."""
     sums, counts, final = _lm_pass(
-        params, cfg, batch, lstm, (None, None), train=False, content_positions=content_positions
+        params, cfg, batch, lstm, (None, None), train=False, content_positions=content_positions, gather=gather_weights
     )
     return sums, counts, final
 
