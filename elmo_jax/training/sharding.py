@@ -231,10 +231,10 @@ def weight_gather(shardings):
 
     Returns a function of the weights (inside `jax.jit`) that constrains them to be replicated, so that XLA
     all-gathers each split weight once before the model reads it, and whose gradient is summed over the
-    devices and then constrained back to the weights' shards (each device keeps its slice). Constrained
-    straight to the shards, the gradient's split propagated back into the products that compute it,
-    which the partitioner then split differently and partly recomputed (bench/RESULTS_tpu_compile.md,
-    "The biLM's weights split over the data axis": 2,005 -> 2,574 GFLOP per chip).
+    devices and then sliced, each device keeping its own slice (`_own_slice`). Constrained straight to
+    the shards, the gradient's split propagated back into the products that compute it, which the
+    partitioner then split differently and partly recomputed (bench/RESULTS_tpu_compile.md, "The biLM's
+    weights split over the data axis": 2,005 -> 2,574 GFLOP per chip).
     """
     replicated = jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec()), shardings)
 
@@ -247,10 +247,32 @@ def weight_gather(shardings):
 
     def gather_bwd(_, grads):
         summed = jax.lax.with_sharding_constraint(grads, replicated)
-        return (jax.lax.with_sharding_constraint(summed, shardings),)
+        return (jax.tree.map(_own_slice, summed, shardings),)
 
     gather.defvjp(gather_fwd, gather_bwd)
     return gather
+
+
+def _own_slice(x: jax.Array, sharding: NamedSharding) -> jax.Array:
+    """A replicated x, each device keeping only its slice under `sharding` (a local slice, in a shard_map:
+    constrained to `sharding` instead, the partitioner let later readers, such as the gradient norm, read
+    the whole replicated x on every device)."""
+    spec, mesh = sharding.spec, sharding.mesh
+    if all(entry is None for entry in spec):
+        return x
+
+    def keep(full):
+        for dim, entry in enumerate(spec):
+            if entry is None:
+                continue
+            index = 0
+            for axis in (entry,) if isinstance(entry, str) else entry:
+                index = index * mesh.shape[axis] + jax.lax.axis_index(axis)
+            size = full.shape[dim] // mesh_shards(mesh, entry)
+            full = jax.lax.dynamic_slice_in_dim(full, index * size, size, axis=dim)
+        return full
+
+    return jax.shard_map(keep, mesh=mesh, in_specs=PartitionSpec(), out_specs=spec, check_vma=False)(x)
 
 
 def state_shardings(
