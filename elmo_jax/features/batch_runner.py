@@ -40,6 +40,7 @@ from elmo_jax.features.packing import PackedBatch
 from elmo_jax.features.token_cache import TokenCache, check_token_cache, lookup_rows
 from elmo_jax.model.bilm import bilm_layers, contextual_layers, packed_layers, remove_boundaries
 from elmo_jax.model.char_cnn import token_embedding
+from elmo_jax.model.jax_versions import shard_map_unchecked
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.model.params import BiLMParams
 from elmo_jax.model.precision import ComputeOptions
@@ -176,19 +177,9 @@ def _padded_tokens(batch: Batch) -> list[list[str]]:
     return rows + [[] for _ in range(batch.chars.shape[0] - len(rows))]
 
 
-# The check is off in the shard_maps below: each device's rows are independent and nothing is communicated,
-# so the varying-manual-axes check has nothing to guard (it would only ask for the LSTM's zero initial
-# state to be marked as varying over the batch axis).
-
-
-def _shard_map(body, **specs):
-    """`jax.shard_map(body, check_vma=False, ...)`; on jax < 0.7 (the project's floor is 0.6), where it is
-    `jax.experimental.shard_map.shard_map` and the check is called `check_rep`, that one."""
-    if hasattr(jax, "shard_map"):
-        return jax.shard_map(body, check_vma=False, **specs)
-    from jax.experimental.shard_map import shard_map  # jax 0.6
-
-    return shard_map(body, check_rep=False, **specs)
+# The check is off in the shard_maps below (`shard_map_unchecked`): each device's rows are independent and
+# nothing is communicated, so the varying-manual-axes check has nothing to guard (it would only ask for the
+# LSTM's zero initial state to be marked as varying over the batch axis).
 
 
 def _embed_chars(weights, chars, mix, *, config, compute, mode, dtype):
@@ -218,7 +209,9 @@ def _chars_program(mesh, mode: str, dtype: str):
 
     def program(config, compute, weights, chars, mix):
         body = functools.partial(_embed_chars, config=config, compute=compute, mode=mode, dtype=dtype)
-        return _shard_map(body, mesh=mesh, in_specs=(P(), P(AXIS), P()), out_specs=P(AXIS))(weights, chars, mix)
+        return shard_map_unchecked(body, mesh=mesh, in_specs=(P(), P(AXIS), P()), out_specs=P(AXIS))(
+            weights, chars, mix
+        )
 
     return jax.jit(
         program,
@@ -242,7 +235,9 @@ def _packed_program(mesh, mode: str, dtype: str):
     def program(config, compute, weights, chars, starts, segments, mix):
         body = functools.partial(_embed_packed, config=config, compute=compute, mode=mode, dtype=dtype)
         specs = (P(), P(AXIS), P(AXIS), P(AXIS), P())
-        return _shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(AXIS))(weights, chars, starts, segments, mix)
+        return shard_map_unchecked(body, mesh=mesh, in_specs=specs, out_specs=P(AXIS))(
+            weights, chars, starts, segments, mix
+        )
 
     return jax.jit(
         program,
@@ -261,7 +256,7 @@ def _cache_program(mesh, mode: str, dtype: str):
 
     def program(config, compute, weights, table, rows_, oov_index, oov_chars, mask, mix):
         body = functools.partial(_embed_cached, config=config, compute=compute, mode=mode, dtype=dtype)
-        return _shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(AXIS))(
+        return shard_map_unchecked(body, mesh=mesh, in_specs=specs, out_specs=P(AXIS))(
             weights, table, rows_, oov_index, oov_chars, mask, mix
         )
 

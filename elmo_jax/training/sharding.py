@@ -24,6 +24,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from elmo_jax.model.jax_versions import shard_map_unchecked
 from elmo_jax.training.softmax import VOCAB_PAD_MULTIPLE
 
 MESH_AXES = ("data", "model")
@@ -272,7 +273,7 @@ def _own_slice(x: jax.Array, sharding: NamedSharding) -> jax.Array:
             full = jax.lax.dynamic_slice_in_dim(full, index * size, size, axis=dim)
         return full
 
-    return jax.shard_map(keep, mesh=mesh, in_specs=PartitionSpec(), out_specs=spec, check_vma=False)(x)
+    return shard_map_unchecked(keep, mesh=mesh, in_specs=PartitionSpec(), out_specs=spec)(x)
 
 
 def state_shardings(

@@ -1,0 +1,19 @@
+"""JAX APIs that moved between the project's dependency floor (jax 0.6) and current releases, in one place."""
+
+from __future__ import annotations
+
+import jax
+
+
+def shard_map_unchecked(body, **specs):
+    """`jax.shard_map(body, check_vma=False, **specs)`; on jax < 0.7, where it is
+    `jax.experimental.shard_map.shard_map` and the check is called `check_rep`, that one.
+
+    The check is off: the callers' bodies communicate nothing or only what they say (a slice of a
+    replicated value, independent rows), so the varying-manual-axes check has nothing to guard.
+    """
+    if hasattr(jax, "shard_map"):
+        return jax.shard_map(body, check_vma=False, **specs)
+    from jax.experimental.shard_map import shard_map  # jax 0.6
+
+    return shard_map(body, check_rep=False, **specs)
