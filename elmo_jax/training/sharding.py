@@ -41,10 +41,11 @@ MESH_AXES = ("data", "model")
 # char CNN: 93.6M parameters, 374 MB) are split over "data" by their input axis between steps, and
 # gathered whole once at the start of each step (`weight_gather`): each device keeps and updates 1/N of
 # them and of their Adagrad state, where a replicated biLM had every device make the optimiser's passes
-# over all of it (on v5e-8, 8 x 1, bilm_large: 1.6 GB of HBM traffic and ~3 ms a step by the compiler's
-# estimate; bench/RESULTS_tpu_compile.md, "The biLM's weights split over the data axis"). The gather
-# replaces no collective: the gradient's all-reduce becomes a sum and a slice. A weight whose axis does
-# not divide into the data axis's shards stays replicated (`param_shardings`).
+# over all of it (on v5e-8, 8 x 1, bilm_large: the optimiser's kernels 6.0 -> 2.6 ms a step by the
+# compiler's estimate; bench/RESULTS_tpu_compile.md, "The biLM's weights split over the data axis"). The
+# gather is a collective a replicated biLM did not need (there, 0.81 -> 1.00 GB of collectives per chip);
+# the gradient's all-reduce stays, followed by a local slice. A weight whose axis does not divide into the
+# data axis's shards stays replicated (`param_shardings`).
 #
 # The computation itself is never split on the biLM's axes: ELMo's LSTM is sequential, and with its kernel
 # split on "model" each of the T steps of each layer would need its own collectives (the i, j, f, o split
@@ -126,11 +127,15 @@ def make_mesh(data: int, model: int, devices: Sequence[jax.Device] | None = None
     return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
 
 
+def _entry_axes(mesh_axis: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    """The mesh axes of a PartitionSpec entry, major to minor: none, one, or several."""
+    return () if mesh_axis is None else (mesh_axis,) if isinstance(mesh_axis, str) else tuple(mesh_axis)
+
+
 def mesh_shards(mesh: Mesh, mesh_axis: str | tuple[str, ...] | None) -> int:
     """How many shards a PartitionSpec entry splits an array axis into: a mesh axis's size, the product
     of several axes' sizes, or 1 (None: replicated)."""
-    names = () if mesh_axis is None else (mesh_axis,) if isinstance(mesh_axis, str) else mesh_axis
-    return int(np.prod([mesh.shape[name] for name in names], dtype=np.int64))
+    return int(np.prod([mesh.shape[name] for name in _entry_axes(mesh_axis)], dtype=np.int64))
 
 
 def fit_rules(mesh: Mesh, rules=RULES) -> tuple:
@@ -168,7 +173,7 @@ def logical_to_spec(axes: Sequence[str | None], rules=RULES) -> PartitionSpec:
         if name is not None and name not in table:
             raise ValueError(f"logical axis {name!r} has no entry in the partition rules {sorted(table)}")
         spec.append(None if name is None else table[name])
-    used = [a for entry in spec if entry is not None for a in ((entry,) if isinstance(entry, str) else entry)]
+    used = [a for entry in spec for a in _entry_axes(entry)]
     if len(used) != len(set(used)):
         raise ValueError(f"partition rules map two axes of {tuple(axes)} to one mesh axis: {tuple(spec)}")
     return PartitionSpec(*spec)
@@ -267,7 +272,7 @@ def _own_slice(x: jax.Array, sharding: NamedSharding) -> jax.Array:
             if entry is None:
                 continue
             index = 0
-            for axis in (entry,) if isinstance(entry, str) else entry:
+            for axis in _entry_axes(entry):
                 index = index * mesh.shape[axis] + jax.lax.axis_index(axis)
             size = full.shape[dim] // mesh_shards(mesh, entry)
             full = jax.lax.dynamic_slice_in_dim(full, index * size, size, axis=dim)

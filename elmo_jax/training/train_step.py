@@ -261,10 +261,10 @@ def train_step_fn(
       state: donated; the new state replaces it.
       optimizer: static (hashable): the run's `optimizers.Optimizer`, or any optax transformation
         (which gets the dense softmax update).
-      gather_weights: None, or `sharding.weight_gather(...)`: applied to the biLM's weights where the
-        model reads them, so that weights split between steps are gathered whole once per step.
       batch: {"char_ids": int (D, B, T, C) raw, "targets": int (D, B, T), "mask": bool (D, B, T),
         "carry": bool (D, B), optionally "reset": bool (D, B, T)}.
+      gather_weights: None, or `sharding.weight_gather(...)`: applied to the biLM's weights where the
+        model reads them, so that weights split between steps are gathered whole once per step.
 
     Returns:
       (new state, metrics): loss (mean of the directions' mean cross-entropies), forward_loss,
