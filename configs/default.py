@@ -90,6 +90,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.softmax_chunk = 8192  # vocabulary rows per step of the full softmax
     config.compute_dtype = "float32"  # matmul dtype: float32 or bfloat16 (state and accumulation stay float32)
     config.scan_unroll = 1  # lax.scan unroll of the LSTM time loop (speed only)
+    # The char CNN runs once per distinct token of each device's share of a batch, its vectors copied to
+    # every use (elmo_jax/model/distinct_tokens.py; the same numbers up to float32 rounding). Slots come
+    # in eighths of a device's tokens, so a stream compiles a few more step variants.
+    config.distinct_tokens = True
     # A NaN/Inf loss or gradient stops training, naming the step (the last checkpoint is the last good
     # state). N > 0 instead skips up to N such steps in all (parameters and optimiser state unchanged,
     # a warning and `nonfinite_skipped` in metrics.jsonl for each) and stops at the N+1-th.

@@ -65,6 +65,7 @@ BAD_VALUES: dict[str, tuple[str, dict[str, str]]] = {
     "softmax_chunk": ("0", {}),
     "compute_dtype": ("float16", {}),
     "scan_unroll": ("0", {}),
+    "distinct_tokens": ("maybe", {}),
     "max_nonfinite_steps": ("-1", {}),
     "checkpoint_every_steps": ("0", {}),
     "keep_checkpoints": ("0", {}),

@@ -24,6 +24,7 @@ from configs import tiny
 from elmo_jax.data.training_corpus import open_training_data
 from elmo_jax.formats import extractor
 from elmo_jax.formats.vocab_file import Vocab
+from elmo_jax.model import distinct_tokens
 from elmo_jax.training import heldout, loop, settings, sharding, start, workdir_copy
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.jitted_steps import jit_steps
@@ -86,9 +87,11 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(trained_run, corpus,
     workdir_b = str(tmp_path / "run_b")
     with caplog.at_level(logging.INFO, logger="absl"):
         loop.train_and_evaluate(with_overrides(config_a, num_train_steps=N), workdir_b)
-    compiles = [r.getMessage().split(" characters")[0] for r in caplog.records if "compiling the training" in r.msg]
-    assert compiles and len(compiles) == len(set(compiles)), compiles  # each bucket once
-    assert len(compiles) <= len(extractor.content_buckets(config_a.model.max_characters_per_token))
+    # "... tokens of up to W characters (..., up to S of each device's N tokens distinct): ..."
+    compiles = [r.getMessage().split(" distinct)")[0] for r in caplog.records if "compiling the training" in r.msg]
+    assert compiles and len(compiles) == len(set(compiles)), compiles  # each pair of buckets once
+    widths = extractor.content_buckets(config_a.model.max_characters_per_token)
+    assert len(compiles) <= len(widths) * distinct_tokens.CAPACITY_STEPS
     assert Checkpoints(workdir_b, async_save=False).latest_step() == N
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="absl"), pytest.MonkeyPatch.context() as patch:

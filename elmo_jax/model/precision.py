@@ -43,12 +43,17 @@ class ComputeOptions:
         char CNN sizes its convolution's token blocks, and the LSTM chooses where a TPU computes its
         input product (`recurrence.IN_LOOP_MAX_ROWS`), by one device's rows (speed only: results
         differ by float32 rounding at most).
+      distinct_tokens: None, or slots per device for its distinct tokens (`distinct_tokens.
+        distinct_capacity`, set per batch): training's char CNN then runs once per distinct token of
+        each device's share (`distinct_tokens.distinct_token_embedding`; results differ by float32
+        rounding at most).
     """
 
     dtype: str = "float32"
     unroll: int = 1
     content_positions: int | None = None
     token_shards: int = 1
+    distinct_tokens: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", check_compute_dtype(self.dtype).name)
@@ -56,12 +61,14 @@ class ComputeOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, found {value!r}")
-        if self.content_positions is not None:
-            object.__setattr__(self, "content_positions", int(self.content_positions))
+        for name in ("content_positions", "distinct_tokens"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, int(getattr(self, name)))
 
-    def with_positions(self, content_positions: int | None) -> ComputeOptions:
-        """The same options with another char-CNN position bound (it changes with every batch)."""
-        return dataclasses.replace(self, content_positions=content_positions)
+    def with_positions(self, content_positions: int | None, distinct_tokens: int | None = None) -> ComputeOptions:
+        """The same options with another char-CNN position bound and distinct-token slots (both change
+        from batch to batch)."""
+        return dataclasses.replace(self, content_positions=content_positions, distinct_tokens=distinct_tokens)
 
 
 def matmul(x: jax.Array, w: jax.Array, compute_dtype=jnp.float32) -> jax.Array:

@@ -12,6 +12,7 @@ from jax.experimental import multihost_utils
 
 from elmo_jax.data.batch_stream import DIRECTIONS, merge_states
 from elmo_jax.model.char_cnn import content_bucket
+from elmo_jax.model.distinct_tokens import distinct_capacity
 
 BATCH_KEYS = ("char_ids", "targets", "mask", "carry", "reset")
 
@@ -30,6 +31,18 @@ def device_batch(window: dict[str, dict[str, np.ndarray]], max_chars: int) -> tu
     # content_bucket reads shifted ids with 0 for "no token": shift the real positions only.
     shifted = np.where(batch["mask"][..., None], batch["char_ids"] + 1, 0)
     return batch, content_bucket(shifted, max_chars)
+
+
+def distinct_bucket(batch: dict[str, np.ndarray], shards: int) -> int | None:
+    """The char CNN's distinct-token slots per device for a `device_batch` (`ComputeOptions.distinct_tokens`),
+    or None when de-duplicating would not shrink any device's tokens.
+
+    shards: the blocks of rows this process's devices hold (`Steps.local_token_shards`); their tokens are
+    flattened as the model flattens them (rows, directions, steps: `lm.lm_outputs`).
+    """
+    char_ids = batch["char_ids"]  # (D, b, T, C)
+    flat = np.swapaxes(char_ids, 0, 1).reshape(-1, char_ids.shape[-1])
+    return distinct_capacity(flat, shards)
 
 
 def gather_stream_state(state: dict[str, Any]) -> dict[str, Any]:

@@ -39,8 +39,10 @@ class Steps:
       batch: NamedSharding of every batch array (D, B, ...).
       abstract_state: the `TrainState` as ShapeDtypeStructs carrying `state` (restore targets).
       init: (key, bilm: BiLMParams | None, softmax: dict | None) -> TrainState, created sharded.
-      train: (state, batch, content_positions) -> (state, metrics); the state is donated.
-      eval: (params, lstm, batch, content_positions) -> (loss sums (D,), counts (D,), lstm).
+      train: (state, batch, content_positions, distinct_tokens=None) -> (state, metrics); the state is donated.
+      eval: (params, lstm, batch, content_positions, distinct_tokens=None) -> (loss sums (D,), counts (D,), lstm).
+      (content_positions, distinct_tokens: the batch's static char CNN buckets, `batch_feed`.)
+      local_token_shards: the blocks of the batch's rows this process's devices hold (`batch_feed.distinct_bucket`).
       zero_lstm: () -> the zero `LSTMState` (D, L, B, ·), sharded like the carried state.
       finite: state -> bool (): whether every parameter and optimiser value is finite (replicated).
     """
@@ -55,6 +57,7 @@ class Steps:
     eval: Any
     zero_lstm: Any
     finite: Any
+    local_token_shards: int = 1
 
     def abstract_batch(self, cfg: StepConfig) -> dict[str, jax.ShapeDtypeStruct]:
         """A training batch as ShapeDtypeStructs sharded like `batch`, for `train.lower(...)` without data
@@ -109,7 +112,15 @@ def jit_steps(
         eval=_jit_eval(cfg, shardings, batch, replicated, gather),
         zero_lstm=jax.jit(lambda: zero_state(cfg.model, batch_size), out_shardings=shardings.lstm),
         finite=jax.jit(all_finite, in_shardings=(shardings,), out_shardings=replicated),
+        local_token_shards=_local_row_blocks(batch, batch_size),
     )
+
+
+def _local_row_blocks(batch: NamedSharding, batch_size: int) -> int:
+    """How many distinct blocks of the batch's rows this process's devices hold: the blocks of its rows that
+    the char CNN de-duplicates on their own (`batch_feed.distinct_bucket`)."""
+    slices = batch.addressable_devices_indices_map((2, batch_size, 1)).values()
+    return len({(index[1].start, index[1].stop) for index in slices})
 
 
 def _log_dense_softmax_update(cfg: StepConfig, optimizer: Optimizer | optax.GradientTransformation) -> None:
@@ -142,19 +153,24 @@ def _jit_train(
     replicated: NamedSharding,
     gather,
 ):
-    """`train_step_fn` jitted: (state, batch, content_positions) -> (state, metrics), the state donated; the
-    biLM's weights gathered by `gather` (`sharding.weight_gather`)."""
+    """`train_step_fn` jitted: (state, batch, content_positions, distinct_tokens=None) -> (state, metrics), the
+    state donated; the biLM's weights gathered by `gather` (`sharding.weight_gather`)."""
 
-    def train(state, batch, content_positions):
+    def train(state, batch, content_positions, distinct_tokens=None):
         step = functools.partial(
-            train_step_fn, cfg=cfg, optimizer=optimizer, content_positions=content_positions, gather_weights=gather
+            train_step_fn,
+            cfg=cfg,
+            optimizer=optimizer,
+            content_positions=content_positions,
+            distinct_tokens=distinct_tokens,
+            gather_weights=gather,
         )
         return skip_nonfinite_step(step, state, batch) if skip_nonfinite else step(state, batch)
 
-    # content_positions (the char CNN's position bucket) is static and positional: pjit takes no kwargs.
+    # The char CNN's buckets (`batch_feed`) are static and positional: pjit takes no kwargs.
     return jax.jit(
         train,
-        static_argnums=(2,),
+        static_argnums=(2, 3),
         in_shardings=(shardings, batch),
         out_shardings=(shardings, replicated),
         donate_argnums=(0,),
@@ -162,15 +178,24 @@ def _jit_train(
 
 
 def _jit_eval(cfg: StepConfig, shardings: Any, batch: NamedSharding, replicated: NamedSharding, gather):
-    """`eval_step_fn` jitted: (params, lstm, batch, content_positions) -> (loss sums (D,), counts (D,), lstm)."""
+    """`eval_step_fn` jitted: (params, lstm, batch, content_positions, distinct_tokens=None) -> (loss sums (D,),
+    counts (D,), lstm)."""
 
-    def evaluate(params, lstm, batch, content_positions):
-        return eval_step_fn(params, lstm, batch, cfg=cfg, content_positions=content_positions, gather_weights=gather)
+    def evaluate(params, lstm, batch, content_positions, distinct_tokens=None):
+        return eval_step_fn(
+            params,
+            lstm,
+            batch,
+            cfg=cfg,
+            content_positions=content_positions,
+            distinct_tokens=distinct_tokens,
+            gather_weights=gather,
+        )
 
-    # content_positions is static and positional, as in the train step.
+    # The char CNN's buckets are static and positional, as in the train step.
     return jax.jit(
         evaluate,
-        static_argnums=(3,),
+        static_argnums=(3, 4),
         in_shardings=(shardings.params, shardings.lstm, batch),
         out_shardings=(replicated, replicated, shardings.lstm),
     )

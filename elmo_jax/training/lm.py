@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from elmo_jax.model.char_cnn import token_embedding
+from elmo_jax.model.distinct_tokens import distinct_token_embedding
 from elmo_jax.model.lstm import LSTMState, lstm_stack
 from elmo_jax.model.params import BiLMParams
 from elmo_jax.model.precision import ComputeOptions
@@ -55,7 +56,8 @@ def lm_outputs(
       state: `LSTMState` (D, L, B, ·) to start from (already reset where rows start afresh).
       key: dropout randomness; required when dropout_rate > 0.
       dropout_rate: bilm-tf's `dropout`, on each LSTM layer's input and on the top output.
-      compute: matmul dtype, LSTM scan unroll and the char CNN's position bound (`ComputeOptions`).
+      compute: matmul dtype, LSTM scan unroll, the char CNN's position bound and distinct-token slots
+        (`ComputeOptions`).
       resets: None or bool (D, B, T): zero the state before these positions (see `lstm.lstm_layer`).
 
     Returns:
@@ -68,7 +70,10 @@ def lm_outputs(
     # CNN's table has the padding row 0 first. No token loop: it would run over the sharded axis, and
     # under autodiff it would not bound memory anyway (a loop keeps every block's residuals).
     flat = jnp.transpose(char_ids, (1, 0, 2, 3)).reshape(B * D * T, C) + 1
-    tokens = token_embedding(weights, config, flat, compute, token_block=None)
+    if compute.distinct_tokens is None:
+        tokens = token_embedding(weights, config, flat, compute, token_block=None)
+    else:  # each device's distinct tokens once (the same blocks: one per device of the batch axis)
+        tokens = distinct_token_embedding(weights, config, flat, compute)
     inputs = jnp.transpose(tokens.reshape(B, D, T, -1), (2, 1, 0, 3))  # (T, D, B, P)
     mask_tm = jnp.transpose(mask, (2, 0, 1))  # (T, D, B)
     keys = (None,) * (config.n_layers + 1) if key is None else jax.random.split(key, config.n_layers + 1)

@@ -34,7 +34,7 @@ from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.flops import char_cnn_flops_per_token, lstm_flops_per_token
 from elmo_jax.model.params import BiLMParams, count_parameters
 from elmo_jax.training import multihost, preemption, settings, sharding
-from elmo_jax.training.batch_feed import device_batch, gather_stream_state
+from elmo_jax.training.batch_feed import device_batch, distinct_bucket, gather_stream_state
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.heldout import (
     heldout_perplexity,
@@ -176,16 +176,17 @@ def _train_loop(run: Run, state: TrainState) -> TrainState:
     the final state. After SIGTERM/SIGINT it finishes the step, checkpoints it and raises `Stopped`."""
     config, report = run.config, run.report
     pending = None  # (step, metrics on device) of the previous step, read one step late
-    buckets = set()  # the character-width buckets the training step has run with in this process
+    buckets = set()  # the char CNN buckets (positions, distinct tokens) the training step has run with
     for step in range(int(state.step), config.num_train_steps):
         local, positions = device_batch(next(run.stream), run.cfg.model.max_characters_per_token)
-        positions, stop = preemption.agree(positions, run.signals.received is not None)
+        distinct = distinct_bucket(local, run.steps.local_token_shards) if config.distinct_tokens else None
+        positions, distinct, stop = preemption.agree(positions, distinct, run.signals.received is not None)
         batch = multihost.global_batch(local, run.steps.batch, config.batch_size)
         started = time.perf_counter()
-        state, metrics = run.steps.train(state, batch, positions)
-        if positions not in buckets:  # the call returned once the step for this bucket was compiled
-            buckets.add(positions)
-            _log_compile(run, positions, time.perf_counter() - started)
+        state, metrics = run.steps.train(state, batch, positions, distinct)
+        if (positions, distinct) not in buckets:  # the call returned once the step for it was compiled
+            buckets.add((positions, distinct))
+            _log_compile(run, positions, distinct, time.perf_counter() - started)
         if pending is not None:
             report(*pending)
         pending, done = (step + 1, metrics), step + 1
@@ -291,19 +292,24 @@ def _log_resumption(run: Run, state: TrainState, workdir: str, is_main: bool) ->
         _evaluate(run, start, state.params)
 
 
-def _log_compile(run: Run, positions: int, seconds: float) -> None:
-    """The first step with tokens of a new character-width bucket compiles the training step for it (at
-    most C/8 buckets, each met when a batch first needs it); that time is left out of the rates and the
-    ETA. Compiling every bucket up front would make each run pay for buckets its text may never reach
-    (a compile is seconds on CPU, tens of seconds for the large model), so they are compiled when met."""
+def _log_compile(run: Run, positions: int, distinct: int | None, seconds: float) -> None:
+    """The first step with a new pair of char CNN buckets compiles the training step for it (at most C/8
+    character-width buckets, times at most 8 distinct-token buckets, each met when a batch first needs
+    it; a stream of text meets a few); that time is left out of the rates and the ETA. Compiling every
+    bucket up front would make each run pay for buckets its text may never reach (a compile is seconds
+    on CPU, tens of seconds for the large model), so they are compiled when met."""
     run.report.progress.exclude(seconds)
+    blocks = run.steps.local_token_shards * jax.process_count()  # the batch axis's devices
+    per_device = run.config.batch_size * run.config.unroll_steps * 2 // blocks
     logging.info(
-        "compiling the training step for tokens of up to %d characters (%d positions, %d rows x %d tokens): "
-        "%.1f s, not counted in tokens/s or the ETA",
+        "compiling the training step for tokens of up to %d characters (%d positions, %d rows x %d tokens, "
+        "%s of each device's %d tokens distinct): %.1f s, not counted in tokens/s or the ETA",
         positions - 2,  # a token's positions hold its begin and end markers too
         positions,
         run.config.batch_size,
         run.config.unroll_steps,
+        "all" if distinct is None else f"up to {distinct}",
+        per_device,
         seconds,
     )
 

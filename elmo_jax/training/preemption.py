@@ -61,7 +61,7 @@ class StopSignals:
         """Raises `Stopped` once checkpoint `step` is on disk (`checkpoints.wait()`), if a signal asked
         to stop on any process: all of them call this at the same points (a collective), unless
         `agreed` says they already agreed to stop."""
-        if agreed or agree(0, self.received is not None)[1]:
+        if agreed or agree(0, None, self.received is not None)[2]:
             checkpoints.wait()
             raise Stopped(self.received or "a signal to another process", step, checkpoints.directory)
 
@@ -83,11 +83,13 @@ class StopSignals:
             )
 
 
-def agree(positions: int, stop: bool) -> tuple[int, bool]:
-    """(the largest char CNN bucket, whether any process must stop) over all processes: one host
-    collective for both, so the processes compile the same program and stop after the same step."""
+def agree(positions: int, distinct: int | None, stop: bool) -> tuple[int, int | None, bool]:
+    """(the largest char CNN buckets: positions and distinct-token slots (None: every token, the largest),
+    whether any process must stop) over all processes: one host collective for all three, so the
+    processes compile the same program and stop after the same step."""
     if jax.process_count() == 1:
-        return positions, stop
-    gathered = np.asarray(multihost_utils.process_allgather(np.array([positions, int(stop)], np.int32)))
-    largest = gathered.reshape(-1, 2).max(axis=0)
-    return int(largest[0]), bool(largest[1])
+        return positions, distinct, stop
+    every = np.iinfo(np.int32).max  # None
+    mine = np.array([positions, every if distinct is None else distinct, int(stop)], np.int32)
+    largest = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 3).max(axis=0)
+    return int(largest[0]), None if largest[1] == every else int(largest[1]), bool(largest[2])

@@ -156,7 +156,7 @@ def _choice_problems(config) -> Iterator[str]:
         yield _bad(config, "init_from_optimizer", "True (continue the source workdir's Adagrad accumulators) or False")
     if not isinstance(config.export_extractor, bool):
         yield _bad(config, "export_extractor", "True (the export includes extractor.jax) or False")
-    for key in ("loss_scale_by_unroll", "full_softmax"):
+    for key in ("loss_scale_by_unroll", "full_softmax", "distinct_tokens"):
         if not isinstance(config[key], bool):
             yield _bad(config, key, "True or False")
     if config.optimizer not in OPTIMIZERS:

@@ -48,7 +48,8 @@ class StepConfig:
     full_softmax: bool = False
     softmax_chunk: int = 8192
     loss_scale_by_unroll: bool = True
-    compute: ComputeOptions = ComputeOptions()  # its content_positions is set per batch (`train_step_fn`)
+    # Its content_positions and distinct_tokens are set per batch (`train_step_fn`, `eval_step_fn`).
+    compute: ComputeOptions = ComputeOptions()
     # Update only the softmax rows the sampled softmax read (`row_update`): the dense update's numbers
     # without a (V', P) gradient. Used when a step's reads (repeats counted) are fewer than V' and the
     # optimiser declares that this is exact (`optimizers.declares_row_sparse`: Adagrad, not Adam);
@@ -125,7 +126,7 @@ def step_keys(base_key: jax.Array, step: jax.Array | int) -> tuple[jax.Array, ja
     return k_dropout, k_sample
 
 
-def _outputs(bilm_weights, cfg: StepConfig, batch, lstm: LSTMState, key, *, train: bool, content_positions, gather):
+def _outputs(bilm_weights, cfg: StepConfig, batch, lstm: LSTMState, key, *, train: bool, gather):
     """Top-layer outputs (D, B, T, P) and the final LSTM state of one window; `gather` (or None) is applied
     to the weights first (`sharding.weight_gather`)."""
     return lm_outputs(
@@ -135,17 +136,15 @@ def _outputs(bilm_weights, cfg: StepConfig, batch, lstm: LSTMState, key, *, trai
         reset_state(lstm, batch["carry"]),
         key=key,
         dropout_rate=cfg.dropout if train else 0.0,
-        compute=cfg.compute.with_positions(content_positions),
+        compute=cfg.compute,
         resets=batch.get("reset"),
     )
 
 
-def _lm_pass(params, cfg: StepConfig, batch, lstm: LSTMState, keys, *, train: bool, content_positions, gather):
+def _lm_pass(params, cfg: StepConfig, batch, lstm: LSTMState, keys, *, train: bool, gather):
     """Outputs and per-direction (loss sums, counts) of one window; keys: (dropout key, candidate key)."""
     k_dropout, k_sample = keys
-    outputs, final = _outputs(
-        params["bilm"], cfg, batch, lstm, k_dropout, train=train, content_positions=content_positions, gather=gather
-    )
+    outputs, final = _outputs(params["bilm"], cfg, batch, lstm, k_dropout, train=train, gather=gather)
     sampled = train and not cfg.full_softmax
     sums, counts = lm_losses(
         params["softmax"],
@@ -203,13 +202,11 @@ def softmax_row_slots(cfg: StepConfig, batch_size: int, optimizer) -> int | None
     return row_slots(*sizes) if SPARSE_ROW_COST * row_uses(*sizes) < shard_rows else None
 
 
-def _dense_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, content_positions, gather):
+def _dense_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, gather):
     """The gradient of every parameter (the softmax's a (V', P) matrix), then the optimiser on all of them."""
 
     def loss_fn(params):
-        sums, counts, final = _lm_pass(
-            params, cfg, batch, state.lstm, keys, train=True, content_positions=content_positions, gather=gather
-        )
+        sums, counts, final = _lm_pass(params, cfg, batch, state.lstm, keys, train=True, gather=gather)
         return _scaled_loss(cfg, sums, counts, final)
 
     grads, aux = jax.grad(loss_fn, has_aux=True)(state.params)
@@ -217,7 +214,7 @@ def _dense_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, cont
     return optax.apply_updates(state.params, updates), opt_state, optax.tree.norm(grads), aux
 
 
-def _sparse_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, content_positions, gather, slots):
+def _sparse_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, gather, slots):
     """The gradient of the biLM and of the softmax rows the step reads, then `row_update.sparse_update`."""
     k_dropout, k_sample = keys
     D, B = batch["targets"].shape[:2]
@@ -225,9 +222,7 @@ def _sparse_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, con
     candidates = draw_candidates(k_sample, D, candidate_groups(B, cfg.negative_sample_group_rows), **sampler)
 
     def loss_fn(bilm, rows):
-        outputs, final = _outputs(
-            bilm, cfg, batch, state.lstm, k_dropout, train=True, content_positions=content_positions, gather=gather
-        )
+        outputs, final = _outputs(bilm, cfg, batch, state.lstm, k_dropout, train=True, gather=gather)
         sums, counts = sampled_lm_losses(
             rows, candidates, outputs, batch["targets"], batch["mask"], compute_dtype=cfg.compute.dtype, **sampler
         )
@@ -248,6 +243,7 @@ def train_step_fn(
     cfg: StepConfig,
     optimizer: Optimizer | optax.GradientTransformation,
     content_positions: int | None = None,
+    distinct_tokens: int | None = None,
     gather_weights=None,
 ):
     """One optimisation step on one window of both directions (pure; `train_step` is it jitted on one
@@ -263,6 +259,8 @@ def train_step_fn(
         (which gets the dense softmax update).
       batch: {"char_ids": int (D, B, T, C) raw, "targets": int (D, B, T), "mask": bool (D, B, T),
         "carry": bool (D, B), optionally "reset": bool (D, B, T)}.
+      content_positions, distinct_tokens: static, the batch's char CNN buckets
+        (`batch_feed.device_batch`, `batch_feed.distinct_bucket`; `ComputeOptions`); None: every position, every token.
       gather_weights: None, or `sharding.weight_gather(...)`: applied to the biLM's weights where the
         model reads them, so that weights split between steps are gathered whole once per step.
 
@@ -270,12 +268,13 @@ def train_step_fn(
       (new state, metrics): loss (mean of the directions' mean cross-entropies), forward_loss,
       backward_loss, grad_norm (before clipping), tokens (targets scored in both directions).
     """
+    cfg = dataclasses.replace(cfg, compute=cfg.compute.with_positions(content_positions, distinct_tokens))
     keys = step_keys(state.key, state.step)
     slots = softmax_row_slots(cfg, batch["targets"].shape[1], optimizer)
     if slots is None:
-        step = _dense_step(state, batch, keys, cfg, optimizer, content_positions, gather_weights)
+        step = _dense_step(state, batch, keys, cfg, optimizer, gather_weights)
     else:
-        step = _sparse_step(state, batch, keys, cfg, optimizer, content_positions, gather_weights, slots)
+        step = _sparse_step(state, batch, keys, cfg, optimizer, gather_weights, slots)
     params, opt_state, grad_norm, (loss, per_direction, counts, final) = step
     new_state = state.replace(
         step=state.step + 1, params=params, opt_state=opt_state, lstm=jax.lax.stop_gradient(final)
@@ -297,16 +296,18 @@ def eval_step_fn(
     *,
     cfg: StepConfig,
     content_positions: int | None = None,
+    distinct_tokens: int | None = None,
     gather_weights=None,
 ):
     """Full-softmax cross-entropy sums and token counts (D,) of one heldout window, and the carried state
-    (`gather_weights` as for `train_step_fn`)."""
-    sums, counts, final = _lm_pass(
-        params, cfg, batch, lstm, (None, None), train=False, content_positions=content_positions, gather=gather_weights
-    )
+    (the keyword arguments as for `train_step_fn`)."""
+    cfg = dataclasses.replace(cfg, compute=cfg.compute.with_positions(content_positions, distinct_tokens))
+    sums, counts, final = _lm_pass(params, cfg, batch, lstm, (None, None), train=False, gather=gather_weights)
     return sums, counts, final
 
 
 # Jitted on whatever device their arguments are on (one device); the trainer uses `jitted_steps.jit_steps`.
-train_step = jax.jit(train_step_fn, static_argnames=("cfg", "optimizer", "content_positions"), donate_argnums=(0,))
-eval_step = jax.jit(eval_step_fn, static_argnames=("cfg", "content_positions"))
+train_step = jax.jit(
+    train_step_fn, static_argnames=("cfg", "optimizer", "content_positions", "distinct_tokens"), donate_argnums=(0,)
+)
+eval_step = jax.jit(eval_step_fn, static_argnames=("cfg", "content_positions", "distinct_tokens"))
