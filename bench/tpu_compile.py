@@ -8,14 +8,15 @@
 
 A case is TOPOLOGY/WORKLOAD/DTYPE/DATAxMODEL/GLOBAL_BATCH[/VARIANT], e.g. v5e-8/large/bfloat16/8x1/1024;
 workloads: large (configs/bilm_large.py), small (configs/bilm_small.py), embed (embed_file's program);
-the variant "dense" turns the sparse softmax update off. Results (bench/RESULTS_tpu_compile.md) record the
-revision of elmo_jax compiled.
+the variant "dense" turns the sparse softmax update off, "every_token" runs the char CNN over every token.
+Results (bench/RESULTS_tpu_compile.md) record the revision of elmo_jax compiled.
 
 `jax[tpu]` installs libtpu from PyPI; its compiler runs on any Linux x86-64 machine. For a named
 topology (`TOPOLOGIES`) `jax.experimental.topologies.get_topology_desc` gives compile-only TPU devices;
 the real jitted programs are lowered from ShapeDtypeStructs carrying their shardings and compiled
 (`.lower(...).compile()`, nothing allocated): the train step of a config (`jitted_steps.jit_steps`, the
-1B Word vocabulary of 793,471 words, the char CNN at 24 positions, a typical lm1b bucket) or the
+1B Word vocabulary of 793,471 words, the char CNN at 24 positions, a typical lm1b bucket, over the
+distinct tokens a chip's share of a 1B Word batch is expected to hold: `distinct_slots`) or the
 feature extractor (`embed_file`'s program: the original model, 40 tokens, batch split over the chips).
 Each case runs in its own process with a timeout; one that fails or does not fit is a row saying so.
 
@@ -53,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 import pathlib
 import subprocess
@@ -144,7 +146,14 @@ TOPOLOGIES = {
 }
 WORKLOADS = {"large": "configs.bilm_large", "small": "configs.bilm_small"}  # and "embed"
 # Variants change StepConfig settings from the default, for before/after figures of an optimisation.
-VARIANTS: dict[str, dict] = {"dense": {"sparse_softmax_update": False}}
+# "every_token" runs the char CNN over every token instead of each device's distinct ones (`DISTINCT_FRACTION`).
+VARIANTS: dict[str, dict] = {"dense": {"sparse_softmax_update": False}, "every_token": {}}
+
+# The train step is compiled for the distinct tokens a device's share of a 1B Word batch is expected to
+# hold (`ComputeOptions.distinct_tokens`, rounded as the trainer rounds a batch's count): words drawn by
+# Zipf's law (frequency ~ 1 / rank) from the 793,471-word vocabulary, rows from independent sentences.
+# 5,120 tokens (128 rows x 20 steps x 2 directions): 2,934 distinct (57.3%), 3,200 slots.
+ZIPF_EXPONENT = 1.0
 
 DEFAULT_CASES = [
     # bilm_large at 128 rows per chip (configs/bilm_large.py:TPU_MESHES): Colab's single chips, the 8-chip
@@ -211,6 +220,26 @@ def tpu_devices(topology: str):
     return topologies.get_topology_desc(topology_name=name, platform="tpu", **kwargs).devices
 
 
+def expected_distinct(tokens: int, vocab: int = LM1B_VOCAB_SIZE, exponent: float = ZIPF_EXPONENT) -> float:
+    """The expected number of distinct words among `tokens` drawn independently by Zipf's law from `vocab`
+    words: the sum over words of P(drawn at least once)."""
+    import numpy as np
+
+    p = 1.0 / np.arange(1, vocab + 1, dtype=np.float64) ** exponent
+    p /= p.sum()
+    return float(np.sum(-np.expm1(tokens * np.log1p(-p))))
+
+
+def distinct_slots(case: Case, unroll_steps: int) -> int | None:
+    """The char CNN's distinct-token slots per device the case is compiled for (None: every token)."""
+    from elmo_jax.model.distinct_tokens import rounded_slots
+
+    if case.variant == "every_token":
+        return None
+    per_device = 2 * case.batch * unroll_steps // case.data
+    return rounded_slots(int(math.ceil(expected_distinct(per_device))), per_device)
+
+
 def lower_train(case: Case, devices):
     """The lowered train step of the case's config on its mesh, and the model FLOPs of one step."""
     import importlib
@@ -226,9 +255,10 @@ def lower_train(case: Case, devices):
     steps = jitted_steps.jit_steps(mesh, cfg, settings.optimizer(config), case.batch)
     B, T = case.batch, cfg.unroll_steps
     batch = steps.abstract_batch(cfg)
-    lowered = steps.train.lower(steps.abstract_state, batch, FLAGS.positions)
+    slots = distinct_slots(case, T)
+    lowered = steps.train.lower(steps.abstract_state, batch, FLAGS.positions, slots)
     flops = train_flops(cfg.model, B, T, vocab_size=LM1B_VOCAB_SIZE, n_negative_samples=cfg.n_negative_samples)
-    return lowered, flops, 2 * B * T
+    return lowered, flops, 2 * B * T, slots
 
 
 def lower_embed(case: Case, devices):
@@ -254,7 +284,7 @@ def lower_embed(case: Case, devices):
     compute = ComputeOptions(dtype=case.dtype, content_positions=FLAGS.positions)
     program = batch_runner._chars_program(mesh, "all", "float32")
     lowered = program.lower(config, compute, weights, chars, mix)
-    return lowered, embed_flops(config, case.batch, EMBED_TOKENS), case.batch * EMBED_TOKENS
+    return lowered, embed_flops(config, case.batch, EMBED_TOKENS), case.batch * EMBED_TOKENS, None
 
 
 def cost_fields(text: str, chip: Chip) -> dict:
@@ -344,7 +374,7 @@ def compile_case(case: Case) -> dict:
         raise ValueError(f"{case.name}: the mesh needs {chips} chips, {case.topology} has {len(devices)}")
     start = time.perf_counter()
     lower = lower_embed if case.workload == "embed" else lower_train
-    lowered, model_flops, tokens = lower(case, devices[:chips] if case.workload != "embed" else devices)
+    lowered, model_flops, tokens, slots = lower(case, devices[:chips] if case.workload != "embed" else devices)
     lower_s = time.perf_counter() - start
     compiled = lowered.compile()
     compile_s = time.perf_counter() - start - lower_s
@@ -379,6 +409,7 @@ def compile_case(case: Case) -> dict:
         "hlo": str(path),
         "model_flops_per_chip": model_flops / chips,
         "tokens": tokens,
+        "distinct_slots": slots,  # per chip (`distinct_slots`); None: the char CNN over every token
     }
 
 
@@ -450,7 +481,7 @@ COLUMNS = (
     "| case | revision | plan GiB (args + temp) | of HBM | compile s | GFLOP | MXU GFLOP | HBM GB | "
     "collectives GB | FLOP ms | HBM ms | step ms | tokens/s (slice) | util. | MFU | "
     "+ scatter reads GB | util. (scatter reads) | serial ms | serial util. | est. ms | est. util. | est. MFU | "
-    "ICI ms |"
+    "ICI ms | char CNN tokens per chip |"
 )
 
 
@@ -499,9 +530,17 @@ def table(results: list[dict]) -> list[str]:
             f"{x['utilisation']:.1%} | {x['mfu']:.1%} | {f(scatter, '.2f', 1e-9)} | "
             f"{f(x['scatter_utilisation'], '.1%')} | "
             f"{f(x['serial_ms'], '.1f')} | {f(x['serial_utilisation'], '.1%')} | {f(x['estimated_ms'], '.1f')} | "
-            f"{f(x['estimated_utilisation'], '.1%')} | {f(x['estimated_mfu'], '.1%')} | {f(x['ici_ms'], '.2f')} |"
+            f"{f(x['estimated_utilisation'], '.1%')} | {f(x['estimated_mfu'], '.1%')} | {f(x['ici_ms'], '.2f')} | "
+            f"{char_cnn_tokens(r)} |"
         )
     return lines
+
+
+def char_cnn_tokens(r: dict) -> str:
+    """The tokens a chip's char CNN runs on: its distinct-token slots, or all of them (rows before the
+    slots were recorded, the "every_token" variant, the feature extractor)."""
+    slots = r.get("distinct_slots")
+    return "all" if slots is None else f"{slots:,} distinct of {r['tokens'] // Case.parse(r['case']).data:,}"
 
 
 def print_top(r: dict) -> None:

@@ -99,11 +99,17 @@ def runnable_cases(rows: list[dict], device_kind: str, n_devices: int) -> list[s
     ]
 
 
-def time_case(case_name: str, o: Options) -> dict:
-    """Runs a case's train step: compile and warm-up, then `o.steps` timed steps; their times in seconds."""
+def time_case(case_name: str, o: Options, row: dict | None = None) -> dict:
+    """Runs a case's train step: compile and warm-up, then `o.steps` timed steps; their times in seconds.
+
+    The char CNN runs on the distinct-token slots the estimate was compiled for (`row`'s distinct_slots)
+    when the window's distinct tokens fit in them (the same program), else on the window's own bucket
+    (`batch_feed.distinct_bucket`, as the trainer would); "every_token" cases on every token.
+    """
     import jax
 
     from elmo_jax.training import jitted_steps, settings, sharding
+    from elmo_jax.training.batch_feed import distinct_bucket
 
     if o.smoke:
         case, module, vocab_size = tpu_compile.Case("v5e-1", "tiny", "float32", 1, 1, 4), "configs.tiny", 100
@@ -122,17 +128,23 @@ def time_case(case_name: str, o: Options) -> dict:
     steps = jitted_steps.jit_steps(mesh, cfg, settings.optimizer(config), case.batch)
     start = time.perf_counter()
     state = steps.init(jax.random.key(0), None, None)
-    batch = jax.device_put(_smoke_batch(cfg, case.batch) if o.smoke else _window(cfg, case.batch), steps.batch)
+    host_batch = _smoke_batch(cfg, case.batch) if o.smoke else _window(cfg, case.batch)
+    slots = None
+    if config.distinct_tokens and case.variant != "every_token":
+        slots = distinct_bucket(host_batch, steps.local_token_shards)
+        estimated = (row or {}).get("distinct_slots")
+        slots = estimated if estimated is not None and slots is not None and slots <= estimated else slots
+    batch = jax.device_put(host_batch, steps.batch)
     positions = min(o.positions, cfg.model.max_characters_per_token)
     times, first = [], None
     for k in range(o.warmup + o.steps):
         t = time.perf_counter()
-        state, metrics = steps.train(state, batch, positions)
+        state, metrics = steps.train(state, batch, positions, slots)
         jax.block_until_ready((state, metrics))
         first = time.perf_counter() - start if first is None else first
         if k >= o.warmup:
             times.append(time.perf_counter() - t)
-    return {"first_s": first, "step_s": times, "tokens": 2 * case.batch * cfg.unroll_steps}
+    return {"first_s": first, "step_s": times, "tokens": 2 * case.batch * cfg.unroll_steps, "distinct_slots": slots}
 
 
 def _window(cfg, rows: int) -> dict:
@@ -180,6 +192,7 @@ def report(case_name: str, measured: dict, row: dict | None, device_kind: str) -
         "median_ms": median_ms,
         "best_ms": 1e3 * min(measured["step_s"]),
         "tokens_per_s": measured["tokens"] / (median_ms / 1e3),
+        "distinct_slots": measured["distinct_slots"],  # per device; None: the char CNN over every token
         **e,
         "measured_util": None if e["flop_ms"] is None else e["flop_ms"] / median_ms,
         "measured_over_roofline": ratio(e["roofline_ms"]),
@@ -221,7 +234,7 @@ def run(o: Options) -> list[dict]:
     print(HEAD, flush=True)
     out = []
     for case in cases:
-        r = report(case, time_case(case, o), rows.get(case), device_kind)
+        r = report(case, time_case(case, o, rows.get(case)), rows.get(case), device_kind)
         out.append(r)
         print(line(r), flush=True)
         if o.output:

@@ -49,7 +49,7 @@ from bench.common import matmul_throughput, platform_line
 from bench.workloads import synthetic_window
 from elmo_jax.model.flops import train_flops
 from elmo_jax.training import settings
-from elmo_jax.training.batch_feed import device_batch
+from elmo_jax.training.batch_feed import device_batch, distinct_bucket
 from elmo_jax.training.train_step import init_train_state, train_step
 
 CONFIGS = {
@@ -117,10 +117,14 @@ def time_train_step(config, cfg, B: int, T: int) -> dict[str, float]:
         synthetic_window(B, T, cfg.model.max_characters_per_token, cfg.vocab_size), cfg.model.max_characters_per_token
     )
     tokens = int(batch["mask"].sum())
+    # As the trainer runs it: the char CNN over the window's distinct tokens (one device's, one block).
+    distinct = distinct_bucket(batch, 1) if config.distinct_tokens else None
     batch = jax.device_put(batch)
 
     def step(state):
-        state, metrics = train_step(state, batch, cfg=cfg, optimizer=optimizer, content_positions=positions)
+        state, metrics = train_step(
+            state, batch, cfg=cfg, optimizer=optimizer, content_positions=positions, distinct_tokens=distinct
+        )
         jax.block_until_ready((state, metrics))
         return state
 

@@ -32,8 +32,10 @@ def test_cases_and_estimates_come_from_the_rows_of_this_machine():
     assert tpu_first_run.runnable_cases([ROW], "TPU v5 lite", 8) == []
     e = tpu_first_run.estimates(ROW)
     assert e == {"roofline_ms": 3.0, "serial_ms": 4.0, "estimated_ms": 8.0, "flop_ms": 1.0}  # scatter reads counted
-    r = tpu_first_run.report(ROW["case"], {"first_s": 9.0, "step_s": [0.016, 0.012, 0.020], "tokens": 5120}, ROW, "x")
+    measured = {"first_s": 9.0, "step_s": [0.016, 0.012, 0.020], "tokens": 5120, "distinct_slots": 3200}
+    r = tpu_first_run.report(ROW["case"], measured, ROW, "x")
     assert r["median_ms"] == 16.0 and r["best_ms"] == 12.0 and r["measured_util"] == 1.0 / 16
+    assert r["distinct_slots"] == 3200
     assert r["measured_over_estimated"] == 2.0 and r["measured_over_roofline"] == 16.0 / 3
 
 
