@@ -249,7 +249,7 @@ def _reverse_loop(s: Settings, tpu: bool, z, c_prev, h_projected, d_outputs, mas
     compiler's estimate"), the same numbers up to the order of float32 sums:
     - the bias's gradient is one sum of the stored dz after the loop, not a sum step by step in it (where
       the compiler recomputed dz from z to sum it over the rows; float32 accumulation either way, and in
-      bfloat16 the stored dz is the rounded one the products read);
+      bfloat16 the stored dz is the rounded one the products read), as a product (`_summed_over_rows`);
     - dz is computed gate by gate (i, j, f, o, (D, B, H) each), materialised once in the matmul dtype, and
       stored into its columns of the (T, D, B, 4H) stack by one store per gate (`SideBySide`), while the
       state's gradient is one product of the gates stacked on a leading axis: joined along 4H first,
@@ -300,8 +300,21 @@ def _reverse_loop(s: Settings, tpu: bool, z, c_prev, h_projected, d_outputs, mas
     d_bias = None if tpu else jnp.zeros((z.shape[1], z.shape[-1]), jnp.float32)
     (dc0, dh0, d_bias), stacks = stacked_scan(body, (dc, dh, d_bias), z.shape[0], unroll=s.unroll, reverse=True)
     if tpu:
-        d_bias = jnp.sum(stacks[0], axis=(0, 2), dtype=jnp.float32)
+        d_bias = _summed_over_rows(stacks[0], mask, s.dtype)
     return (dc0, dh0), stacks, d_bias
+
+
+def _summed_over_rows(dz: jax.Array, mask: jax.Array, dtype: str) -> jax.Array:
+    """The bias's gradient on a TPU: the stacked dz (T, D, B, 4H) summed over steps and rows -> float32 (D, 4H).
+
+    A product with the mask (dz is zero where it is false, so the same sum) on the matrix unit: the
+    compiler's reduction over the rows of the stack was estimated at 3x the product's time (0.78 against
+    0.27 ms a layer of the `bilm_large` step on v5e: bench/RESULTS_tpu_compile.md, "Distinct tokens").
+    The mask is the first of 8 columns, the others zero: a one-column product the compiler turns back
+    into that reduction.
+    """
+    columns = jnp.zeros((*mask.shape, 8), dz.dtype).at[..., 0].set(mask.astype(dz.dtype))
+    return einsum("tdbg,tdbk->dkg", dz, columns, dtype)[:, 0]
 
 
 recurrence.defvjp(_forward, _backward)
