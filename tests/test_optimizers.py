@@ -8,7 +8,9 @@ import numpy as np
 import optax
 import pytest
 
+from elmo_jax.training import optimizers
 from elmo_jax.training.optimizers import Optimizer
+from tests.support.tolerance import assert_close_up_to_order, order_tolerance
 
 LR, CLIP, INITIAL = 0.2, 1.0, 1.0
 STEPS = 5
@@ -71,3 +73,20 @@ def test_adagrad_state_is_the_checkpointed_structure():
         (optax.EmptyState(), (optax.ScaleByRssState(sum_of_squares=params), optax.EmptyState()))
     )
     assert all(float(a.min()) == float(a.max()) == INITIAL for a in jax.tree.leaves(state[1][0].sum_of_squares))
+
+
+def test_tpu_norm_takes_a_large_matrix_s_squares_as_a_product(monkeypatch):
+    """The TPU form of `global_norm` (forced on this CPU): a (5000, 3) leaf's sum of squares by the product
+    with a column of ones, the small leaves summed, against a float64 NumPy norm within float32 rounding of
+    the sum of 15,045 squares; the clip built on it scales every leaf by clip_norm / norm, as optax's."""
+    monkeypatch.setattr(optimizers.lax, "platform_dependent", lambda *a, tpu, default: tpu(*a))
+    rng = np.random.default_rng(1)
+    tree = {"softmax": jnp.asarray(rng.normal(size=(5000, 3)), jnp.float32), **random_grads(rng, 3.0)}
+    want = np.sqrt(sum(np.sum(np.asarray(g, np.float64) ** 2) for g in jax.tree.leaves(tree)))
+    terms = 5000 * 3 + N
+    assert_close_up_to_order(jax.jit(optimizers.global_norm)(tree), want, terms=terms)
+    clipped, _ = jax.jit(optimizers._clip_by_global_norm(CLIP).update)(tree, optax.EmptyState())
+    # The norm's relative rounding, then a division and a multiply.
+    rtol = order_tolerance(want, terms) / want + 3 * 2.0**-24
+    for g, c in zip(jax.tree.leaves(tree), jax.tree.leaves(clipped)):
+        np.testing.assert_allclose(np.asarray(c), np.asarray(g, np.float64) * CLIP / want, rtol=rtol)

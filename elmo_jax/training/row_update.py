@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from elmo_jax.training.optimizers import global_norm
+
 SOFTMAX_KEYS = ("W", "b")
 
 
@@ -128,4 +130,4 @@ def sparse_update(
     new_state = jax.tree.map(
         lambda new, old, m: old.at[ids].set(new, mode="drop") if m else new, new_row_state, opt_state, markers
     )
-    return new_params, new_state, optax.tree.norm(grads)
+    return new_params, new_state, global_norm(grads)

@@ -30,7 +30,7 @@ from elmo_jax.training.lm import (
     sampled_lm_losses,
     softmax_rows,
 )
-from elmo_jax.training.optimizers import Optimizer, declares_row_sparse
+from elmo_jax.training.optimizers import Optimizer, declares_row_sparse, global_norm
 from elmo_jax.training.row_update import row_slots, row_uses, sparse_update
 from elmo_jax.training.softmax import padded_vocab_size
 
@@ -211,7 +211,7 @@ def _dense_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, gath
 
     grads, aux = jax.grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    return optax.apply_updates(state.params, updates), opt_state, optax.tree.norm(grads), aux
+    return optax.apply_updates(state.params, updates), opt_state, global_norm(grads), aux
 
 
 def _sparse_step(state: TrainState, batch, keys, cfg: StepConfig, optimizer, gather, slots):
