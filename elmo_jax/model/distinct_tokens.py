@@ -6,7 +6,7 @@ one device holds in a `bilm_large` step (128 rows x 20 steps x 2 directions) are
 docs/TPU.md, "Distinct tokens"). The char CNN, whose cost follows its token count, then runs on each
 device's distinct tokens only, and its vectors are copied back to every use.
 
-The device's token axis is split into `shards` contiguous blocks, one per device of the mesh's batch
+The batch's token axis is split into `shards` contiguous blocks, one per device of the mesh's batch
 axis (the layout of `training.lm.lm_outputs`); each block is de-duplicated on its own, so no device
 needs another's tokens. Shapes are static: the host counts the most distinct tokens any block holds
 (`distinct_capacity`, in steps of 1/8 of a block, so that a stream compiles few variants) and every
