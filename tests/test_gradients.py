@@ -131,17 +131,12 @@ def test_conv_blocks_are_sized_by_one_devices_tokens():
     assert char_cnn._n_blocks(100, 4) == 1  # fewer rows than one block
 
 
-@pytest.mark.parametrize(
-    ("block_rows", "token_shards", "form"), [(1024, 1, ""), (64, 1, ""), (16, 4, ""), (64, 1, "tpu")]
-)
+@pytest.mark.parametrize(("block_rows", "token_shards"), [(1024, 1), (64, 1), (16, 4)])
 @pytest.mark.parametrize("content_positions", [None, 8])
-def test_token_embedding_gradient_equals_plain_autodiff(monkeypatch, content_positions, block_rows, token_shards, form):
+def test_token_embedding_gradient_equals_plain_autodiff(monkeypatch, content_positions, block_rows, token_shards):
     """Random words (repeated letters and all-PAD windows: ties) through the whole token layer, in one
-    token block and in several (blocks sized for one device of 4 too), and in a TPU's blocks (its branch
-    of `lax.platform_dependent` taken on this CPU, with another block size than the CPU's)."""
-    monkeypatch.setattr(char_cnn, "TPU_CONV_BLOCK_ROWS" if form == "tpu" else "CONV_BLOCK_ROWS", block_rows)
-    if form == "tpu":
-        monkeypatch.setattr(char_cnn.lax, "platform_dependent", lambda *a, tpu, default: tpu(*a))
+    token block and in several (blocks sized for one device of 4 too)."""
+    monkeypatch.setattr(char_cnn, "CONV_BLOCK_ROWS", block_rows)
     config = BiLMConfig(
         lstm_dim=16, projection_dim=8, n_highway=1, max_characters_per_token=12, filters=((1, 4), (2, 4), (3, 8))
     )

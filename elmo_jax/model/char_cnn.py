@@ -59,31 +59,19 @@ def _conv_max(
     valid = np.arange(n_starts)[:, None] <= last_start[None, :]  # (S, F), static
     # Only when S reaches past C - Wmax + 1 (tokens of 44+ characters) can a start pass a filter's last one.
     last = None if valid.all() else tuple(int(v) for v in last_start)
-    dtype = jnp.dtype(compute.dtype).name
-    cpu, tpu = (_n_blocks(N, n_starts, compute.token_shards, rows) for rows in (CONV_BLOCK_ROWS, TPU_CONV_BLOCK_ROWS))
-    if cpu == tpu:
-        return conv_max(windows, kernel, last, cpu, dtype)
-    # Decided when the program is lowered for its platform (the TPU's blocks: `TPU_CONV_BLOCK_ROWS`).
-    return lax.platform_dependent(
-        windows,
-        kernel,
-        tpu=lambda w, k: conv_max(w, k, last, tpu, dtype),
-        default=lambda w, k: conv_max(w, k, last, cpu, dtype),
-    )
+    n_blocks = _n_blocks(windows.shape[0], n_starts, compute.token_shards)
+    return conv_max(windows, kernel, last, n_blocks, jnp.dtype(compute.dtype).name)
 
 
-# Rows (tokens x starts) of the convolution per block and device. On a CPU its (rows, F) output then
-# stays in the caches between the product and the max, a faster forward (measured: bench/RESULTS.md,
-# "Design figures"). A TPU's compiler estimates the loops faster with fewer, larger blocks (bilm_small on
-# v5e: 12.8 ms a step at 1,024 rows, 12.3 at 4,096, 12.2 at 8,192, 12.5 at 16,384; 8 x 1 38.9 -> 38.4:
-# bench/RESULTS_tpu_compile.md, "Distinct tokens").
+# Rows (tokens x starts) of the convolution per block and device: its (rows, F) output then stays in
+# the caches between the product and the max, a faster forward on CPU (measured: bench/RESULTS.md,
+# "Design figures").
 CONV_BLOCK_ROWS = 1024
-TPU_CONV_BLOCK_ROWS = 4096
 
 
-def _n_blocks(n_tokens, n_starts: int, shards: int = 1, block_rows: int | None = None) -> int:
-    """The largest divisor of one shard's N / shards tokens that leaves at least `block_rows` (default
-    CONV_BLOCK_ROWS) rows per block on each shard (1: one block).
+def _n_blocks(n_tokens, n_starts: int, shards: int = 1) -> int:
+    """The largest divisor of one shard's N / shards tokens that leaves at least CONV_BLOCK_ROWS rows per
+    block on each shard (1: one block).
 
     Sized by one device's tokens, not the whole batch's: with the batch's 40,960 tokens split over
     8 chips, blocks sized by the global count held 8 tokens per chip, and each of the 640 loop trips
@@ -93,7 +81,7 @@ def _n_blocks(n_tokens, n_starts: int, shards: int = 1, block_rows: int | None =
     if not isinstance(n_tokens, int):  # symbolic (jax.export): one block
         return 1
     per_shard = n_tokens // shards if n_tokens % shards == 0 else n_tokens
-    target = max(1, per_shard * n_starts // (CONV_BLOCK_ROWS if block_rows is None else block_rows))
+    target = max(1, per_shard * n_starts // CONV_BLOCK_ROWS)
     return max(d for d in range(1, target + 1) if per_shard % d == 0)
 
 
