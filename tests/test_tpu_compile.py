@@ -22,6 +22,7 @@ from jax.experimental import topologies  # noqa: E402
 
 from configs import tiny  # noqa: E402
 from elmo_jax.features import batch_runner  # noqa: E402
+from elmo_jax.model.distinct_tokens import rounded_slots  # noqa: E402
 from elmo_jax.model.precision import ComputeOptions  # noqa: E402
 from elmo_jax.training import jitted_steps, settings, sharding  # noqa: E402
 
@@ -39,14 +40,18 @@ def v5e_8():
 
 
 def test_the_train_step_compiles_for_a_v5e_2x4_slice(v5e_8):
-    """configs/tiny.py's train step, sampled softmax with the sparse row update, mesh 4 (data) x 2 (model)."""
+    """configs/tiny.py's train step, sampled softmax with the sparse row update, mesh 4 (data) x 2 (model),
+    the char CNN over half of each chip's tokens as distinct ones (as the trainer runs it by default)."""
     config = tiny.get_config()
     config.compute_dtype = "bfloat16"
     cfg = settings.step_config(config, VOCAB)
     mesh = sharding.make_mesh(4, 2, v5e_8)
     steps = jitted_steps.jit_steps(mesh, cfg, settings.optimizer(config), config.batch_size)
     batch = steps.abstract_batch(cfg)
-    compiled = steps.train.lower(steps.abstract_state, batch, 8).compile()
+    per_chip = 2 * config.batch_size * config.unroll_steps // 4
+    slots = rounded_slots(per_chip // 2, per_chip)
+    assert slots is not None
+    compiled = steps.train.lower(steps.abstract_state, batch, 8, slots).compile()
     memory = compiled.memory_analysis()
     assert 0 < memory.argument_size_in_bytes < 2**30 and memory.temp_size_in_bytes < 2**30
     assert "all-reduce" in compiled.as_text()  # the data axis sums the gradients
