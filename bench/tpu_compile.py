@@ -146,7 +146,7 @@ TOPOLOGIES = {
 }
 WORKLOADS = {"large": "configs.bilm_large", "small": "configs.bilm_small"}  # and "embed"
 # Variants change StepConfig settings from the default, for before/after figures of an optimisation.
-# "every_token" runs the char CNN over every token instead of each device's distinct ones (`DISTINCT_FRACTION`).
+# "every_token" runs the char CNN over every token instead of each device's distinct ones (`distinct_slots`).
 VARIANTS: dict[str, dict] = {"dense": {"sparse_softmax_update": False}, "every_token": {}}
 
 # The train step is compiled for the distinct tokens a device's share of a 1B Word batch is expected to

@@ -95,6 +95,15 @@ def einsum(spec: str, x: jax.Array, w: jax.Array, compute_dtype=jnp.float32) -> 
     return jnp.einsum(spec, x.astype(compute_dtype), w.astype(compute_dtype), preferred_element_type=jnp.float32)
 
 
+def summing_columns(weights: jax.Array, dtype) -> jax.Array:
+    """weights (...,) as the first of 8 columns (..., 8), the others zero: the right operand of a product
+    that sums rows on a TPU's matrix unit (`einsum("r...,rk->k...", x, summing_columns(w, ...))[0]` is
+    w @ x). The TPU compiler estimates a reduction over many rows at 2-3x such a product's time, and it
+    turns a product with one column (or with a `jnp.ones` operand) back into that reduction
+    (bench/RESULTS_tpu_compile.md, "Distinct tokens")."""
+    return jnp.zeros((*weights.shape, 8), dtype).at[..., 0].set(weights.astype(dtype))
+
+
 def linear(x: jax.Array, w: jax.Array, b: jax.Array | None = None, compute_dtype=jnp.float32) -> jax.Array:
     """x (..., I) @ w (I, O) + b (O,), the bias broadcast explicitly (rank promotion stays strict)."""
     y = matmul(x, w, compute_dtype)

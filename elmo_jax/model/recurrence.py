@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from elmo_jax.model.precision import einsum
+from elmo_jax.model.precision import einsum, summing_columns
 
 # `lax.empty` came after jax 0.6, the dependency floor; there, zeros (what it gives off TPU anyway).
 _empty = getattr(lax, "empty", jnp.zeros)
@@ -307,14 +307,11 @@ def _reverse_loop(s: Settings, tpu: bool, z, c_prev, h_projected, d_outputs, mas
 def _summed_over_rows(dz: jax.Array, mask: jax.Array, dtype: str) -> jax.Array:
     """The bias's gradient on a TPU: the stacked dz (T, D, B, 4H) summed over steps and rows -> float32 (D, 4H).
 
-    A product with the mask (dz is zero where it is false, so the same sum) on the matrix unit: the
-    compiler's reduction over the rows of the stack was estimated at 3x the product's time (0.78 against
-    0.27 ms a layer of the `bilm_large` step on v5e: bench/RESULTS_tpu_compile.md, "Distinct tokens").
-    The mask is the first of 8 columns, the others zero: a one-column product the compiler turns back
-    into that reduction.
+    A product with the mask (dz is zero where it is false, so the same sum) on the matrix unit
+    (`summing_columns`): the compiler's reduction over the rows of the stack was estimated at 3x the
+    product's time (0.78 against 0.27 ms a layer of the `bilm_large` step on v5e).
     """
-    columns = jnp.zeros((*mask.shape, 8), dz.dtype).at[..., 0].set(mask.astype(dz.dtype))
-    return einsum("tdbg,tdbk->dkg", dz, columns, dtype)[:, 0]
+    return einsum("tdbg,tdbk->dkg", dz, summing_columns(mask, dz.dtype), dtype)[:, 0]
 
 
 recurrence.defvjp(_forward, _backward)

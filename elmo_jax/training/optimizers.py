@@ -29,6 +29,8 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from elmo_jax.model.precision import einsum, summing_columns
+
 ADAGRAD, ADAM = "adagrad", "adam"
 
 
@@ -86,11 +88,9 @@ def global_norm(tree) -> jax.Array:
     use this one, so the compiler computes it once.
 
     On a TPU each matrix of at least `_PRODUCT_ROWS` rows has its sum of squares as a product with a
-    column of ones on the matrix unit (float32 at `Precision.HIGHEST`): the compiler estimated the
-    reduction over the softmax's rows at 1.8x the product's time (0.61 against 0.34 ms per v5e chip of
-    the `bilm_large` 8 x 1 step: bench/RESULTS_tpu_compile.md, "Distinct tokens"). The ones are the first
-    of 8 columns, the others zero: a one-column product the compiler turns back into the reduction.
-    Elsewhere optax's own.
+    column of ones on the matrix unit (`precision.summing_columns`, float32 at `Precision.HIGHEST`): the
+    compiler estimated the reduction over the softmax's rows at 1.8x the product's time (0.61 against
+    0.34 ms per v5e chip of the `bilm_large` 8 x 1 step). Elsewhere optax's own.
     """
     return lax.platform_dependent(tree, tpu=_norm_by_products, default=optax.tree.norm)
 
@@ -103,8 +103,8 @@ def _norm_by_products(tree) -> jax.Array:
         if x.ndim != 2 or x.shape[0] < _PRODUCT_ROWS:
             return jnp.sum(jnp.square(x.astype(jnp.float32)))
         x = x.astype(jnp.float32)
-        columns = jnp.zeros((x.shape[0], 8), jnp.float32).at[:, 0].set(1.0)
-        return jnp.sum(jnp.einsum("rc,rk->kc", x * x, columns, precision=lax.Precision.HIGHEST)[0])
+        ones = summing_columns(jnp.ones(x.shape[0], jnp.float32), jnp.float32)
+        return jnp.sum(einsum("rc,rk->kc", x * x, ones, jnp.float32)[0])
 
     return jnp.sqrt(sum(squares(x) for x in jax.tree.leaves(tree)))
 
