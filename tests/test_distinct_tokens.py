@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from elmo_jax.model.char_cnn import token_embedding
-from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.distinct_tokens import distinct_capacity, distinct_rows, distinct_token_embedding
 from elmo_jax.model.params import init_params
 from elmo_jax.model.precision import ComputeOptions
@@ -21,22 +20,11 @@ from elmo_jax.training import jitted_steps, sharding
 from elmo_jax.training.batch_feed import distinct_bucket
 from elmo_jax.training.optimizers import Optimizer
 from elmo_jax.training.train_step import StepConfig
+from tests.support.models import tiny_bilm_config
 from tests.support.tolerance import assert_close_up_to_order
 
 C = 12
-MODEL = BiLMConfig(
-    char_embed_dim=4,
-    filters=((1, 4), (2, 8), (3, 8)),
-    n_highway=1,
-    activation="relu",
-    max_characters_per_token=C,
-    lstm_dim=16,
-    projection_dim=8,
-    n_layers=1,
-    cell_clip=3.0,
-    proj_clip=3.0,
-    use_skip_connections=True,
-)
+MODEL = tiny_bilm_config(max_characters_per_token=C, n_layers=1)
 
 
 def words(rng, pool: int, count: int) -> np.ndarray:
