@@ -202,6 +202,19 @@ class Cost:
             "estimated_kernels": sum(i.cycles is not None for i in self.items),
         }
 
+    def by_kind(self, peak_flops: float, hbm_bandwidth: float, clock_hz: float | None) -> dict[str, dict[str, float]]:
+        """The times of `Item.seconds` summed by kind of kernel (`kind`), each kind split into kernels that run
+        inside a loop and outside: {"products, in loops": {"estimated_s", "flop_s", "hbm_s", "serial_s",
+        "kernels"}, ...}, largest estimate first. The estimated seconds of all kinds add up to `times`'s."""
+        totals: dict[str, dict[str, float]] = {}
+        for item in self.items:
+            key = f"{kind(item)}, {'in loops' if item.in_loop else 'outside loops'}"
+            row = totals.setdefault(key, dict.fromkeys(("estimated_s", "flop_s", "hbm_s", "serial_s", "kernels"), 0.0))
+            for name, value in item.seconds(peak_flops, hbm_bandwidth, clock_hz).items():
+                row[name] += value or 0.0
+            row["kernels"] += 1
+        return dict(sorted(totals.items(), key=lambda kv: -kv[1]["estimated_s"]))
+
     def top(self, n: int = 15, key: str = "bytes") -> list[Item]:
         return sorted(self.items, key=lambda i: -getattr(i, key))[:n]
 
@@ -215,6 +228,22 @@ class Cost:
         for item in self.items:
             totals[item.where] += getattr(item, key)
         return totals.most_common()
+
+
+# The kinds of kernel `Cost.by_kind` sums. The compiler's cost model prices them differently (measured on
+# the bilm_large step, bench/RESULTS_tpu_compile.md, "What the goal needs"): a product near its FLOP time,
+# elementwise work, copies, loads and stores by the elements they touch (several times their HBM time
+# when the data is in on-chip memory), and the kernels it gives no estimate for at their HBM time here.
+PRODUCTS = "products"  # a kernel with an estimate that runs matrix-unit FLOPs (a dot or convolution)
+ELEMENTWISE = "elementwise, copies, reductions"  # a kernel with an estimate and no matrix-unit FLOPs
+UNESTIMATED = "no estimate (HBM time)"  # gathers and scatters of custom fusions, async copies, collectives
+
+
+def kind(item: Item) -> str:
+    """Which of PRODUCTS, ELEMENTWISE and UNESTIMATED a kernel is."""
+    if item.cycles is None:
+        return UNESTIMATED
+    return PRODUCTS if item.mxu_flops > 0 else ELEMENTWISE
 
 
 _ARRAY_LAYOUT = re.compile(
@@ -774,6 +803,20 @@ def analyse_once(text: str) -> Cost:
         _trip_count = saved
 
 
+V5E = (197e12, 819e9, 1.5e9)  # v5e's bfloat16 FLOP/s, HBM bytes/s and clock (bench/tpu_compile.py's CHIPS)
+
+
+def print_kinds(kinds: dict[str, dict[str, float]], title: str, scale: float = 1e3) -> None:
+    """`Cost.by_kind`'s table (times x scale: ms from seconds; 1 for rows already in ms)."""
+    print(f"  {title}:")
+    print(f"    {'kind':<46} {'est.':>7} {'FLOP':>7} {'HBM':>7} {'serial':>7} kernels")
+    for name, t in kinds.items():
+        print(
+            f"    {name:<46} {t['estimated_s'] * scale:7.2f} {t['flop_s'] * scale:7.2f} "
+            f"{t['hbm_s'] * scale:7.2f} {t['serial_s'] * scale:7.2f} {int(t['kernels'])}"
+        )
+
+
 def main(argv: list[str]) -> None:
     """python bench/hlo_cost.py HLO_FILE [N [KEY]]: totals, the N largest instructions by KEY (hbm_bytes,
     the default; cycles: the compiler's estimate; flops; scatter_read_bytes) and the N largest source
@@ -794,6 +837,7 @@ def main(argv: list[str]) -> None:
         f"{sum(i.hbm_bytes + i.scatter_read_bytes for i in cost.items if i.cycles is None) / 1e9:.2f} GB"
     )
     print("loops (trip counts):", ", ".join(f"{name} x{trips}" for name, trips, _ in cost.loops))
+    print_kinds(cost.by_kind(*V5E), "by kind of kernel, ms at v5e's figures")
     for i in sorted(cost.items, key=lambda i: -(getattr(i, key) or 0))[:n]:
         cycles = f"{i.cycles / 1e6:8.3f} Mc" if i.cycles is not None else "     - Mc"
         print(f"{i.hbm_bytes / 1e9:7.3f} GB {cycles} x{i.count:<4} {i.opcode:<12} {i.where[:80]:<80} {i.op_name[-50:]}")

@@ -345,6 +345,11 @@ def cost_fields(text: str, chip: Chip) -> dict:
         "loops": [[name, trips] for name, trips, _ in cost.loops],
         "top": top,
         "kernels": kernels,
+        # the estimate by kind of kernel (`hlo_cost.by_kind`), ms: where a goal's time would have to come from
+        "kinds": {
+            name: {key.replace("_s", "_ms"): (value * 1e3 if key != "kernels" else value) for key, value in t.items()}
+            for name, t in cost.by_kind(chip.peak_flops, chip.hbm_bandwidth, chip.clock_hz).items()
+        },
     }
 
 
@@ -557,6 +562,11 @@ def print_top(r: dict) -> None:
 def print_kernels(r: dict, key: str = "estimated_ms", n: int = 20) -> None:
     """The per-kernel table of a row (its `kernels`: the largest by the compiler's estimate when compiled),
     sorted by `key` (estimated_ms, serial_ms, flop_ms, hbm_ms)."""
+    if r.get("kinds"):
+        from bench import hlo_cost
+
+        kinds = {name: {k.replace("_ms", "_s"): v for k, v in t.items()} for name, t in r["kinds"].items()}
+        hlo_cost.print_kinds(kinds, f"{r['case']} ({r.get('revision', '')}) by kind of kernel, ms per step", scale=1)
     print(f"  kernels of {r['case']} ({r.get('revision', '')}) by {key}, per step, all executions:")
     print(f"    {'est. ms':>8} {'serial':>7} {'FLOP ms':>7} {'HBM ms':>7} {'Mcycles':>8} trips opcode       where / op")
     for k in sorted(r["kernels"], key=lambda k: -(k.get(key) or 0))[:n]:

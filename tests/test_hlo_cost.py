@@ -137,6 +137,26 @@ def test_collectives_by_kind_and_the_slowest_kernels(cost):
     assert by_cycles[0][0].name == "h.1"
 
 
+def test_the_estimate_by_kind_of_kernel(cost):
+    kinds = cost.by_kind(PEAK, BANDWIDTH, CLOCK)
+    per = {i.name: i.seconds(PEAK, BANDWIDTH, CLOCK) for i in cost.items}
+    products = kinds[f"{hlo_cost.PRODUCTS}, in loops"]  # the loop's dot fusion, 4 trips
+    assert products["kernels"] == 1 and products["estimated_s"] == pytest.approx(4 * 1000 / CLOCK)
+    assert products["flop_s"] == pytest.approx(4 * 2 * 128 * 256 * 256 / PEAK)
+    # the loop counter's add and the final copy: estimated, no matrix-unit FLOPs
+    assert kinds[f"{hlo_cost.ELEMENTWISE}, in loops"]["estimated_s"] == pytest.approx(4 * 10 / CLOCK)
+    assert kinds[f"{hlo_cost.ELEMENTWISE}, outside loops"]["estimated_s"] == pytest.approx(500 / CLOCK)
+    unestimated = kinds[f"{hlo_cost.UNESTIMATED}, outside loops"]  # both scatters and the all-reduce, ...
+    assert unestimated["estimated_s"] == pytest.approx(sum(per[n]["serial_s"] for n in ("added", "set", "summed")))
+    assert unestimated["estimated_s"] == pytest.approx(unestimated["hbm_s"])  # ... at their HBM time
+    # every kernel in exactly one kind: the kinds add up to the totals
+    t = cost.times(PEAK, BANDWIDTH, CLOCK)
+    for key in ("estimated_s", "serial_s", "flop_s"):
+        assert sum(k[key] for k in kinds.values()) == pytest.approx(t[key])
+    assert sum(k["kernels"] for k in kinds.values()) == len(cost.items)
+    assert list(kinds) == sorted(kinds, key=lambda name: -kinds[name]["estimated_s"])
+
+
 # A collective the TPU compiler overlaps with a loop (its async collective fusions, as in the optimised
 # v5e-64 train step): the start wraps the all-gather in a custom-call "AsyncCollectiveStart", each loop
 # trip's product carries the gathered buffer along with its own work (another copy of the all-gather op
