@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from elmo_jax.model.precision import summed
 from elmo_jax.training.softmax import (
     expected_draws,
     full_softmax_loss,
@@ -144,23 +145,43 @@ def test_sampled_softmax_matches_tf_rederivation_with_accidental_hits():
         np.testing.assert_allclose(np.asarray(without), got[i : i + 1], atol=ATOL, rtol=0, err_msg=f"token {i}")
 
 
-def test_sampled_softmax_gradient_matches_numpy_past_float32_exp_range():
+@pytest.fixture
+def taken(monkeypatch, request):
+    """The form of `lax.platform_dependent` to take ("default", or "tpu" forced on this CPU), and the list of
+    branches taken, to show that the forced form ran."""
+    branches = []
+
+    def platform_dependent(*args, tpu, default):
+        branches.append("tpu")
+        return tpu(*args)
+
+    if request.param == "tpu":
+        monkeypatch.setattr(jax.lax, "platform_dependent", platform_dependent)
+    return request.param, branches
+
+
+@pytest.mark.parametrize("taken", ["default", "tpu"], indirect=True)
+def test_sampled_softmax_gradient_matches_numpy_past_float32_exp_range(taken):
     """Logits near 100 (exp overflows float32 past ~88.7) and a token whose only candidate is its target
-    (every sampled logit removed): the loss and its gradient with respect to h equal the float64
-    re-derivation, d loss / d h = sum_k (p_k - [k = true]) W_k over the true row and the kept candidates,
-    p the softmax of TF's logits. A bias shift of every row leaves both unchanged.
+    (every sampled logit removed): the loss and its gradients with respect to h and b equal the float64
+    re-derivation, d loss / d h = sum_k (p_k - [k = true]) W_k and d loss / d b_k = p_k - [k = true] over
+    the true row and the kept candidates, p the softmax of TF's logits. A bias shift of every row leaves
+    them unchanged. In both forms: on a TPU the sums over the candidates and over the tokens (b's
+    gradient) are products (`precision.summed`).
 
     Bound: float32 rounding at the logits' magnitude M (~103) along the chain of the P products, the
     bias, the log-Q correction and the logsumexp's shift, sum and difference (`order_tolerance`, whose
     bound for two evaluations covers one against the exact value); a logit's error e moves each p_k
-    by at most p_k e, so the gradient's error is at most e max |W|."""
+    by at most p_k e, so h's gradient's error is at most e max |W|, and b's, summed over the 4 tokens,
+    at most 4 e."""
+    form, branches = taken
     rng = np.random.default_rng(4)
     V, S, P = 8, 3, 5
     W, b, h = rng.normal(0, 1, (V, P)), rng.normal(0, 1, (V,)), rng.normal(0, 1, (4, P))
     targets = np.array([2, 4, 7, 4])
 
-    def numpy_loss_and_grad(candidates):
-        losses, grads = [], []
+    def numpy_loss_and_grads(candidates):
+        losses, grads, grad_b = [], [], np.zeros(V)
         for x, y in zip(h, targets):
             kept = candidates[candidates != y]
             rows = np.concatenate([[y], kept])
@@ -168,23 +189,45 @@ def test_sampled_softmax_gradient_matches_numpy_past_float32_exp_range():
             p = np.exp(logits - np_logsumexp(logits))
             losses.append(np_logsumexp(logits) - logits[0])
             grads.append((p - np.eye(len(rows))[0]) @ W[rows])
-        return np.array(losses), np.array(grads)
+            grad_b[rows] += p - np.eye(len(rows))[0]
+        return np.array(losses), np.array(grads), grad_b
 
     logit_error = order_tolerance([np.max(np.abs(h @ W.T + b + 100.0))], P + 6)
     assert 1e-5 < logit_error < 1e-3  # ~2.4e-4: tight against a loss of order 1 and a gradient of order 0.1
     for candidates in (np.array([1, 4, 6]), np.array([4])):
-        want_loss, want_grad = numpy_loss_and_grad(candidates)
+        want_loss, want_grad, want_grad_b = numpy_loss_and_grads(candidates)
 
-        def loss(x, candidates=candidates):
+        def loss(x, bias, candidates=candidates):
             ids = jnp.asarray(candidates, jnp.int32)
-            per_token = sampled_softmax_loss(f32(W), f32(b + 100.0), x, jnp.asarray(targets), ids, V, num_sampled=S)
+            per_token = sampled_softmax_loss(f32(W), bias, x, jnp.asarray(targets), ids, V, num_sampled=S)
             return jnp.sum(per_token), per_token
 
-        grad, got = jax.grad(loss, has_aux=True)(f32(h))
+        (grad, grad_b), got = jax.grad(loss, argnums=(0, 1), has_aux=True)(f32(h), f32(b + 100.0))
         assert np.all(np.isfinite(np.asarray(got))) and np.all(np.isfinite(np.asarray(grad)))
         np.testing.assert_allclose(np.asarray(got), want_loss, atol=logit_error, rtol=0)
         np.testing.assert_allclose(np.asarray(grad), want_grad, atol=logit_error * np.max(np.abs(W)), rtol=0)
+        np.testing.assert_allclose(np.asarray(grad_b), want_grad_b, atol=logit_error * len(h), rtol=0)
     assert want_loss[1] == 0.0 and np.all(want_grad[1] == 0.0)  # token 1: its only candidate is its target
+    assert ("tpu" in branches) == (form == "tpu")
+
+
+@pytest.mark.parametrize("taken", ["default", "tpu"], indirect=True)
+@pytest.mark.parametrize("axis", [0, 1])
+def test_summed_equals_numpy_and_its_gradient_is_a_broadcast(taken, axis):
+    """`precision.summed` of a (300, 37) matrix along either axis against a float64 NumPy sum, within float32
+    rounding of that many terms at the scale of their absolute values (`order_tolerance`), in both forms (a
+    TPU's: a product with a column of ones); its gradient is the cotangent broadcast along the summed axis,
+    exactly."""
+    form, branches = taken
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(300, 37)) * np.exp(rng.normal(size=(300, 37)))
+    got = summed(f32(x), axis)  # not jitted: a cached trace of the other form would be reused
+    atol = order_tolerance(np.sum(np.abs(x), axis=axis), x.shape[axis])
+    np.testing.assert_allclose(np.asarray(got), np.sum(x, axis=axis), atol=atol, rtol=0)
+    weights = rng.normal(size=x.shape[1 - axis])
+    grad = jax.grad(lambda x: jnp.sum(summed(x, axis) * f32(weights)))(f32(x))
+    np.testing.assert_array_equal(np.asarray(grad), np.broadcast_to(np.expand_dims(f32(weights), axis), x.shape))
+    assert ("tpu" in branches) == (form == "tpu")
 
 
 # ----------------------------------------------------------------------------- expected counts

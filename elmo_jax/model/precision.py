@@ -11,6 +11,7 @@ the char CNN's position bound), so they travel through the model as one hashable
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -102,6 +103,43 @@ def summing_columns(weights: jax.Array, dtype) -> jax.Array:
     turns a product with one column (or with a `jnp.ones` operand) back into that reduction
     (bench/RESULTS_tpu_compile.md, "Distinct tokens")."""
     return jnp.zeros((*weights.shape, 8), dtype).at[..., 0].set(weights.astype(dtype))
+
+
+def summed(x: jax.Array, axis: int) -> jax.Array:
+    """`jnp.sum(x, axis)` of a float32 matrix x (R, C): (C,) for axis 0, (R,) for axis 1. On a TPU it is
+    `sum_by_product` (a reduction over the many columns or rows of the sampled softmax's (N, S) logits
+    was estimated at ~3x that product's time: bench/RESULTS_tpu_compile.md, "What the goal needs");
+    elsewhere `jnp.sum`. Its gradient is the broadcast of the sum's in either form: the product's own
+    transpose would be another product, writing every element of x's gradient from the matrix unit."""
+    return _summed(x, axis, x.shape[axis])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _summed(x: jax.Array, axis: int, length: int) -> jax.Array:
+    return lax.platform_dependent(
+        x, tpu=functools.partial(sum_by_product, axis=axis), default=functools.partial(jnp.sum, axis=axis)
+    )
+
+
+def _summed_fwd(x, axis, length):
+    return _summed(x, axis, length), None
+
+
+def _summed_bwd(axis, length, _, g):
+    shape = list(g.shape)
+    shape.insert(axis, length)
+    return (jnp.broadcast_to(jnp.expand_dims(g, axis), shape),)
+
+
+_summed.defvjp(_summed_fwd, _summed_bwd)
+
+
+def sum_by_product(x: jax.Array, axis: int) -> jax.Array:
+    """x (R, C) summed along `axis` on the matrix unit: a product with `summing_columns` of ones, float32
+    at HIGHEST (the same sum up to the order of float32 additions)."""
+    ones = summing_columns(jnp.ones(x.shape[axis], jnp.float32), jnp.float32)
+    spec = "rc,rk->kc" if axis == 0 else "cr,rk->ck"
+    return jnp.take(einsum(spec, x, ones, jnp.float32), 0, axis=axis)
 
 
 def linear(x: jax.Array, w: jax.Array, b: jax.Array | None = None, compute_dtype=jnp.float32) -> jax.Array:

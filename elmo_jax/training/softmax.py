@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.model.precision import matmul
+from elmo_jax.model.precision import matmul, summed
 
 # Vocabulary rows per step of the full softmax: bounds the (N, chunk) logits block.
 FULL_SOFTMAX_CHUNK = 8192
@@ -156,15 +156,34 @@ def sampled_softmax_loss_rows(
     """
     true_logits = jnp.sum(h * rows["true_W"], axis=-1) + rows["true_b"]  # (N,)
     true_logits = true_logits - log_expected_count(targets, vocab_size, num_sampled)
-    sampled_logits = matmul(h, rows["candidate_W"].T, compute_dtype) + rows["candidate_b"][None, :]  # (N, S)
+    sampled_logits = _plus_row(matmul(h, rows["candidate_W"].T, compute_dtype), rows["candidate_b"])  # (N, S)
     sampled_logits = sampled_logits - log_expected_count(candidates, vocab_size, num_sampled)[None, :]
     hits = candidates[None, :] == targets[:, None]
     sampled_logits = jnp.where(hits, -jnp.inf, sampled_logits)
     # logsumexp over [true, sampled] without joining them into one (N, 1 + S) array: a TPU writes a
     # join as a pass per piece over the whole width. The true logit is finite, so the shift is too.
     shift = jax.lax.stop_gradient(jnp.maximum(true_logits, jnp.max(sampled_logits, axis=1)))  # (N,)
-    total = jnp.exp(true_logits - shift) + jnp.sum(jnp.exp(sampled_logits - shift[:, None]), axis=1)
+    # The sums over the S candidates here and over the N tokens in the bias's gradient (`_plus_row`) are
+    # products on a TPU (`precision.summed`).
+    total = jnp.exp(true_logits - shift) + summed(jnp.exp(sampled_logits - shift[:, None]), axis=1)
     return shift + jnp.log(total) - true_logits
+
+
+@jax.custom_vjp
+def _plus_row(x: jax.Array, b: jax.Array) -> jax.Array:
+    """x (N, S) + b (S,) on every row; b's gradient is the column sums of x's (`precision.summed`)."""
+    return x + b[None, :]
+
+
+def _plus_row_fwd(x, b):
+    return _plus_row(x, b), None
+
+
+def _plus_row_bwd(_, g):
+    return g, summed(g, axis=0)
+
+
+_plus_row.defvjp(_plus_row_fwd, _plus_row_bwd)
 
 
 def full_softmax_loss(
