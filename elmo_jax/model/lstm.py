@@ -50,16 +50,31 @@ def zero_state(config: BiLMConfig, batch_size: int) -> LSTMState:
     )
 
 
+def _stacked_names(config: BiLMConfig) -> dict[str, str]:
+    """`stacked_cell`'s keys and the weight-file names of the cell weights it stacks."""
+    names = {"W_0": "W_0", "B": "B"}
+    if config.has_lstm_projection:
+        names["W_P"] = "W_P_0"
+    return names
+
+
 def stacked_cell(weights, config: BiLMConfig, layer: int) -> dict[str, jax.Array]:
-    """One layer's weights of both directions, stacked on a leading D axis and split by input.
+    """One layer's weights of both directions, stacked on a leading D axis.
 
     Returns: {"W_0": (D, 2P, 4H) kernel of [x ; h_prev], "B": (D, 4H), "W_P": (D, H, P) or absent}.
     """
     cells = [get_path(weights, lstm_cell_path(d, layer)) for d in range(N_DIRECTIONS)]
-    stacked = {"W_0": jnp.stack([c["W_0"] for c in cells]), "B": jnp.stack([c["B"] for c in cells])}
-    if config.has_lstm_projection:
-        stacked["W_P"] = jnp.stack([c["W_P_0"] for c in cells])
-    return stacked
+    return {key: jnp.stack([c[name] for c in cells]) for key, name in _stacked_names(config).items()}
+
+
+def stacked_weight_paths(config: BiLMConfig) -> list[tuple[str, ...]]:
+    """The weight paths `stacked_cell` stacks, one tuple per stacked array, in direction order (the
+    gradient of such a stack reaches the weights split along its leading axis)."""
+    return [
+        tuple(f"{lstm_cell_path(d, layer)}/{name}" for d in range(N_DIRECTIONS))
+        for layer in range(config.n_layers)
+        for name in _stacked_names(config).values()
+    ]
 
 
 def lstm_layer(

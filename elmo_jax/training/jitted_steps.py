@@ -15,7 +15,7 @@ import optax
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from elmo_jax.model.lstm import zero_state
+from elmo_jax.model.lstm import stacked_weight_paths, zero_state
 from elmo_jax.training.optimizers import Optimizer, declares_row_sparse
 from elmo_jax.training.sharding import (
     RULES,
@@ -100,7 +100,7 @@ def jit_steps(
     shardings = state_shardings(mesh, abstract, optimizer, rules)
     batch = batch_sharding(mesh, rules)
     replicated = NamedSharding(mesh, PartitionSpec())
-    gather = weight_gather(shardings.params["bilm"])
+    gather = weight_gather(shardings.params["bilm"], stacked_weight_paths(cfg.model))
     return Steps(
         mesh=mesh,
         batch_size=batch_size,

@@ -20,11 +20,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from elmo_jax.model.jax_versions import shard_map_unchecked
+from elmo_jax.model.params import from_flat, iter_flat
 from elmo_jax.training.softmax import VOCAB_PAD_MULTIPLE
 
 MESH_AXES = ("data", "model")
@@ -229,11 +231,13 @@ def param_shardings(mesh: Mesh, params: dict, rules=RULES) -> dict:
     )
 
 
-def weight_gather(shardings):
+def weight_gather(shardings, stacked: Sequence[tuple[str, ...]] = ()):
     """The gather of the biLM's weights at the start of a step: weights -> the same weights, replicated.
 
     Args:
       shardings: NamedShardings of the weights between steps (`param_shardings(...)["bilm"]`).
+      stacked: groups of weight paths that the model stacks along a new leading axis
+        (`lstm.stacked_weight_paths`); their gradients are sliced as one stack (`_own_slices`).
 
     Returns a function of the weights (inside `jax.jit`) that constrains them to be replicated, so that XLA
     all-gathers each split weight once before the model reads it, and whose gradient is summed over the
@@ -253,10 +257,33 @@ def weight_gather(shardings):
 
     def gather_bwd(_, grads):
         summed = jax.lax.with_sharding_constraint(grads, replicated)
-        return (jax.tree.map(_own_slice, summed, shardings),)
+        return (_own_slices(summed, shardings, stacked),)
 
     gather.defvjp(gather_fwd, gather_bwd)
     return gather
+
+
+def _own_slices(grads: dict, shardings: dict, stacked: Sequence[tuple[str, ...]]) -> dict:
+    """`_own_slice` of every summed gradient; each group of `stacked` is stacked again and sliced as one array.
+
+    The gradient of weights the model stacks (the two directions' LSTM kernels, `lstm.stacked_cell`)
+    comes out of one product for the stack and is split into the leaves; sliced leaf by leaf, that split
+    copied each direction's whole gradient before the slice (two 134 MB copies per layer on a v5e chip
+    of the `bilm_large` step). Stacked again here, XLA cancels the split against the stack, slices the
+    stack, and splits only the device's slice (bench/RESULTS_tpu_compile.md, "The W_0 gradient sliced
+    before its split").
+    """
+    flat, specs = dict(iter_flat(grads)), dict(iter_flat(shardings))
+    sliced = {}
+    for group in stacked:
+        sharding = specs[group[0]]
+        if any(specs[path].spec != sharding.spec for path in group):
+            raise ValueError(f"the stacked weights {group} are not split alike")
+        stack_sharding = NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
+        own = _own_slice(jnp.stack([flat[path] for path in group]), stack_sharding)
+        sliced.update({path: own[i] for i, path in enumerate(group)})
+    sliced.update({path: _own_slice(x, specs[path]) for path, x in flat.items() if path not in sliced})
+    return from_flat(sliced)
 
 
 def _own_slice(x: jax.Array, sharding: NamedSharding) -> jax.Array:
