@@ -15,7 +15,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from elmo_jax.model.config import BiLMConfig
-from elmo_jax.model.params import init_params
+from elmo_jax.model.lstm import stacked_cell, stacked_weight_paths
+from elmo_jax.model.params import get_path, init_params
 from elmo_jax.training import jitted_steps, sharding
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.lm import lm_losses
@@ -202,6 +203,43 @@ def test_train_steps_on_a_mesh_equal_the_single_device_steps(shape, single_devic
     assert_trees_close(state_1.params, ref_state_1.params)
     assert_trees_close(state_2, ref_state_2)
     assert np.max(np.abs(state_2.params["softmax"]["W"] - ref_state_1.params["softmax"]["W"])) > 1e-3
+
+
+def test_stacked_weight_paths_name_what_stacked_cell_stacks():
+    """`lstm.stacked_weight_paths` lists, in direction order, the weights of each array `stacked_cell` stacks."""
+    weights = init_params(MODEL, jax.random.key(0)).weights
+    groups = iter(stacked_weight_paths(MODEL))
+    for layer in range(MODEL.n_layers):
+        for key, stack in stacked_cell(weights, MODEL, layer).items():
+            group = next(groups)
+            assert len(group) == 2 and all(f"Cell{layer}/" in path for path in group), (key, group)
+            np.testing.assert_array_equal(stack, np.stack([get_path(weights, path) for path in group]))
+    assert next(groups, None) is None
+
+
+def test_stacked_gradients_are_sliced_like_single_ones():
+    """`sharding._own_slices` slicing a stacked group as one array leaves every device the same rows of each
+    gradient as slicing leaf by leaf: the global arrays are the summed gradients and each device's shard
+    holds its own rows. Stacked weights split unlike each other are refused."""
+    mesh = sharding.make_mesh(8, 1)
+    rows, whole = NamedSharding(mesh, P("data", None)), NamedSharding(mesh, P())
+    rng = np.random.default_rng(0)
+    grads = {f"RNN_{d}": {"W": rng.normal(size=(16, 3)), "B": rng.normal(size=(5,))} for d in range(2)}
+    grads = jax.tree.map(lambda x: x.astype(np.float32), grads)
+    shardings = {f"RNN_{d}": {"W": rows, "B": whole} for d in range(2)}
+    for stacked in ([("RNN_0/W", "RNN_1/W"), ("RNN_0/B", "RNN_1/B")], []):
+        out = jax.jit(lambda g, stacked=stacked: sharding._own_slices(g, shardings, stacked))(
+            jax.device_put(grads, whole)
+        )
+        for d in range(2):
+            got, want = out[f"RNN_{d}"]["W"], grads[f"RNN_{d}"]["W"]
+            assert got.sharding.is_equivalent_to(rows, 2)
+            for shard in got.addressable_shards:
+                np.testing.assert_array_equal(shard.data, want[shard.index])
+            np.testing.assert_array_equal(out[f"RNN_{d}"]["B"], grads[f"RNN_{d}"]["B"])  # replicated: whole
+    unlike = {"RNN_0": {"W": rows, "B": whole}, "RNN_1": {"W": whole, "B": whole}}
+    with pytest.raises(ValueError, match="not split alike"):
+        sharding._own_slices(grads, unlike, [("RNN_0/W", "RNN_1/W")])
 
 
 def sharded(mesh, x, spec):

@@ -270,8 +270,8 @@ def _own_slices(grads: dict, shardings: dict, stacked: Sequence[tuple[str, ...]]
     comes out of one product for the stack and is split into the leaves; sliced leaf by leaf, that split
     copied each direction's whole gradient before the slice (two 134 MB copies per layer on a v5e chip
     of the `bilm_large` step). Stacked again here, XLA cancels the split against the stack, slices the
-    stack, and splits only the device's slice (bench/RESULTS_tpu_compile.md, "The W_0 gradient sliced
-    before its split").
+    stack, and splits only the device's slice (bench/RESULTS_tpu_compile.md, "The sampled softmax's sums
+    as products; what the goal needs"). A replicated group has nothing to slice and is left as it is.
     """
     flat, specs = dict(iter_flat(grads)), dict(iter_flat(shardings))
     sliced = {}
@@ -279,6 +279,8 @@ def _own_slices(grads: dict, shardings: dict, stacked: Sequence[tuple[str, ...]]
         sharding = specs[group[0]]
         if any(specs[path].spec != sharding.spec for path in group):
             raise ValueError(f"the stacked weights {group} are not split alike")
+        if sharding.is_fully_replicated:  # nothing to slice (the LSTM biases): no stack either
+            continue
         stack_sharding = NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
         own = _own_slice(jnp.stack([flat[path] for path in group]), stack_sharding)
         sliced.update({path: own[i] for i, path in enumerate(group)})
