@@ -40,7 +40,7 @@ class Steps:
       abstract_state: the `TrainState` as ShapeDtypeStructs carrying `state` (restore targets).
       init: (key, bilm: BiLMParams | None, softmax: dict | None) -> TrainState, created sharded.
       train: (state, batch, content_positions, distinct_tokens=None) -> (state, metrics); the state is donated.
-      eval: (params, lstm, batch, content_positions, distinct_tokens=None) -> (loss sums (D,), counts (D,), lstm).
+      eval: (params, lstm, batch, content_positions) -> (loss sums (D,), counts (D,), lstm).
       (content_positions, distinct_tokens: the batch's static char CNN buckets, `batch_feed`.)
       local_token_shards: the blocks of the batch's rows this process's devices hold (`batch_feed.distinct_bucket`).
       zero_lstm: () -> the zero `LSTMState` (D, L, B, ·), sharded like the carried state.
@@ -178,24 +178,15 @@ def _jit_train(
 
 
 def _jit_eval(cfg: StepConfig, shardings: Any, batch: NamedSharding, replicated: NamedSharding, gather):
-    """`eval_step_fn` jitted: (params, lstm, batch, content_positions, distinct_tokens=None) -> (loss sums (D,),
-    counts (D,), lstm)."""
+    """`eval_step_fn` jitted: (params, lstm, batch, content_positions) -> (loss sums (D,), counts (D,), lstm)."""
 
-    def evaluate(params, lstm, batch, content_positions, distinct_tokens=None):
-        return eval_step_fn(
-            params,
-            lstm,
-            batch,
-            cfg=cfg,
-            content_positions=content_positions,
-            distinct_tokens=distinct_tokens,
-            gather_weights=gather,
-        )
+    def evaluate(params, lstm, batch, content_positions):
+        return eval_step_fn(params, lstm, batch, cfg=cfg, content_positions=content_positions, gather_weights=gather)
 
-    # The char CNN's buckets are static and positional, as in the train step.
+    # content_positions is static and positional, as in the train step.
     return jax.jit(
         evaluate,
-        static_argnums=(3, 4),
+        static_argnums=(3,),
         in_shardings=(shardings.params, shardings.lstm, batch),
         out_shardings=(replicated, replicated, shardings.lstm),
     )

@@ -48,7 +48,7 @@ class StepConfig:
     full_softmax: bool = False
     softmax_chunk: int = 8192
     loss_scale_by_unroll: bool = True
-    # Its content_positions and distinct_tokens are set per batch (`train_step_fn`, `eval_step_fn`).
+    # Its content_positions (and in training distinct_tokens) are set per batch (`train_step_fn`, `eval_step_fn`).
     compute: ComputeOptions = ComputeOptions()
     # Update only the softmax rows the sampled softmax read (`row_update`): the dense update's numbers
     # without a (V', P) gradient. Used when a step's reads (repeats counted) are fewer than V' and the
@@ -296,12 +296,11 @@ def eval_step_fn(
     *,
     cfg: StepConfig,
     content_positions: int | None = None,
-    distinct_tokens: int | None = None,
     gather_weights=None,
 ):
     """Full-softmax cross-entropy sums and token counts (D,) of one heldout window, and the carried state
-    (the keyword arguments as for `train_step_fn`)."""
-    cfg = dataclasses.replace(cfg, compute=cfg.compute.with_positions(content_positions, distinct_tokens))
+    (the keyword arguments as for `train_step_fn`; the char CNN runs over every token)."""
+    cfg = dataclasses.replace(cfg, compute=cfg.compute.with_positions(content_positions))
     sums, counts, final = _lm_pass(params, cfg, batch, lstm, (None, None), train=False, gather=gather_weights)
     return sums, counts, final
 
@@ -310,4 +309,4 @@ def eval_step_fn(
 train_step = jax.jit(
     train_step_fn, static_argnames=("cfg", "optimizer", "content_positions", "distinct_tokens"), donate_argnums=(0,)
 )
-eval_step = jax.jit(eval_step_fn, static_argnames=("cfg", "content_positions", "distinct_tokens"))
+eval_step = jax.jit(eval_step_fn, static_argnames=("cfg", "content_positions"))
