@@ -10,6 +10,7 @@ import pytest
 
 from elmo_jax.training import optimizers
 from elmo_jax.training.optimizers import Optimizer
+from tests.support.platforms import force_tpu_form
 from tests.support.tolerance import assert_close_up_to_order, order_tolerance
 
 LR, CLIP, INITIAL = 0.2, 1.0, 1.0
@@ -79,7 +80,7 @@ def test_tpu_norm_takes_a_large_matrix_s_squares_as_a_product(monkeypatch):
     """The TPU form of `global_norm` (forced on this CPU): a (5000, 3) leaf's sum of squares by the product
     with a column of ones, the small leaves summed, against a float64 NumPy norm within float32 rounding of
     the sum of 15,045 squares; the clip built on it scales every leaf by clip_norm / norm, as optax's."""
-    monkeypatch.setattr(optimizers.lax, "platform_dependent", lambda *a, tpu, default: tpu(*a))
+    force_tpu_form(monkeypatch)
     rng = np.random.default_rng(1)
     tree = {"softmax": jnp.asarray(rng.normal(size=(5000, 3)), jnp.float32), **random_grads(rng, 3.0)}
     want = np.sqrt(sum(np.sum(np.asarray(g, np.float64) ** 2) for g in jax.tree.leaves(tree)))

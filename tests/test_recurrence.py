@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from elmo_jax.model import recurrence
+from tests.support.platforms import force_tpu_form
 
 T, D, B, H, P_IN = 6, 2, 3, 8, 5
 NAMES = ("inputs", "W_0", "bias", "W_P", "c0", "h0")
@@ -76,11 +77,6 @@ def test_gradient_equals_autodiff(projection, cell_clip, proj_clip):
         np.testing.assert_array_equal(a, b)
 
 
-def force_tpu_form(monkeypatch):
-    """The TPU's branches of `lax.platform_dependent` taken on this CPU."""
-    monkeypatch.setattr(recurrence.lax, "platform_dependent", lambda *a, tpu, default: tpu(*a))
-
-
 @pytest.mark.parametrize("form", ["default", "tpu"])
 def test_bfloat16_gradient_is_as_close_to_float32_as_autodiff(form, monkeypatch):
     """In bfloat16, in either form of the loops (the TPU's stores dz gate by gate, rounded once)."""
@@ -128,13 +124,7 @@ def test_the_tpu_loop_equals_the_default_one(monkeypatch):
 def test_the_input_product_is_per_step_only_up_to_the_row_bound(monkeypatch):
     """Above `IN_LOOP_MAX_ROWS` rows per device the hoisted product is used on every platform (on a v5e
     it moves less there); rows are counted per device (`token_shards`)."""
-    taken = []
-
-    def platform_dependent(*a, tpu, default):
-        taken.append("tpu")
-        return tpu(*a)
-
-    monkeypatch.setattr(recurrence.lax, "platform_dependent", platform_dependent)
+    taken = force_tpu_form(monkeypatch)
     monkeypatch.setattr(recurrence, "IN_LOOP_MAX_ROWS", 2)
     args, fixed, _ = problem(2, 4)  # B = 3 rows
     call(recurrence.recurrence, recurrence.Settings(0.5, 0.3), args, fixed)

@@ -24,6 +24,7 @@ from elmo_jax.training.softmax import (
     sampled_softmax_loss,
 )
 from tests.reference.sampled_softmax import np_draws, np_log_q, np_log_uniform, np_logsumexp, np_tf_sampled_softmax
+from tests.support.platforms import force_tpu_form
 from tests.support.tolerance import order_tolerance
 
 ATOL = 1e-5
@@ -149,15 +150,7 @@ def test_sampled_softmax_matches_tf_rederivation_with_accidental_hits():
 def taken(monkeypatch, request):
     """The form of `lax.platform_dependent` to take ("default", or "tpu" forced on this CPU), and the list of
     branches taken, to show that the forced form ran."""
-    branches = []
-
-    def platform_dependent(*args, tpu, default):
-        branches.append("tpu")
-        return tpu(*args)
-
-    if request.param == "tpu":
-        monkeypatch.setattr(jax.lax, "platform_dependent", platform_dependent)
-    return request.param, branches
+    return request.param, force_tpu_form(monkeypatch) if request.param == "tpu" else []
 
 
 @pytest.mark.parametrize("taken", ["default", "tpu"], indirect=True)
