@@ -59,6 +59,7 @@ BAD_VALUES: dict[str, tuple[str, dict[str, str]]] = {
     "dropout": ("1.0", {}),
     "loss_scale_by_unroll": ("maybe", {}),
     "state_reset_probability": ("1.5", {}),
+    "weight_average_decay": ("1.0", {}),  # 1 would never move from the initial weights
     "n_negative_samples": ("0", {}),
     "negative_sample_group_rows": ("3", {}),  # does not divide tiny's batch_size 8
     "full_softmax": ("maybe", {}),

@@ -22,6 +22,7 @@ from elmo_jax.formats.extractor import content_buckets
 from elmo_jax.model.char_cnn import content_bucket
 from elmo_jax.model.params import iter_flat
 from elmo_jax.training import start
+from elmo_jax.training.weight_average import model_params
 from tests.support.commands import error_line, run_command
 from tests.support.configs import TRAINED_STEPS
 from tests.support.inprocess import run_in_process
@@ -150,7 +151,7 @@ def test_export_of_a_training_workdir_embeds_like_the_trained_parameters(trained
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["source"] == f"{workdir} step {config.num_train_steps}"
     state, _, _ = start.restore_checkpoint(workdir)
-    trained = elmo_jax.BiLMParams(weights=state.params["bilm"], config=elmo_jax.load(out).config)
+    trained = elmo_jax.BiLMParams(weights=model_params(state)["bilm"], config=elmo_jax.load(out).config)
     chars = elmo_jax.batch_to_ids([["the", "cat", "meows"], ["a", "dog", "barks", "loudly", "and", "the", "cow"]])
     # The same float32 weights through the same program: the same bits.
     np.testing.assert_array_equal(

@@ -44,6 +44,7 @@ from elmo_jax.storage import bucket_lock
 from elmo_jax.training import loop, start, step_report
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.heldout import heldout_perplexity
+from elmo_jax.training.weight_average import model_params
 from elmo_jax.training.workdir import WorkdirInUseError, WorkdirLock
 from tests.support import gcs
 from tests.support.commands import REPO, command_argv, command_env, error_line
@@ -130,7 +131,7 @@ def test_a_killed_gs_run_resumes_exactly_like_the_uninterrupted_local_run(gs_run
     assert_trees_equal(state_gs, state_local)
     assert data_gs == data_local
     exported = elmo_jax.load_hdf5(f"{gs_run.workdir}/export/options.json", f"{gs_run.workdir}/export/weights.hdf5")
-    assert_trees_equal(exported.weights, state_local.params["bilm"])
+    assert_trees_equal(exported.weights, model_params(state_local)["bilm"])
     # What orbax and the trainer left: complete steps only, TensorBoard events, no lock.
     assert storage.listdir(f"{gs_run.workdir}/checkpoints") == [str(N), str(N + M)]
     assert storage.exists(f"{gs_run.workdir}/checkpoints/{N + M}/commit_success.txt")

@@ -172,15 +172,12 @@ def nan_checkpoint(trained_run, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("nan_checkpoint") / "w"
     shutil.copytree(trained_run.workdir, workdir)
     state, data, meta = restore_checkpoint(str(workdir))
-    bad = state.replace(
-        step=state.step + 1,
-        params={
-            **state.params,
-            "bilm": jax.tree.map(
-                lambda w: w.at[(0,) * w.ndim].set(jnp.nan) if w.ndim == 2 else w, state.params["bilm"]
-            ),
-        },
-    )
+
+    def with_nan(params):  # the parameters and, as the same step would leave it, their average
+        nan = lambda w: w.at[(0,) * w.ndim].set(jnp.nan) if w.ndim == 2 else w  # noqa: E731
+        return None if params is None else {**params, "bilm": jax.tree.map(nan, params["bilm"])}
+
+    bad = state.replace(step=state.step + 1, params=with_nan(state.params), average=with_nan(state.average))
     checkpoints = Checkpoints(str(workdir), async_save=False)
     checkpoints.save(int(bad.step), bad, data, meta)
     checkpoints.close()

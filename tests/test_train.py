@@ -29,6 +29,7 @@ from elmo_jax.training import heldout, loop, settings, sharding, start, workdir_
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.jitted_steps import jit_steps
 from elmo_jax.training.train_step import init_train_state
+from elmo_jax.training.weight_average import model_params
 from tests.support.compare import TRAINING_EXPORT_FILES, assert_trees_equal, read_metrics, restored, without_timing
 from tests.support.configs import TRAINED_STEPS, with_overrides
 
@@ -143,7 +144,7 @@ def test_export_loads_and_embeds_like_the_trained_parameters(trained_run, corpus
 
     state, _ = restored(workdir)
     assert int(state.step) == N + M
-    trained = elmo_jax.BiLMParams(weights=state.params["bilm"], config=model)
+    trained = elmo_jax.BiLMParams(weights=model_params(state)["bilm"], config=model)  # the weights' average
     sentences = [s.split() for s in corpus["heldout_sentences"][:4]] + [["a", "zebra", "dances"], []]
     ids = elmo_jax.batch_to_ids(sentences)
     got, mask = elmo_jax.embed(loaded, ids)
@@ -230,7 +231,7 @@ def test_init_from_workdir_keeps_the_softmax_and_export_starts_a_fresh_one(train
 
     from_workdir = with_overrides(config_a, init_from=workdir_a, num_train_steps=1, checkpoint_every_steps=1)
     state_w = initial_state(from_workdir, str(tmp_path / "w0"))
-    assert_trees_equal(state_w.params, state_a.params)
+    assert_trees_equal(state_w.params, model_params(state_a))  # the model A stands for: its weight average
     assert_trees_equal(state_w.opt_state, state_a.opt_state)  # Adagrad's accumulators continue (restart.py)
     assert int(state_w.step) == 0
     # The training notebook's copy to Drive: made from the loop once each checkpoint is complete.
@@ -256,7 +257,7 @@ def test_init_from_workdir_keeps_the_softmax_and_export_starts_a_fresh_one(train
         state_e = initial_state(from_export, str(tmp_path / "w1"))
     assert any("holds no optimiser state" in r.getMessage() for r in caplog.records)
     assert_trees_equal(state_e.opt_state, settings.optimizer(config_a).init(state_e.params))
-    assert_trees_equal(state_e.params["bilm"], state_a.params["bilm"])
+    assert_trees_equal(state_e.params["bilm"], model_params(state_a)["bilm"])
     cfg = settings.step_config(config_a, len(Vocab.load(os.path.join(workdir_a, "vocab.txt"))))
     fresh = init_train_state(jax.random.key(config_a.seed), cfg, settings.optimizer(config_a), config_a.batch_size)
     assert_trees_equal(state_e.params["softmax"], fresh.params["softmax"])
@@ -270,7 +271,7 @@ def test_init_from_workdir_can_restart_the_optimiser(trained_run, tmp_path):
     state_a, _ = restored(workdir_a)
     fresh = with_overrides(config_a, init_from=workdir_a, init_from_optimizer=False)
     state_f = initial_state(fresh, str(tmp_path / "w0"))
-    assert_trees_equal(state_f.params, state_a.params)
+    assert_trees_equal(state_f.params, model_params(state_a))
     assert_trees_equal(state_f.opt_state, settings.optimizer(config_a).init(state_a.params))
 
     words = Vocab.load(os.path.join(workdir_a, "vocab.txt")).words

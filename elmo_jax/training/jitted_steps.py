@@ -193,14 +193,14 @@ def _jit_eval(cfg: StepConfig, shardings: Any, batch: NamedSharding, replicated:
 
 
 def all_finite(state) -> jax.Array:
-    """bool (): every parameter and optimiser value of a `TrainState` is finite (no NaN, no Inf)."""
-    leaves = jax.tree.leaves((state.params, state.opt_state))
+    """bool (): every parameter, optimiser value and averaged weight of a `TrainState` is finite (no NaN, no Inf)."""
+    leaves = jax.tree.leaves((state.params, state.opt_state, state.average))
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)]))
 
 
 def skip_nonfinite_step(step_fn, state, batch):
     """`step_fn(state, batch)`, except that a step whose loss or gradient norm is not finite leaves the
-    parameters and optimiser state as they were (to be traced inside the jitted step).
+    parameters, their average and the optimiser state as they were (to be traced inside the jitted step).
 
     The choice is made on the device (`jnp.where`), so the host need not read the loss before the next
     step is dispatched; metrics gain "skipped" (1.0 for a skipped step, else 0.0), which the trainer
@@ -214,6 +214,7 @@ def skip_nonfinite_step(step_fn, state, batch):
     new = new.replace(
         params=jax.tree.map(keep, new.params, state.params),
         opt_state=jax.tree.map(keep, new.opt_state, state.opt_state),
+        average=jax.tree.map(keep, new.average, state.average),
         lstm=jax.tree.map(lambda carried: jnp.where(ok, carried, jnp.zeros_like(carried)), new.lstm),
     )
     return new, {**metrics, "skipped": jnp.where(ok, 0.0, 1.0).astype(jnp.float32)}

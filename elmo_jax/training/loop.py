@@ -48,6 +48,7 @@ from elmo_jax.training.softmax import padded_vocab_size
 from elmo_jax.training.start import resume_or_start, run_meta
 from elmo_jax.training.step_report import StepReport, TrainingError, log_resume
 from elmo_jax.training.train_step import StepConfig, TrainState
+from elmo_jax.training.weight_average import model_params
 from elmo_jax.training.workdir import WorkdirLock, make_workdir
 
 
@@ -199,7 +200,7 @@ def _train_loop(run: Run, state: TrainState) -> TrainState:
         if stop:  # the evaluation due here, if any, runs when training resumes
             run.signals.stop_if_requested(done, run.checkpoints, agreed=True)
         if _eval_due(config, done, run.heldout):
-            _evaluate(run, done, state.params)
+            _evaluate(run, done, model_params(state))
     if pending is not None:
         report(*pending)
     return state
@@ -239,9 +240,9 @@ def _finish(run: Run, state: TrainState, vocab: Vocab, workdir: str, is_main: bo
     step = int(state.step)
     run.checkpoints.wait()  # a failed last write is reported before the export
     run.signals.stop_if_requested(step, run.checkpoints)
-    final = _evaluate(run, step, state.params) if run.heldout is not None else {}
+    final = _evaluate(run, step, model_params(state)) if run.heldout is not None else {}
     run.signals.stop_if_requested(step, run.checkpoints)
-    weights = multihost.fetch(state.params["bilm"])  # every process takes part
+    weights = multihost.fetch(model_params(state)["bilm"])  # every process takes part
     if is_main:
         export = storage.join(workdir, "export")
         export_model(
@@ -289,7 +290,7 @@ def _log_resumption(run: Run, state: TrainState, workdir: str, is_main: bool) ->
     # each step, the record after the last "resume" marker at or below it.
     run.report.log.write(start, log_resume(workdir, start, is_main), kind="resume")
     if _eval_due(run.config, start, run.heldout):
-        _evaluate(run, start, state.params)
+        _evaluate(run, start, model_params(state))
 
 
 def _log_compile(run: Run, positions: int, distinct: int | None, seconds: float) -> None:

@@ -39,6 +39,8 @@ def step_config(config: ml_collections.ConfigDict, vocab_size: int) -> StepConfi
         softmax_chunk=config.softmax_chunk,
         loss_scale_by_unroll=config.loss_scale_by_unroll,
         compute=ComputeOptions(dtype=config.compute_dtype, unroll=config.scan_unroll),
+        # Configs saved before the key existed evaluated and exported the last step's weights.
+        weight_average_decay=config.get("weight_average_decay", 0.0),
     )
 
 
@@ -141,6 +143,11 @@ def _number_problems(config) -> Iterator[str]:
         yield _bad(config, "dropout", "a number in [0, 1) (the fraction of each LSTM input dropped)")
     if not _is_finite(config.state_reset_probability) or not 0.0 <= config.state_reset_probability <= 1.0:
         yield _bad(config, "state_reset_probability", "a probability in [0, 1]")
+    decay = config.weight_average_decay
+    if not _is_finite(decay) or not 0.0 <= decay < 1.0:
+        yield _bad(
+            config, "weight_average_decay", "a number in [0, 1) (0: evaluate and export the last step's weights)"
+        )
     group = config.negative_sample_group_rows
     if _is_int(group) and group > 0 and _is_int(config.batch_size) and config.batch_size % group:
         yield _bad(

@@ -316,8 +316,8 @@ def state_shardings(
     """NamedShardings of a whole `TrainState` (from `jax.eval_shape` of `init_train_state`).
 
     Parameters follow the rules; the optimiser's per-parameter state (Adagrad's accumulators) mirrors
-    the parameters; step, key and the optimiser's scalars are replicated; the carried LSTM state is
-    sharded on its batch axis like the batch (or replicated with `replicate_lstm`).
+    the parameters, and so does their average; step, key and the optimiser's scalars are replicated; the
+    carried LSTM state is sharded on its batch axis like the batch (or replicated with `replicate_lstm`).
     """
     replicated = NamedSharding(mesh, PartitionSpec())
     params = param_shardings(mesh, abstract_state.params, rules)
@@ -336,7 +336,10 @@ def state_shardings(
             for k in LSTM_STATE_AXES
         }
     )
-    return abstract_state.replace(step=replicated, params=params, opt_state=opt_state, key=replicated, lstm=lstm)
+    average = None if abstract_state.average is None else params
+    return abstract_state.replace(
+        step=replicated, params=params, opt_state=opt_state, key=replicated, lstm=lstm, average=average
+    )
 
 
 def batch_sharding(mesh: Mesh, rules=RULES) -> NamedSharding:

@@ -32,6 +32,7 @@ from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.jitted_steps import Steps
 from elmo_jax.training.optimizers import ADAGRAD, Optimizer
 from elmo_jax.training.train_step import StepConfig, TrainState, init_train_state
+from elmo_jax.training.weight_average import fresh, model_params
 
 # What the log and README recommend when fine-tuning starts from a model without optimiser state, from
 # bench/finetune_optimizer.py: from an HDF5 export, a 10x smaller learning rate left the new domain's
@@ -109,9 +110,38 @@ def abstract_state(meta: dict) -> tuple[TrainState, Optimizer]:
     """The shapes of the `TrainState` a checkpoint holds (from its meta), and its run's optimiser."""
     run_optimizer = settings.optimizer(ml_collections.ConfigDict(meta["config"]))
     model = BiLMConfig.from_options(meta["model_options"], source="checkpoint meta")
-    cfg = StepConfig(model=model, vocab_size=meta["vocab_size"], unroll_steps=meta["unroll_steps"])
+    cfg = StepConfig(
+        model=model,
+        vocab_size=meta["vocab_size"],
+        unroll_steps=meta["unroll_steps"],
+        weight_average_decay=_kept_average_decay(meta),
+    )
     state = jax.eval_shape(lambda: init_train_state(jax.random.key(0), cfg, run_optimizer, meta["batch_size"]))
     return state, run_optimizer
+
+
+def _kept_average_decay(meta: dict) -> float:
+    """The weight average's decay of a checkpoint's run (0: it kept none, as every run before the key existed)."""
+    return float(meta["config"].get("weight_average_decay", 0.0))
+
+
+def _restore_target(abstract: TrainState, meta: dict) -> TrainState:
+    """This run's abstract state, with a weight average exactly when the checkpoint's run kept one."""
+    if _kept_average_decay(meta) > 0:
+        return abstract if abstract.average is not None else abstract.replace(average=abstract.params)
+    return abstract.replace(average=None)
+
+
+def _with_this_runs_average(state: TrainState, steps: Steps) -> TrainState:
+    """A resumed state with a weight average exactly when this run keeps one: a checkpoint without one
+    (its run kept none) starts it at the resumed weights; one this run does not keep is dropped."""
+    if (state.average is None) == (steps.abstract_state.average is None):
+        return state
+    if state.average is None:
+        logging.info("the checkpoint holds no weight average: the average starts from the resumed weights")
+        return state.replace(average=jax.jit(fresh, out_shardings=steps.state.average)(state.params))
+    logging.info("weight_average_decay is 0: the checkpoint's weight average is dropped, the weights continue")
+    return state.replace(average=None)
 
 
 def resume_or_start(
@@ -125,7 +155,7 @@ def resume_or_start(
     """
     directory = storage.dirname(checkpoints.directory)
     found = checkpoints.restore_newest(
-        lambda _: steps.abstract_state, lambda m: check_resume(m, meta, directory), move_aside=True
+        lambda m: _restore_target(steps.abstract_state, m), lambda m: check_resume(m, meta, directory), move_aside=True
     )
     if found is None:
         bilm, softmax, optimizer_state = _initial_weights(config, cfg, vocab, steps.mesh)
@@ -139,7 +169,11 @@ def resume_or_start(
             )
         return state, None, 0
     _, state, data_state, saved_meta = found
-    return state, data_state, int(saved_meta.get("progress", {}).get("nonfinite_skipped", 0))
+    return (
+        _with_this_runs_average(state, steps),
+        data_state,
+        int(saved_meta.get("progress", {}).get("nonfinite_skipped", 0)),
+    )
 
 
 def continue_optimizer_state(fresh: Any, source: Any, parts: tuple[str, ...]) -> Any:
@@ -226,8 +260,9 @@ def _weights_from_workdir(
         if keep_optimizer
         else "fresh (init_from_optimizer=False)",
     )
-    bilm = BiLMParams(weights=state.params["bilm"], config=cfg.model)
-    return bilm, (state.params["softmax"] if same_vocab else None), (state.opt_state if keep_optimizer else None)
+    weights = model_params(state)  # the model that run stands for, the weights its export holds
+    bilm = BiLMParams(weights=weights["bilm"], config=cfg.model)
+    return bilm, (weights["softmax"] if same_vocab else None), (state.opt_state if keep_optimizer else None)
 
 
 def _restore_init_checkpoint(
@@ -310,16 +345,18 @@ def load_trained(workdir: str, step: int | None = None):
     """A workdir's checkpoint (default: the newest that restores) with what it needs to be used.
 
     Returns:
-      (params {"bilm", "softmax"}, step config, training config, vocabulary file, step).
+      (params {"bilm", "softmax"}: the model the run stands for, its weight average when it kept one
+      (`weight_average.model_params`); step config, training config, vocabulary file, step).
     """
     if not storage.isdir(workdir):
         raise FileNotFoundError(f"--workdir={workdir}: not a directory")
     state, _, meta = restore_checkpoint(workdir, step)
-    _check_finite_params(state.params, f"{workdir} step {int(state.step)}")
+    params = model_params(state)  # its weight average when the run kept one
+    _check_finite_params(params, f"{workdir} step {int(state.step)}")
     config = ml_collections.ConfigDict(meta["config"])
     vocab_file = config.data.vocab_file or storage.join(workdir, "vocab.txt")
     vocab = Vocab.load(vocab_file)
-    return state.params, settings.step_config(config, len(vocab)), config, vocab_file, int(state.step)
+    return params, settings.step_config(config, len(vocab)), config, vocab_file, int(state.step)
 
 
 def _check_finite_params(params: dict, source: str) -> None:
