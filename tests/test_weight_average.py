@@ -4,11 +4,15 @@ holds none (its run kept none, as every run before the average existed)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import jax
 import numpy as np
 import pytest
 
-from elmo_jax.training import weight_average
+from elmo_jax.training import start, weight_average
+from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.loop import train_and_evaluate
 from tests.support.compare import restored
 from tests.support.configs import tiny_config
@@ -44,21 +48,27 @@ def test_the_first_update_is_the_parameters_and_the_decay_rises_to_its_setting()
 
 
 @pytest.mark.slow
-def test_a_checkpoint_without_an_average_resumes_with_the_average_at_its_weights(corpus, tmp_path):
-    """A run without the average (weight_average_decay 0, as every run before it existed) checkpoints at
-    step 2; the same workdir resumed with the average keeps the checkpoint's parameters and optimiser
-    state, starts the average at its weights, and after one more step holds their average with the new
-    parameters as `updated` computes it; the checkpoint it then writes holds the average."""
+def test_a_checkpoint_from_before_the_average_resumes_with_the_average_at_its_weights(corpus, tmp_path):
+    """A checkpoint as every run wrote it before the average existed (the state's tree without `average`;
+    such checkpoints failed to restore into a state with the field until `checkpoint._on_disk` left empty
+    fields out) resumes with the average: the checkpoint's parameters and optimiser state continue, the
+    average starts at its weights, and after one more step it holds their average with the new
+    parameters as `updated` computes it."""
     workdir = str(tmp_path / "run")
-    train_and_evaluate(
-        tiny_config(corpus, num_train_steps=2, checkpoint_every_steps=1, weight_average_decay=0.0), workdir
-    )
-    before, _ = restored(workdir, step=2)
-    assert before.average is None
-    train_and_evaluate(
-        tiny_config(corpus, num_train_steps=3, checkpoint_every_steps=1, weight_average_decay=0.9), workdir
-    )
-    after, _ = restored(workdir, step=3)
+    config = tiny_config(corpus, num_train_steps=2, checkpoint_every_steps=2, weight_average_decay=0.0)
+    train_and_evaluate(config, workdir)
+    state, data, meta = start.restore_checkpoint(workdir, 2)
+    assert state.average is None and "weight_average_decay" in meta["config"]
+    shutil.rmtree(os.path.join(workdir, "checkpoints", "2"))
+    del meta["config"]["weight_average_decay"]  # as the config of a run from before the key existed
+    old = {name: getattr(state, name) for name in ("step", "params", "opt_state", "key", "lstm")}
+    checkpoints = Checkpoints(workdir, async_save=False)
+    checkpoints.save(2, old, data, meta)
+    checkpoints.close()
+
+    resumed = tiny_config(corpus, num_train_steps=3, checkpoint_every_steps=1, weight_average_decay=0.9)
+    train_and_evaluate(resumed, workdir)
+    before, after = jax.device_get(state), restored(workdir, step=3)[0]
     want = weight_average.updated(before.params, after.params, 0.9, 2)
     assert jax.tree.structure(after.average) == jax.tree.structure(want)
     for got, expected, a, b in zip(*map(jax.tree.leaves, (after.average, want, before.params, after.params))):

@@ -28,6 +28,7 @@ What can go wrong on disk, and what happens:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from typing import Any
@@ -78,6 +79,22 @@ def _unreachable(error: BaseException | None) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
+
+
+def _on_disk(state: Any) -> Any:
+    """The tree a state is written as: a dataclass's fields as a dict, leaving out those that hold None,
+    so that a field added later with None for "absent" (`TrainState.average` of a run that keeps no weight
+    average) leaves the format of every checkpoint written before it unchanged, and those still restore."""
+    if dataclasses.is_dataclass(state):
+        return {f.name: getattr(state, f.name) for f in dataclasses.fields(state) if getattr(state, f.name) is not None}
+    return state
+
+
+def _from_disk(restored: Any, abstract_state: Any) -> Any:
+    """The state `_on_disk` wrote, rebuilt as `abstract_state`'s type (its None fields stay None)."""
+    if dataclasses.is_dataclass(abstract_state):
+        return dataclasses.replace(abstract_state, **restored)
+    return restored
 
 
 class Checkpoints:
@@ -146,7 +163,9 @@ class Checkpoints:
             self.manager.save(
                 step,
                 args=ocp.args.Composite(
-                    state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state), meta=ocp.args.JsonSave(meta)
+                    state=ocp.args.StandardSave(_on_disk(state)),
+                    data=ocp.args.JsonSave(data_state),
+                    meta=ocp.args.JsonSave(meta),
                 ),
             )
         except Exception as e:
@@ -222,10 +241,12 @@ class Checkpoints:
         restored = self.manager.restore(
             step,
             args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(target), data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()
+                state=ocp.args.StandardRestore(_on_disk(target)),
+                data=ocp.args.JsonRestore(),
+                meta=ocp.args.JsonRestore(),
             ),
         )
-        return restored["state"], restored["data"], restored["meta"]
+        return _from_disk(restored["state"], abstract_state), restored["data"], restored["meta"]
 
     def restore_newest(
         self,
