@@ -53,8 +53,8 @@ def get_config(lm1b_dir: str = ""):
     # up under the full softmax (configs/default.py, bench/RESULTS.md "State resets"); bilm-tf's published
     # models did not at this scale, and the periodic heldout evaluation warns if it happens.
     config.state_reset_probability = 0.0
-    # bilm-tf exports the last step's weights; a moving average would keep a second copy of every weight
-    # (1.6 GB for the softmax alone) and read and write it every step (configs/default.py).
+    # bilm-tf exports the last step's weights; the biLM's moving average (configs/default.py) would keep a
+    # second copy of its 93.6M weights on every chip and read and write it every step.
     config.weight_average_decay = 0.0
     config.num_train_steps = 10 * TRAIN_TOKENS // (384 * 20)  # 10 epochs
     config.checkpoint_every_steps = 5000

@@ -76,16 +76,17 @@ def get_config() -> ml_collections.ConfigDict:
     # trainer warns when an evaluation is worse than a uniform guess. configs/bilm_large.py keeps
     # bilm-tf's 0 (its published models evaluate normally at that scale).
     config.state_reset_probability = 0.05
-    # The model a run stands for (its heldout evaluations, its export, `evaluate`, `export --workdir`) is
-    # an exponential moving average of the trained weights with this decay per step, debiased so that
-    # the start carries no weight (elmo_jax/training/weight_average.py; training itself continues from
-    # the last step's weights). With bilm-tf's Adagrad a small biLM's last-step weights never settle: on
-    # the demo their heldout perplexity moved 10-15% from one checkpoint to the next, one direction at a
-    # time, so a run's figure depended on its seed and on the order of float sums (245 or 283 backward
-    # for the same seed); the average of its last ~50 steps scores within 1-2% of itself across seeds,
-    # summation orders and device counts (bench/RESULTS.md, "Training that does not depend on luck").
-    # 0 = the last step's weights (bilm-tf; configs/bilm_large.py, where the average would cost a
-    # second copy of the 406M-parameter softmax per run).
+    # The model a run stands for (its heldout evaluations, its export, `evaluate`, `export --workdir`,
+    # `init_from` a workdir) is its biLM's weights averaged over recent steps, an exponential moving
+    # average with this decay per step, debiased so that the start carries no weight, with the current
+    # softmax (elmo_jax/training/weight_average.py; training itself continues from the last step's
+    # weights). With bilm-tf's Adagrad a small biLM's last-step weights never settle: on the demo their
+    # heldout perplexity moved 10-15% from one checkpoint to the next, one direction at a time, so a
+    # run's figure depended on its seed and on the order of float sums (243 or 283 backward for the same
+    # seed); averaged over its last ~50 steps it ends within 2% across seeds, summation orders and
+    # device counts (bench/RESULTS.md, "Training that does not depend on luck"). It costs one more copy
+    # of the biLM's weights and a pass over them per step. 0 = the last step's weights (bilm-tf's
+    # recipe, kept by configs/bilm_large.py).
     config.weight_average_decay = 0.98
     config.n_negative_samples = 8192  # sampled-softmax candidates per direction and group of rows
     # Rows per candidate draw: the global batch's rows 0..g-1, g..2g-1, ... each draw their own

@@ -173,11 +173,15 @@ def nan_checkpoint(trained_run, tmp_path_factory):
     shutil.copytree(trained_run.workdir, workdir)
     state, data, meta = restore_checkpoint(str(workdir))
 
-    def with_nan(params):  # the parameters and, as the same step would leave it, their average
-        nan = lambda w: w.at[(0,) * w.ndim].set(jnp.nan) if w.ndim == 2 else w  # noqa: E731
-        return None if params is None else {**params, "bilm": jax.tree.map(nan, params["bilm"])}
+    def with_nan(bilm):  # the biLM's weights and, as the same step would leave it, their average
+        return (
+            None
+            if bilm is None
+            else jax.tree.map(lambda w: w.at[(0,) * w.ndim].set(jnp.nan) if w.ndim == 2 else w, bilm)
+        )
 
-    bad = state.replace(step=state.step + 1, params=with_nan(state.params), average=with_nan(state.average))
+    params = {**state.params, "bilm": with_nan(state.params["bilm"])}
+    bad = state.replace(step=state.step + 1, params=params, average=with_nan(state.average))
     checkpoints = Checkpoints(str(workdir), async_save=False)
     checkpoints.save(int(bad.step), bad, data, meta)
     checkpoints.close()

@@ -18,20 +18,21 @@ on 8 devices (three summation orders; full-softmax heldout perplexity, forward /
 
 | seed | 1 device, distinct | 1 device, every token | 8 devices, distinct | last step's weights (1 device, distinct) |
 |---|---|---|---|---|
-| 0 | 17.12 / 17.55 | 17.03 / 17.54 | 17.06 / 17.53 | 17.04 / 17.55 |
-| 1 | 17.68 / 17.59 | 17.68 / 17.59 | 17.68 / 17.59 | 18.77 / 18.65 |
-| 2 | 17.65 / 17.46 | 17.65 / 17.46 | 17.65 / 17.46 | 17.83 / 17.43 |
-| 3 | 17.89 / 17.69 | 17.89 / 17.69 | 17.89 / 17.69 | 18.17 / 18.01 |
-| 4 | 17.34 / 17.24 | 17.34 / 17.24 | 17.34 / 17.24 | 17.07 / 17.48 |
-| 5 | 17.49 / 17.62 | 17.49 / 17.62 | 17.49 / 17.62 | 17.97 / 18.14 |
-| 6 | 17.82 / 17.98 | 17.82 / 17.98 | 17.82 / 17.98 | 18.03 / 18.05 |
-| 7 | 17.35 / 17.25 | 17.35 / 17.25 | 17.35 / 17.25 | 17.53 / 17.35 |
+| 0 | 17.00 / 17.42 | 16.90 / 17.41 | 16.94 / 17.40 | 17.04 / 17.55 |
+| 1 | 17.78 / 17.77 | 17.78 / 17.77 | 17.78 / 17.77 | 18.77 / 18.65 |
+| 2 | 17.72 / 17.46 | 17.72 / 17.46 | 17.72 / 17.46 | 17.83 / 17.43 |
+| 3 | 17.95 / 17.86 | 17.95 / 17.86 | 17.96 / 17.86 | 18.17 / 18.01 |
+| 4 | 17.17 / 17.33 | 17.17 / 17.32 | 17.17 / 17.32 | 17.07 / 17.48 |
+| 5 | 17.80 / 17.69 | 17.80 / 17.69 | 17.79 / 17.69 | 17.97 / 18.14 |
+| 6 | 17.95 / 17.98 | 17.95 / 17.98 | 17.94 / 17.98 | 18.03 / 18.05 |
+| 7 | 17.40 / 17.27 | 17.40 / 17.27 | 17.40 / 17.27 | 17.53 / 17.35 |
 
-Forward 17.03-17.89 (spread 5.0%), backward 17.24-17.98 (4.3%); backward / forward - 1 from -1.1% to
-+3.0%. The bounds (`BOUNDS`, `MAX_GAP`): each direction within the seeds' range widened by the larger
-spread (5.0%) on either side, and the two directions within that spread of each other. A run of the kind
-the demo made (its backward LM 15% off, its forward one normal) fails both; the planted test below makes
-one by raising the `<S>` logit the way the demo's backward LM swung.
+With the weight average (the first three columns): forward 16.90-17.96 (spread 6.3%), backward 17.27-17.98
+(4.1%); backward / forward - 1 from -1.5% to +3.0%. The bounds (`BOUNDS`, `MAX_GAP`): each direction within
+the seeds' range widened by the larger spread (6.3%) on either side, and the two directions within that
+spread of each other. (The last step's weights, the last column, vary more: forward 16.95-18.82.) A run
+of the kind the demo made (its backward LM 15% off, its forward one normal) fails both; the planted test
+below makes one by raising the `<S>` logit the way the demo's backward LM swung.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ GUARD = {
     "log_every_steps": 100,
     "seed": 0,
 }
-SEEDS_RANGE = {"forward": (17.03, 17.89), "backward": (17.24, 17.98)}  # the module docstring's table
-SPREAD = max(high / low - 1.0 for low, high in SEEDS_RANGE.values())  # 5.0%
+SEEDS_RANGE = {"forward": (16.90, 17.96), "backward": (17.27, 17.98)}  # the module docstring's table
+SPREAD = max(high / low - 1.0 for low, high in SEEDS_RANGE.values())  # 6.3%
 BOUNDS = {d: (low / (1.0 + SPREAD), high * (1.0 + SPREAD)) for d, (low, high) in SEEDS_RANGE.items()}
 MAX_GAP = SPREAD  # |backward / forward - 1|: the seeds' largest was 3.0%
 
@@ -99,15 +100,15 @@ def test_a_small_runs_heldout_perplexity_stays_within_its_seeds_spread_per_direc
 
 def test_the_bounds_are_the_documented_ones():
     """The module docstring's figures give these bounds (a change to either must change both)."""
-    assert round(SPREAD, 3) == 0.050
-    assert [round(x, 2) for x in BOUNDS["forward"] + BOUNDS["backward"]] == [16.21, 18.79, 16.41, 18.89]
+    assert round(SPREAD, 3) == 0.063
+    assert [round(x, 2) for x in BOUNDS["forward"] + BOUNDS["backward"]] == [15.9, 19.09, 16.25, 19.11]
 
 
 @pytest.mark.slow
 def test_the_guard_fails_when_one_direction_swings_as_the_demos_backward_lm_did(guard_run):
     """Planted: the guard run's weights with the `<S>` logit raised by 3 (its softmax bias; the backward LM
     predicts `<S>` at every sentence start, the forward LM never). That is how the demo's backward LM
-    swung (bench/RESULTS.md): its backward perplexity rises ~17%, its forward one ~2%, and the guard
+    swung (bench/RESULTS.md): its backward perplexity rises ~20%, its forward one ~2%, and the guard
     names both the backward bound and the gap."""
     workdir, _ = guard_run
     params, cfg, config, vocab_file, _ = load_trained(workdir)

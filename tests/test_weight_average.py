@@ -1,4 +1,4 @@
-"""The weights a run stands for (`training/weight_average.py`): a debiased moving average of the parameters,
+"""The weights a run stands for (`training/weight_average.py`): a debiased moving average of its biLM's weights,
 re-derived in NumPy, kept through checkpoints, and started at the resumed weights for a checkpoint that
 holds none (its run kept none, as every run before the average existed)."""
 
@@ -69,10 +69,11 @@ def test_a_checkpoint_from_before_the_average_resumes_with_the_average_at_its_we
     resumed = tiny_config(corpus, num_train_steps=3, checkpoint_every_steps=1, weight_average_decay=0.9)
     train_and_evaluate(resumed, workdir)
     before, after = jax.device_get(state), restored(workdir, step=3)[0]
-    want = weight_average.updated(before.params, after.params, 0.9, 2)
+    want = weight_average.updated(before.params["bilm"], after.params["bilm"], 0.9, 2)
     assert jax.tree.structure(after.average) == jax.tree.structure(want)
-    for got, expected, a, b in zip(*map(jax.tree.leaves, (after.average, want, before.params, after.params))):
+    leaves = map(jax.tree.leaves, (after.average, want, before.params["bilm"], after.params["bilm"]))
+    for got, expected, a, b in zip(*leaves):
         # one multiply-add per element, rounded (or fused) differently in the jitted step: 2 ulps of its inputs
         bound = 2 * np.finfo(np.float32).eps * np.maximum(np.abs(a), np.abs(b))
         assert np.all(np.abs(np.asarray(got) - np.asarray(expected)) <= bound)
-    assert np.any(np.asarray(jax.tree.leaves(after.average)[0]) != np.asarray(jax.tree.leaves(after.params)[0]))
+    assert np.any(np.asarray(jax.tree.leaves(after.average)[0]) != np.asarray(jax.tree.leaves(after.params["bilm"])[0]))

@@ -316,7 +316,7 @@ def state_shardings(
     """NamedShardings of a whole `TrainState` (from `jax.eval_shape` of `init_train_state`).
 
     Parameters follow the rules; the optimiser's per-parameter state (Adagrad's accumulators) mirrors
-    the parameters, and so does their average; step, key and the optimiser's scalars are replicated; the
+    the parameters, and the biLM's average mirrors the biLM; step, key and the optimiser's scalars are replicated; the
     carried LSTM state is sharded on its batch axis like the batch (or replicated with `replicate_lstm`).
     """
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -336,7 +336,7 @@ def state_shardings(
             for k in LSTM_STATE_AXES
         }
     )
-    average = None if abstract_state.average is None else params
+    average = None if abstract_state.average is None else params["bilm"]
     return abstract_state.replace(
         step=replicated, params=params, opt_state=opt_state, key=replicated, lstm=lstm, average=average
     )

@@ -128,7 +128,7 @@ def _kept_average_decay(meta: dict) -> float:
 def _restore_target(abstract: TrainState, meta: dict) -> TrainState:
     """This run's abstract state, with a weight average exactly when the checkpoint's run kept one."""
     if _kept_average_decay(meta) > 0:
-        return abstract if abstract.average is not None else abstract.replace(average=abstract.params)
+        return abstract if abstract.average is not None else abstract.replace(average=abstract.params["bilm"])
     return abstract.replace(average=None)
 
 
@@ -139,7 +139,7 @@ def _with_this_runs_average(state: TrainState, steps: Steps) -> TrainState:
         return state
     if state.average is None:
         logging.info("the checkpoint holds no weight average: the average starts from the resumed weights")
-        return state.replace(average=jax.jit(fresh, out_shardings=steps.state.average)(state.params))
+        return state.replace(average=jax.jit(fresh, out_shardings=steps.state.params["bilm"])(state.params["bilm"]))
     logging.info("weight_average_decay is 0: the checkpoint's weight average is dropped, the weights continue")
     return state.replace(average=None)
 

@@ -2,7 +2,7 @@
 
 `TrainState` holds everything that changes during training — parameters, the optimiser's state
 (`optimizers.Optimizer`; Adagrad's accumulators by default), the step, the base RNG key and each row's
-carried LSTM state, and the average of the parameters that evaluations and the export read
+carried LSTM state, and the average of the biLM's weights that evaluations and the export read
 (`weight_average`) — as one pytree, so a checkpoint of it plus the data stream's position resumes a run
 exactly. Per-step randomness is `fold_in(key, step)`: nothing random depends on how often the process
 was restarted.
@@ -60,7 +60,7 @@ class StepConfig:
     # How many devices the softmax's vocabulary is split over (`jitted_steps` sets it from the mesh):
     # the dense update's work per device is V' / vocab_shards rows (`softmax_row_slots`).
     vocab_shards: int = 1
-    # Decay of the parameters' moving average that evaluations and the export read (`weight_average`);
+    # Decay of the biLM weights' moving average that evaluations and the export read (`weight_average`);
     # 0 keeps none (they read the last step's parameters, as bilm-tf does).
     weight_average_decay: float = 0.0
 
@@ -75,7 +75,7 @@ class TrainState:
       opt_state: the optimiser's state for params.
       key: uint32 (2,) raw base key (raw, so that checkpoints hold plain arrays).
       lstm: the carried `LSTMState` (D, L, B, ·) of every row of the global batch.
-      average: the moving average of params (`weight_average`; the model the run stands for), or None
+      average: the moving average of params["bilm"] (`weight_average`; the biLM the run stands for), or None
         when the run keeps none (`StepConfig.weight_average_decay` 0).
     """
 
@@ -121,7 +121,7 @@ def init_train_state(
         opt_state=optimizer.init(params),
         key=jax.random.key_data(k_run),
         lstm=zero_state(cfg.model, batch_size),
-        average=fresh(params) if cfg.weight_average_decay > 0 else None,
+        average=fresh(params["bilm"]) if cfg.weight_average_decay > 0 else None,
     )
 
 
@@ -287,7 +287,7 @@ def train_step_fn(
     params, opt_state, grad_norm, (loss, per_direction, counts, final) = step
     average = state.average
     if average is not None:
-        average = updated(average, params, cfg.weight_average_decay, state.step)
+        average = updated(average, params["bilm"], cfg.weight_average_decay, state.step)
     new_state = state.replace(
         step=state.step + 1, params=params, opt_state=opt_state, lstm=jax.lax.stop_gradient(final), average=average
     )

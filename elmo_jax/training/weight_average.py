@@ -1,19 +1,25 @@
-"""The weights a training run stands for: an exponential moving average of its parameters.
+"""The weights a training run stands for: its biLM's weights averaged over its recent steps.
 
 With bilm-tf's recipe (Adagrad at 0.2 from accumulators of 1.0, whose per-parameter gradients stay far
 below 1 in a small model, so the steps stay about as large as the first) the parameters of a small
 biLM never settle: the heldout perplexity of the last step's weights moves by 10-15% from one
 checkpoint to the next, one direction at a time (bench/RESULTS.md, "Training that does not depend
 on luck"), and which value a run ends on depends on the seed and on the order of float sums. Averaging
-the last few dozen steps' weights removes that noise without changing the training trajectory at all:
-`TrainState.average` is updated after every step and is what the heldout evaluations score, what the
-export writes and what `start.load_trained` returns; training itself continues from the parameters.
+the biLM's weights over the last few dozen steps removes that noise without changing the training
+trajectory at all: `TrainState.average` (an exponential moving average of `params["bilm"]`) is updated
+after every step, and with the current softmax it is what the heldout evaluations score, what the export
+writes and what `start.load_trained` returns; training itself continues from the parameters.
+
+Only the biLM is averaged: the swing is there (averaging the softmax too changed the demo's figures by
+under 1%, averaging the softmax alone not at all: bench/RESULTS.md), the export holds the biLM only, and
+a dense pass over a large vocabulary's softmax at every step would undo the row-sparse update
+(`row_update`; bilm_small's softmax over the 1B Word vocabulary is 101M weights against its biLM's 13.6M).
 
 The average is debiased: after t updates it is the weighted mean of the t parameter values seen, with
 weights proportional to decay^(t - i), so its start (the initial parameters) carries no weight once
 training has taken a step, and a run of any length gets an average of its own recent steps.
 
-Shapes: the average is a pytree of `TrainState.params`' shapes and shardings.
+Shapes: the average is a pytree of `TrainState.params["bilm"]`'s shapes and shardings.
 """
 
 from __future__ import annotations
@@ -51,5 +57,8 @@ def fresh(params: Any) -> Any:
 
 
 def model_params(state) -> dict:
-    """The weights a `TrainState` stands for: its average when the run keeps one, else its parameters."""
-    return state.params if state.average is None else state.average
+    """The weights a `TrainState` stands for ({"bilm", "softmax"}): its biLM's average, when the run keeps
+    one, with the current softmax; else its parameters."""
+    if state.average is None:
+        return state.params
+    return {"bilm": state.average, "softmax": state.params["softmax"]}
