@@ -6,6 +6,7 @@ first, so `bench.common` and `configs` import without installing anything beyond
 
 from __future__ import annotations
 
+import os
 import time
 
 import jax
@@ -34,3 +35,21 @@ def matmul_throughput(n: int = 4096, repeats: int = 5, dtype: str = "float32") -
 def platform_line() -> str:
     """E.g. "jax 0.6.2 on cpu x1 (cpu)": the version, the default device kind, the device count, the backend."""
     return f"jax {jax.__version__} on {jax.devices()[0].device_kind} x{jax.device_count()} ({jax.default_backend()})"
+
+
+def train_demo(workdir: str, overrides: dict, devices: int = 1) -> None:
+    """`python train.py --config=configs/demo.py --workdir=WORKDIR --config.KEY=VALUE ...` in a process of
+    its own (on `devices` forced CPU devices when more than 1), its output in WORKDIR.log; raises
+    CalledProcessError when it fails. The export leaves out extractor.jax."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    if devices > 1:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}"
+    values = {"export_extractor": False, **overrides}
+    args = [sys.executable, os.path.join(repo, "train.py"), "--config=" + os.path.join(repo, "configs", "demo.py")]
+    args += [f"--workdir={workdir}"] + [f"--config.{key}={value}" for key, value in values.items()]
+    with open(workdir + ".log", "w") as log:
+        subprocess.run(args, env=env, stdout=log, stderr=subprocess.STDOUT, check=True, cwd=repo)

@@ -23,13 +23,14 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import subprocess
 import sys
 
 from absl import app, flags, logging
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, REPO)  # the repository root: bench/, configs/
+
+from bench.common import train_demo  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("root", None, "Where the runs go (created).", required=True)
@@ -57,21 +58,8 @@ def _workdir(run: dict) -> str:
 
 def _train(run: dict) -> None:
     """`python train.py` of configs/demo.py for one run, in a process of its own (its device count)."""
-    env = dict(os.environ)
-    if run["devices"] > 1:
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={run['devices']}"
-    args = [
-        sys.executable,
-        os.path.join(REPO, "train.py"),
-        "--config=" + os.path.join(REPO, "configs", "demo.py"),
-        f"--workdir={_workdir(run)}",
-        f"--config.seed={run['seed']}",
-        f"--config.distinct_tokens={run['distinct_tokens']}",
-        f"--config.mesh.data={run['devices']}",
-        "--config.export_extractor=False",
-    ]
-    with open(_workdir(run) + ".log", "w") as log:
-        subprocess.run(args, env=env, stdout=log, stderr=subprocess.STDOUT, check=True, cwd=REPO)
+    overrides = {"seed": run["seed"], "distinct_tokens": run["distinct_tokens"], "mesh.data": run["devices"]}
+    train_demo(_workdir(run), overrides, devices=run["devices"])
 
 
 def _evaluate(run: dict) -> dict:

@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 from absl import app, flags, logging
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path.insert(0, REPO)  # the repository root: bench/, configs/
+
+from bench.common import train_demo  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("root", None, "Where the runs go (created).", required=True)
@@ -40,25 +41,49 @@ ROWS = 32
 
 
 def _train(workdir: str, distinct: bool) -> None:
-    args = [
-        sys.executable,
-        os.path.join(REPO, "train.py"),
-        "--config=" + os.path.join(REPO, "configs", "demo.py"),
-        f"--workdir={workdir}",
-        f"--config.seed={FLAGS.seed}",
-        f"--config.distinct_tokens={distinct}",
-        f"--config.checkpoint_every_steps={FLAGS.every}",
-        "--config.keep_checkpoints=1000",
-        "--config.log_every_steps=1",
-        "--config.export_extractor=False",
-    ]
-    with open(workdir + ".log", "w") as log:
-        subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, check=True, cwd=REPO)
+    overrides = {
+        "seed": FLAGS.seed,
+        "distinct_tokens": distinct,
+        "checkpoint_every_steps": FLAGS.every,
+        "keep_checkpoints": 1000,
+        "log_every_steps": 1,
+    }
+    train_demo(workdir, overrides)
+
+
+def _score(W, b, h, y):
+    """(full-softmax loss, target logit) per row of h (N, P) for targets y (N,); W (V, P), b (V,).
+
+    Jitted once for all checkpoints (the weights are arguments: a closure over them would compile, and
+    keep, one program per checkpoint)."""
+    import jax
+    import jax.numpy as jnp
+
+    global _SCORE
+    if _SCORE is None:
+
+        def score(W, b, h, y):
+            logits = h @ W.T + b[None]
+            true = jnp.take_along_axis(logits, y[:, None], 1)[:, 0]
+            return jax.nn.logsumexp(logits, axis=1) - true, true
+
+        _SCORE = jax.jit(score)
+    return _SCORE(W, b, h, y)
+
+
+_SCORE = None
+_JITTED = {}
+
+
+def _jitted(fn):
+    """`jax.jit(fn)`, once per function: run eagerly, each window's LSTM scan would compile again."""
+    import jax
+
+    return _JITTED.setdefault(fn, jax.jit(fn))
 
 
 def _token_losses(params: dict, cfg, heldout, vocab) -> dict:
     """Per direction: (loss, target, target logit) of every heldout target, full softmax, carried state."""
-    import jax
     import jax.numpy as jnp
 
     from elmo_jax.data.batch_stream import BiLMBatchStream
@@ -70,12 +95,6 @@ def _token_losses(params: dict, cfg, heldout, vocab) -> dict:
     V = len(vocab)
     W, b = params["softmax"]["W"][:V], params["softmax"]["b"][:V]
 
-    @jax.jit
-    def score(h, y):
-        logits = h @ W.T + b[None]
-        true = jnp.take_along_axis(logits, y[:, None], 1)[:, 0]
-        return jax.nn.logsumexp(logits, axis=1) - true, true
-
     stream = BiLMBatchStream(
         heldout,
         vocab,
@@ -86,14 +105,15 @@ def _token_losses(params: dict, cfg, heldout, vocab) -> dict:
         max_characters_per_token=cfg.model.max_characters_per_token,
     )
     lstm, bilm = zero_state(cfg.model, ROWS), BiLMParams(params["bilm"], cfg.model)
+    outputs = _jitted(lm_outputs)
     out = {d: {"loss": [], "y": [], "logit": []} for d in (0, 1)}
     for window in stream:
         batch, _ = device_batch(window, cfg.model.max_characters_per_token)
-        h, lstm = lm_outputs(bilm, batch["char_ids"], batch["mask"], lstm, resets=batch["reset"])
+        h, lstm = outputs(bilm, batch["char_ids"], batch["mask"], lstm, resets=batch["reset"])
         for d in (0, 1):
             mask = np.asarray(batch["mask"][d]).reshape(-1)
             y = np.asarray(batch["targets"][d]).reshape(-1)
-            loss, logit = score(h[d].reshape(-1, h.shape[-1]), jnp.asarray(y))
+            loss, logit = _score(W, b, h[d].reshape(-1, h.shape[-1]), jnp.asarray(y))
             for key, value in (("loss", loss), ("y", y), ("logit", logit)):
                 out[d][key].append(np.asarray(value)[mask])
     return {d: {k: np.concatenate(v) for k, v in out[d].items()} for d in (0, 1)}

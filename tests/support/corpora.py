@@ -39,6 +39,11 @@ def write_agreement_corpus(root: Path, n_train: int = 300, n_heldout: int = 60, 
         "train": [agreement_sentence(rng) for _ in range(n_train)],
         "heldout": [agreement_sentence(rng) for _ in range(n_heldout)],
     }
+    return _write_splits(root, sentences)
+
+
+def _write_splits(root: Path, sentences: dict[str, list[str]]) -> dict:
+    """Each split's sentences as `root/SPLIT.txt`; returns what `write_agreement_corpus` returns."""
     out = {"cache_dir": str(root / "prepared")}
     for split, lines in sentences.items():
         path = root / f"{split}.txt"
@@ -98,12 +103,7 @@ def write_zipf_corpus(root: Path, n_train: int = 6000, n_heldout: int = 400, n_n
         "train": [zipf_sentence(rng, lexicon) for _ in range(n_train)],
         "heldout": [zipf_sentence(rng, lexicon) for _ in range(n_heldout)],
     }
-    out = {"cache_dir": str(root / "prepared")}
-    for split, lines in sentences.items():
-        path = root / f"{split}.txt"
-        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        out[split], out[f"{split}_sentences"] = str(path), lines
-    return out
+    return _write_splits(root, sentences)
 
 
 def _zipf(n: int) -> np.ndarray:
