@@ -193,7 +193,8 @@ def _jit_eval(cfg: StepConfig, shardings: Any, batch: NamedSharding, replicated:
 
 
 def all_finite(state) -> jax.Array:
-    """bool (): every parameter, optimiser value and averaged weight of a `TrainState` is finite (no NaN, no Inf)."""
+    """bool (): every parameter, optimiser value and averaged weight of a `TrainState` is finite (no NaN,
+    no Inf)."""
     leaves = jax.tree.leaves((state.params, state.opt_state, state.average))
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)]))
 

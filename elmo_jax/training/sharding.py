@@ -316,8 +316,9 @@ def state_shardings(
     """NamedShardings of a whole `TrainState` (from `jax.eval_shape` of `init_train_state`).
 
     Parameters follow the rules; the optimiser's per-parameter state (Adagrad's accumulators) mirrors
-    the parameters, and the biLM's average mirrors the biLM; step, key and the optimiser's scalars are replicated; the
-    carried LSTM state is sharded on its batch axis like the batch (or replicated with `replicate_lstm`).
+    the parameters, and the biLM's weight average mirrors the biLM; step, key and the optimiser's scalars
+    are replicated; the carried LSTM state is sharded on its batch axis like the batch (or replicated with
+    `replicate_lstm`).
     """
     replicated = NamedSharding(mesh, PartitionSpec())
     params = param_shardings(mesh, abstract_state.params, rules)
