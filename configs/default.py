@@ -83,7 +83,7 @@ def get_config() -> ml_collections.ConfigDict:
     # weights). With bilm-tf's Adagrad a small biLM's last-step weights never settle: on the demo their
     # heldout perplexity moved 10-15% from one checkpoint to the next, one direction at a time, so a
     # run's figure depended on its seed and on the order of float sums (243 or 283 backward for the same
-    # seed); averaged over its last ~50 steps it ends within 2% across seeds, summation orders and
+    # seed); averaged over its last ~50 steps it ends within 2.2% across seeds, summation orders and
     # device counts (bench/RESULTS.md, "Training that does not depend on luck"). It costs one more copy
     # of the biLM's weights and a pass over them per step. 0 = the last step's weights (bilm-tf's
     # recipe, kept by configs/bilm_large.py).
