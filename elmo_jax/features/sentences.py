@@ -41,6 +41,7 @@ from elmo_jax.features.length_buckets import BucketBatcher, Piece
 from elmo_jax.features.output_modes import output_mode
 from elmo_jax.features.packing import TAIL_STEPS, PackedBatch, RowPacker, can_pack
 from elmo_jax.features.token_ids import CharIdTable, width_bucket
+from elmo_jax.model.chars import check_sentence
 from elmo_jax.model.params import BiLMParams
 
 DEFAULT_WINDOW = 1024  # sentences `stream` holds at most
@@ -142,7 +143,7 @@ class SentenceEmbedder:
         flight = _Flight(self.runner, self.stats)
         next_out = 0
         for i, sentence in enumerate(sentences):
-            tokens = _checked(sentence, i)
+            tokens = check_sentence(sentence, i)
             self.stats["sentences"] += 1
             self.stats["tokens"] += len(tokens)
             if not tokens:
@@ -206,18 +207,6 @@ class _Flight:
             return
         for row, piece in enumerate(batch.pieces):
             self.done[piece.line] = mode.sentence([mode.piece(result, row, piece.n_tokens)], piece.n_tokens)
-
-
-def _checked(sentence, index: int) -> Sequence[str]:
-    if isinstance(sentence, str) or not isinstance(sentence, Sequence):
-        raise ValueError(
-            f"sentence {index} must be a list of str tokens, found {type(sentence).__name__}"
-            + (" (split the string into tokens first)" if isinstance(sentence, str) else "")
-        )
-    for t, token in enumerate(sentence):
-        if not isinstance(token, str):
-            raise ValueError(f"sentence {index}, token {t}: expected str, found {type(token).__name__} {token!r}")
-    return sentence
 
 
 def embed_sentences(params: BiLMParams, sentences: Sequence[Sequence[str]], **options) -> list[np.ndarray]:

@@ -59,7 +59,7 @@ def token_to_raw_ids(token: str, max_characters_per_token: int = DEFAULT_MAX_CHA
 
 def tokens_to_raw_ids(tokens: Sequence[str], max_characters_per_token: int = DEFAULT_MAX_CHARS) -> np.ndarray:
     """Raw character ids (N, C) int32 of a token sequence, for training streams (no padding tokens)."""
-    _check_sentence(tokens, 0)
+    check_sentence(tokens, 0)
     out = np.empty((len(tokens), max_characters_per_token), dtype=np.int32)
     for i, token in enumerate(tokens):
         out[i] = token_to_raw_ids(token, max_characters_per_token)
@@ -85,7 +85,7 @@ def batch_to_ids(sentences: Sequence[Sequence[str]], max_characters_per_token: i
     if len(sentences) == 0:
         raise ValueError("sentences is empty: batch_to_ids needs at least one sentence")
     for b, sentence in enumerate(sentences):
-        _check_sentence(sentence, b)
+        check_sentence(sentence, b)
     max_len = max(len(s) for s in sentences)
     out = np.zeros((len(sentences), max_len, max_characters_per_token), dtype=np.int32)
     for b, sentence in enumerate(sentences):
@@ -94,7 +94,9 @@ def batch_to_ids(sentences: Sequence[Sequence[str]], max_characters_per_token: i
     return out
 
 
-def _check_sentence(sentence, index: int) -> None:
+def check_sentence(sentence, index: int) -> Sequence[str]:
+    """`sentence` (the `index`-th of a batch) when it is a sequence of str tokens; else a ValueError naming
+    the sentence (and the token) and what was found."""
     if isinstance(sentence, str) or not isinstance(sentence, Sequence):
         raise ValueError(
             f"sentence {index} must be a list of str tokens, found {type(sentence).__name__}"
@@ -103,3 +105,4 @@ def _check_sentence(sentence, index: int) -> None:
     for t, token in enumerate(sentence):
         if not isinstance(token, str):
             raise ValueError(f"sentence {index}, token {t}: expected str, found {type(token).__name__} {token!r}")
+    return sentence
