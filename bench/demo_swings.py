@@ -23,6 +23,8 @@ import json
 import os
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
@@ -30,6 +32,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # the repository root: bench/, configs/
 
 from bench.common import train_demo  # noqa: E402
+from elmo_jax.model.lstm import zero_state  # noqa: E402
+from elmo_jax.model.params import BiLMParams  # noqa: E402
+from elmo_jax.training.batch_feed import device_batch  # noqa: E402
+from elmo_jax.training.heldout import heldout_stream  # noqa: E402
+from elmo_jax.training.lm import lm_outputs  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("root", None, "Where the runs go (created).", required=True)
@@ -51,65 +58,29 @@ def _train(workdir: str, distinct: bool) -> None:
     train_demo(workdir, overrides)
 
 
+@jax.jit
 def _score(W, b, h, y):
-    """(full-softmax loss, target logit) per row of h (N, P) for targets y (N,); W (V, P), b (V,).
-
-    Jitted once for all checkpoints (the weights are arguments: a closure over them would compile, and
-    keep, one program per checkpoint)."""
-    import jax
-    import jax.numpy as jnp
-
-    global _SCORE
-    if _SCORE is None:
-
-        def score(W, b, h, y):
-            logits = h @ W.T + b[None]
-            true = jnp.take_along_axis(logits, y[:, None], 1)[:, 0]
-            return jax.nn.logsumexp(logits, axis=1) - true, true
-
-        _SCORE = jax.jit(score)
-    return _SCORE(W, b, h, y)
+    """(full-softmax loss, target logit) per row of h (N, P) for targets y (N,); W (V, P), b (V,) are
+    arguments, so that one program serves every checkpoint."""
+    logits = h @ W.T + b[None]
+    true = jnp.take_along_axis(logits, y[:, None], 1)[:, 0]
+    return jax.nn.logsumexp(logits, axis=1) - true, true
 
 
-_SCORE = None
-_JITTED = {}
-
-
-def _jitted(fn):
-    """`jax.jit(fn)`, once per function: run eagerly, each window's LSTM scan would compile again."""
-    import jax
-
-    return _JITTED.setdefault(fn, jax.jit(fn))
+# Jitted once: run eagerly, each window's LSTM scan would be compiled again.
+_lm_outputs = jax.jit(lm_outputs)
 
 
 def _token_losses(params: dict, cfg, heldout, vocab) -> dict:
     """Per direction: (loss, target, target logit) of every heldout target, full softmax, carried state."""
-    import jax.numpy as jnp
-
-    from elmo_jax.data.batch_stream import BiLMBatchStream
-    from elmo_jax.model.lstm import zero_state
-    from elmo_jax.model.params import BiLMParams
-    from elmo_jax.training.batch_feed import device_batch
-    from elmo_jax.training.lm import lm_outputs
-
     V = len(vocab)
     W, b = params["softmax"]["W"][:V], params["softmax"]["b"][:V]
-
-    stream = BiLMBatchStream(
-        heldout,
-        vocab,
-        batch_size=ROWS,
-        unroll_steps=cfg.unroll_steps,
-        seed=None,
-        repeat=False,
-        max_characters_per_token=cfg.model.max_characters_per_token,
-    )
+    stream = heldout_stream(heldout, vocab, cfg, ROWS)  # the trainer's heldout pass: carried state
     lstm, bilm = zero_state(cfg.model, ROWS), BiLMParams(params["bilm"], cfg.model)
-    outputs = _jitted(lm_outputs)
     out = {d: {"loss": [], "y": [], "logit": []} for d in (0, 1)}
     for window in stream:
         batch, _ = device_batch(window, cfg.model.max_characters_per_token)
-        h, lstm = outputs(bilm, batch["char_ids"], batch["mask"], lstm, resets=batch["reset"])
+        h, lstm = _lm_outputs(bilm, batch["char_ids"], batch["mask"], lstm, resets=batch["reset"])
         for d in (0, 1):
             mask = np.asarray(batch["mask"][d]).reshape(-1)
             y = np.asarray(batch["targets"][d]).reshape(-1)

@@ -52,23 +52,14 @@ def train(p: float, seed: int) -> str:
 
 def forward_analysis(params, cfg, sentences, vocab) -> dict:
     """Per-token forward losses from a zero state, the argmax words where they are large, output norms."""
-    from elmo_jax.data.batch_stream import BiLMBatchStream
     from elmo_jax.model.lstm import zero_state
     from elmo_jax.model.params import BiLMParams
     from elmo_jax.training.batch_feed import device_batch
+    from elmo_jax.training.heldout import heldout_stream
     from elmo_jax.training.lm import lm_outputs
     from elmo_jax.training.softmax import full_softmax_loss
 
-    stream = BiLMBatchStream(
-        sentences,
-        vocab,
-        batch_size=ROWS,
-        unroll_steps=cfg.unroll_steps,
-        seed=None,
-        repeat=False,
-        max_characters_per_token=cfg.model.max_characters_per_token,
-        reset_probability=1.0,
-    )
+    stream = heldout_stream(sentences, vocab, cfg, ROWS, from_zero_state=True)
     lstm, bilm = zero_state(cfg.model, ROWS), BiLMParams(params["bilm"], cfg.model)
     W, b, V = params["softmax"]["W"], params["softmax"]["b"], len(vocab)
     losses, argmax, norms = [], [], {0: [], 1: []}

@@ -61,18 +61,18 @@ def heldout_perplexity(
             f"heldout_perplexity: batch_size {batch_size} differs from the {steps.batch_size} rows the "
             "steps were built for"
         )
-    stream = _heldout_stream(sentences, vocab, cfg, batch_size, steps, from_zero_state)
+    stream = heldout_stream(sentences, vocab, cfg, batch_size, steps, from_zero_state)
     sums, counts = _summed_cross_entropies(params, cfg, stream, batch_size, max_batches, steps)
     return _perplexities(sums, counts)
 
 
-def _heldout_stream(
+def heldout_stream(
     sentences: Sequence[str],
     vocab: Vocab,
     cfg: StepConfig,
     batch_size: int,
-    steps: Steps | None,
-    from_zero_state: bool,
+    steps: Steps | None = None,
+    from_zero_state: bool = False,
 ) -> BiLMBatchStream:
     """One in-order pass over `sentences`, this process's block of the `batch_size` rows (all of them
     with `steps` None)."""
