@@ -94,7 +94,7 @@ _QUIET_LIBRARIES = _QuietLibraries()
 
 def _start_distributed() -> None:
     """`jax.distributed.initialize()` when this is one of several processes (before any device use)."""
-    from elmo_jax.training import multihost
+    from elmo_jax.runtime import multihost
 
     local_devices = [int(i) for i in FLAGS.local_device_ids] if FLAGS.local_device_ids else None
     multihost.start(*cli.distributed_start_args(), local_devices)

@@ -39,10 +39,11 @@ from absl import app, flags
 import elmo_jax
 from bench.common import platform_line
 from bench.synthetic_corpus import write_synthetic_corpus
-from elmo_jax.features import batch_runner, sentence_input
-from elmo_jax.features import file_embedding as ef
+from elmo_jax.features import batch_runner
 from elmo_jax.features.length_buckets import LENGTHS, BucketBatcher, Piece, length_bucket
 from elmo_jax.features.token_ids import CharIdTable, width_bucket
+from elmo_jax.files import file_embedding as ef
+from elmo_jax.files import sentence_input
 from elmo_jax.formats.model_dir import write_model_dir
 
 FLAGS = flags.FLAGS

@@ -21,7 +21,7 @@ _LAZY = {
     "ScalarMix": "elmo_jax.features.mix",
     "mix_l2_penalty": "elmo_jax.features.mix",
     "scalar_mix": "elmo_jax.features.mix",
-    "Embedder": "elmo_jax.features.embedder",
+    "Embedder": "elmo_jax.embedder",
     "SentenceEmbedder": "elmo_jax.features.sentences",
     "embed_sentences": "elmo_jax.features.sentences",
     "stream_sentences": "elmo_jax.features.sentences",

@@ -6,7 +6,7 @@ al. 2018, Table 2) and how much task data ELMo saves (section 5.4).
 
 Inputs are what `python -m elmo_jax.probe` reads (JSON lines of targets, or CoNLL-style TOKEN<TAB>LABEL
 files). The same small task model (a window classifier over the target and its neighbours, with word
-vectors trained on the task's data: `elmo_jax.features.ablation_model`) is trained without ELMo, with one
+vectors trained on the task's data: `elmo_jax.analysis.ablation_model`) is trained without ELMo, with one
 layer, the average, and a learned mix with and without L2 on its weights, for each seed; then the baseline
 and the learned mix on 1%, 10%, 30% and 100% of the training items (`--fractions`), with learning curves.
 Prints the tables; `--output` writes the figures as JSON, `--plot` the sample-efficiency plot (PNG).
@@ -37,7 +37,7 @@ def define_flags() -> None:
 
 
 def run() -> dict:
-    from elmo_jax.features import ablation, ablation_files  # after flag parsing, so --help is fast
+    from elmo_jax.analysis import ablation, ablation_files  # after flag parsing, so --help is fast
     from elmo_jax.formats.model_source import ModelSource
 
     settings = ablation.Settings(

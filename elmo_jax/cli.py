@@ -148,7 +148,7 @@ def define_distributed_flags() -> None:
 
 def distributed_start_args() -> tuple[bool, str | None, int | None, int | None]:
     """(distributed, coordinator_address, num_processes, process_id) from the parsed flags of
-    `define_distributed_flags`, as `training.multihost.start` takes them."""
+    `define_distributed_flags`, as `runtime.multihost.start` takes them."""
     f = flags.FLAGS
     return f.distributed, f.coordinator_address, f.num_processes, f.process_id
 

@@ -40,7 +40,8 @@ from __future__ import annotations
 from absl import flags
 
 from elmo_jax import cli
-from elmo_jax.features import file_options, output_modes, sentence_input
+from elmo_jax.features import output_modes
+from elmo_jax.files import file_options, sentence_input
 
 FLAGS = flags.FLAGS
 
@@ -86,9 +87,9 @@ def define_flags() -> None:
 
 
 def run() -> dict:
-    from elmo_jax.features.file_embedding import Options, embed_model_file
+    from elmo_jax.files.file_embedding import Options, embed_model_file
     from elmo_jax.formats.model_source import ModelSource
-    from elmo_jax.training import multihost
+    from elmo_jax.runtime import multihost
 
     try:
         devices = None if not FLAGS.devices else tuple(int(d) for d in FLAGS.devices)
@@ -138,7 +139,7 @@ def run() -> dict:
 
 
 def main(argv) -> None:
-    from elmo_jax.features.processes import ProcessLost
+    from elmo_jax.runtime.processes import ProcessLost
 
     # Another process of the run died: after the error line the process ends at once (JAX's shutdown
     # would wait 100 s for the dead process's heartbeat, then abort with a C++ stack trace).

@@ -8,7 +8,7 @@
 Tokens are split on whitespace. Prints the layers' shapes and what ELMo adds to a word vector: for each
 word that occurs more than once, how similar its vectors are across its occurrences, layer by layer (the
 token layer gives a word one vector wherever it occurs; the LSTM layers one per context:
-`features/word_contexts.py`). With --output it writes `layers` (B, L+1, T, 2P) float32 and `mask` (B, T)
+`analysis/word_contexts.py`). With --output it writes `layers` (B, L+1, T, 2P) float32 and `mask` (B, T)
 to an .npz file (written to a temporary name and renamed; an existing file is replaced only with
 --overwrite, and only if it is such an .npz). --model and --output may be gs://BUCKET/PATH (the output is
 written locally, then uploaded). For whole files (AllenNLP-style HDF5 output, length bucketing), use
@@ -45,7 +45,7 @@ def run(argv: list[str]) -> None:
     import numpy as np
 
     import elmo_jax  # after flag parsing, so --help is fast
-    from elmo_jax.features import word_contexts
+    from elmo_jax.analysis import word_contexts
     from elmo_jax.formats import layers_npz
     from elmo_jax.formats.model_source import ModelSource
 

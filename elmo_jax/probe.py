@@ -5,10 +5,10 @@ section 5.3) on labelled targets.
         --test=probes/wordnet/wsd.test.jsonl [--output=results.json] [--plot=layers.png]
 
 Inputs are JSON lines (`{"tokens": [...], "target": i or [start, end), "label": ...}`) or CoNLL-style
-`TOKEN<TAB>LABEL` files (see `elmo_jax.features.probe_data`). For the token layer, each LSTM layer and
+`TOKEN<TAB>LABEL` files (see `elmo_jax.analysis.probe_data`). For the token layer, each LSTM layer and
 a learned mix, prints a table of the test accuracy of a 1-nearest-neighbour classifier (cosine, among
 training items of the same word) and of a linear classifier, with the majority-class and per-word
-baselines; `--output` writes the same as JSON (`elmo_jax.features.probing.probe`), `--plot` a bar chart.
+baselines; `--output` writes the same as JSON (`elmo_jax.analysis.probing.probe`), `--plot` a bar chart.
 Every path may be gs://BUCKET/PATH; the outputs are written complete or not at all (`storage`).
 """
 
@@ -28,7 +28,7 @@ def define_flags() -> None:
 
 
 def run() -> dict:
-    from elmo_jax.features import probe_files  # after flag parsing, so --help is fast
+    from elmo_jax.analysis import probe_files  # after flag parsing, so --help is fast
     from elmo_jax.formats.model_source import ModelSource
 
     results = probe_files.probe_files(

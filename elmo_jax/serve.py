@@ -113,10 +113,10 @@ def check_flags() -> str | None:
 
 def build_app(params, token: str | None, on_start=None):
     """The application for a loaded biLM, from the flags: embedders, batcher, limits."""
-    from elmo_jax.features.dynamic_batching import DynamicBatcher, warmup_sentences
-    from elmo_jax.features.embed_requests import Limits
-    from elmo_jax.features.http_service import make_app
     from elmo_jax.features.sentences import SentenceEmbedder
+    from elmo_jax.serving.dynamic_batching import DynamicBatcher, warmup_sentences
+    from elmo_jax.serving.embed_requests import Limits
+    from elmo_jax.serving.http_service import make_app
 
     C = params.config.max_characters_per_token
     limits = Limits(

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax.features import ablation, ablation_model
-from elmo_jax.features.ablation_model import Variant
-from elmo_jax.features.probe_data import ProbeItem
+from elmo_jax.analysis import ablation, ablation_model
+from elmo_jax.analysis.ablation_model import Variant
+from elmo_jax.analysis.probe_data import ProbeItem
 from tests.support.commands import error_line
 from tests.support.inprocess import run_in_process
 from tests.support.probe_items import item, write_targets

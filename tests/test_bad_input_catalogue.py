@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax.features import file_embedding as ef
+from elmo_jax.files import file_embedding as ef
 from elmo_jax.formats.model_dir import write_model_dir
 from tests.support.commands import error_line, run_command
 from tests.support.compare import tree_digest

@@ -111,14 +111,15 @@ def test_every_command_answers_help_at_once_in_its_own_process():
 
 def test_the_package_face_resolves_every_public_name_on_first_use():
     """`elmo_jax.X`, `from elmo_jax import X` and dir() as with eager imports; each name is the defining
-    module's object, and the face re-exports only model, formats and features, and the pretrained facade
-    (the layer rule of tests/test_layers.py, which cannot see imports made by name)."""
+    module's object, and the face re-exports only model, formats and features, and the pretrained and
+    embedder facades (the layer rule of tests/test_layers.py, which cannot see imports made by name)."""
     names = set(elmo_jax.__all__)
     assert len(names) == len(elmo_jax.__all__) == 32
     assert names <= set(dir(elmo_jax))
     for name in elmo_jax.__all__:
         module = elmo_jax._LAZY[name]
-        assert module.split(".")[1] in ("model", "formats", "features") or module == "elmo_jax.pretrained", module
+        facade = module in ("elmo_jax.pretrained", "elmo_jax.embedder")
+        assert module.split(".")[1] in ("model", "formats", "features") or facade, module
         defined = importlib.import_module(module)
         expected = defined if module == f"elmo_jax.{name}" else getattr(defined, name)
         assert getattr(elmo_jax, name) is expected

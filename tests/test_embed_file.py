@@ -20,8 +20,8 @@ import pytest
 
 import elmo_jax
 from elmo_jax.features import batch_runner
-from elmo_jax.features import file_embedding as ef
 from elmo_jax.features.length_buckets import LENGTHS
+from elmo_jax.files import file_embedding as ef
 from elmo_jax.formats import model_source
 from tests.support.commands import error_line, run_command
 from tests.support.inprocess import run_in_process

@@ -23,11 +23,11 @@ import subprocess
 import pytest
 
 from elmo_jax import cli
-from elmo_jax.features import file_embedding as ef
-from elmo_jax.features import processes
 from elmo_jax.features.batch_runner import BatchRunner
+from elmo_jax.files import file_embedding as ef
 from elmo_jax.formats import vector_spool, vectors_hdf5
 from elmo_jax.formats.vectors_hdf5 import VectorsWriter
+from elmo_jax.runtime import processes
 from elmo_jax.storage import atomic
 from tests.support.commands import error_line
 from tests.support.embed_files import (

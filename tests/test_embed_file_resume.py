@@ -1,6 +1,6 @@
 """Resumable `embed_file`: a stopped run's staging directory is taken over by the next run with the same
 input, arguments and model, which embeds only what is missing and ends with the file an uninterrupted run
-writes; anything else starts over and says why (formats/vector_spool.py, features/file_embedding.py).
+writes; anything else starts over and says why (formats/vector_spool.py, files/file_embedding.py).
 
 A writer counts as dead when its pid no longer runs on this host; in-process tests stop a run with an
 exception and rename its staging directory to the pid of a process that has exited, the slow tests
@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from elmo_jax.features import file_embedding as ef
+from elmo_jax.files import file_embedding as ef
 from elmo_jax.formats import vector_spool
 from tests.support.commands import REPO, command_argv, command_env
 from tests.support.embed_files import (

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import elmo_jax
-from elmo_jax.features import file_embedding as ef
+from elmo_jax.files import file_embedding as ef
 from tests.reference.elmo_equations import np_sentence_mean
 from tests.support.commands import REPO, command_argv, command_env, error_line
 from tests.support.tolerance import assert_close_up_to_order, char_cnn_terms, lstm_terms

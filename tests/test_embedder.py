@@ -1,4 +1,4 @@
-"""`elmo_jax.Embedder`, the drop-in for AllenNLP's `ElmoEmbedder` (features/embedder.py).
+"""`elmo_jax.Embedder`, the drop-in for AllenNLP's `ElmoEmbedder` (elmo_jax/embedder.py).
 
 References: AllenNLP's own activations of the fixture sentences (tests/fixtures/allennlp_tiny: (L+1, n, D)
 per sentence, 1e-5 as tests/test_parity_allennlp.py), and `elmo_jax.embed`, the functional API, for

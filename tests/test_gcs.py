@@ -36,7 +36,7 @@ import elmo_jax
 from elmo_jax import storage
 from elmo_jax.data import text_files
 from elmo_jax.data.vocab_builder import build_vocab, count_tokens
-from elmo_jax.features.file_embedding import Options, embed_file
+from elmo_jax.files.file_embedding import Options, embed_file
 from elmo_jax.formats import model_dir
 from elmo_jax.formats.output_paths import check_output
 from elmo_jax.formats.vocab_file import VOCABULARY, Vocab
@@ -336,8 +336,8 @@ def test_embed_text_and_probe_read_and_write_in_the_bucket(bucket, tmp_path):
     """embed_text's --output and probe's --output, --plot, --train and --test in the bucket: the outputs are
     written there (a local file uploaded whole) and read back as written; the overwrite rules hold on the
     URLs; the probe files read as the same files do locally."""
-    from elmo_jax.features import probe_files
-    from elmo_jax.features.probe_data import read_probe_file
+    from elmo_jax.analysis import probe_files
+    from elmo_jax.analysis.probe_data import read_probe_file
     from elmo_jax.formats import layers_npz
 
     layers = np.arange(2 * 3 * 4 * 6, dtype=np.float32).reshape(2, 3, 4, 6)  # (B, L+1, T, 2P)
@@ -413,7 +413,7 @@ def test_prepare_lm1b_into_a_bucket_then_train_from_it_on_another_machine(bucket
 
 def test_several_embed_file_processes_are_refused_a_gs_output(bucket, monkeypatch):
     """Process 0 reads every process's spool, which a bucket cannot hold: refused before any work."""
-    from elmo_jax.features import processes
+    from elmo_jax.runtime import processes
 
     monkeypatch.setattr(processes, "share", lambda: (0, 2))
     with pytest.raises(ValueError, match=r"--output=gs://.*every process sees .*or run one process"):

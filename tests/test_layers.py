@@ -1,6 +1,7 @@
 """The package's layers, read from the source with `ast`: every import of an elmo_jax module points down
-the layers (docs/ARCHITECTURE.md), nothing imports a command module, and no modules import each other in
-a cycle (function-local imports included: they hide a cycle from Python, not from the design)."""
+the layers (docs/ARCHITECTURE.md), nothing imports a command module, an application imports libraries
+and never another application, and no modules import each other in a cycle (function-local imports
+included: they hide a cycle from Python, not from the design)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,31 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "elmo_jax"
 # Layer of each top-level name under elmo_jax; a module may import its own layer and those below it.
-# Side by side, importing neither each other: storage and model (the bottom: where bytes live, and the
-# pure model), features and data.
-LAYERS = {"storage": 0, "model": 0, "formats": 1, "features": 2, "data": 2, "training": 3}
-COMMAND = 4  # elmo_jax/<name>.py: the commands (python -m elmo_jax.X) and their shared ending (cli)
+# Side by side, importing neither each other: storage, model and runtime (the bottom: where bytes live,
+# the pure model, the host process's signals, meetings and progress lines), features and data, and the
+# applications.
+LAYERS = {
+    "storage": 0,
+    "model": 0,
+    "runtime": 0,
+    "formats": 1,
+    "features": 2,
+    "data": 2,
+    "training": 3,
+    "files": 4,
+    "serving": 4,
+    "analysis": 4,
+}
+# The applications stand over the libraries (everything below them) and never import each other: what
+# two of them need belongs to a library.
+APPLICATIONS = {"files", "serving", "analysis"}
+COMMAND = 5  # elmo_jax/<name>.py: the commands (python -m elmo_jax.X) and their shared ending (cli)
 # The public API: elmo_jax/__init__.py re-exports model, formats and features, and the facade modules;
-# elmo_jax/pretrained.py re-exports formats (the published models by name). Nothing in the package
-# imports a facade module (the commands import the package itself, or the layers).
-FACADES = {"elmo_jax/__init__.py", "elmo_jax/pretrained.py"}
-FACADE_MODULES = {"elmo_jax.pretrained"}
+# elmo_jax/pretrained.py re-exports formats (the published models by name); elmo_jax/embedder.py is
+# AllenNLP's `ElmoEmbedder` over the library and the file pipeline. Nothing in the package imports a
+# facade module (the commands import the package itself, or the layers).
+FACADES = {"elmo_jax/__init__.py", "elmo_jax/pretrained.py", "elmo_jax/embedder.py"}
+FACADE_MODULES = {"elmo_jax.pretrained", "elmo_jax.embedder"}
 
 
 def layer_of(module: str) -> tuple[int, str]:
@@ -50,9 +67,12 @@ def upward_imports(root: Path = PACKAGE) -> list[str]:
         for line, module in imported_modules(path, root):
             layer, top = layer_of(module)
             if relative in FACADES:
-                allowed = (layer <= LAYERS["features"] or module in FACADE_MODULES) and module != "elmo_jax"
+                allowed = layer <= LAYERS["features"] or top in APPLICATIONS or module in FACADE_MODULES
+                allowed = allowed and module != "elmo_jax"
             else:
-                allowed = layer < own_layer or top == own_top
+                allowed = (layer < own_layer or top == own_top) and not (
+                    top in APPLICATIONS and own_top in APPLICATIONS and top != own_top
+                )
             if layer == COMMAND and own_layer == COMMAND and relative not in FACADES:
                 allowed = module == "elmo_jax.cli" or relative == "elmo_jax/cli.py" or module == "elmo_jax"
             if not allowed:
@@ -128,6 +148,22 @@ def test_an_upward_import_is_caught(tmp_path):
         "elmo_jax/model/bilm.py:1 imports elmo_jax.training.loop",
         "elmo_jax/pretrained.py:2 imports elmo_jax.training.loop",
     ]
+
+
+def test_an_application_importing_another_is_caught(tmp_path):
+    """The check itself can fail: the service importing the file pipeline (both applications, one layer)
+    is reported, its imports of the library are not, nor the file pipeline's import of its own module."""
+    package = tmp_path / "elmo_jax"
+    for name in ("", "features", "files", "serving"):
+        (package / name).mkdir(parents=True, exist_ok=True)
+        (package / name / "__init__.py").write_text("")
+    (package / "features" / "sentences.py").write_text("")
+    (package / "files" / "options.py").write_text("")
+    (package / "files" / "pipeline.py").write_text("from elmo_jax.files import options\n")
+    (package / "serving" / "app.py").write_text(
+        "from elmo_jax.features import sentences\n\n\ndef f():\n    from elmo_jax.files.pipeline import run\n"
+    )
+    assert upward_imports(package) == ["elmo_jax/serving/app.py:5 imports elmo_jax.files.pipeline"]
 
 
 @pytest.mark.parametrize("name", sorted(LAYERS))

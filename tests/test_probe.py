@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from elmo_jax.features import probing
-from elmo_jax.features.probe_data import ProbeItem, read_probe_file
+from elmo_jax.analysis import probing
+from elmo_jax.analysis.probe_data import ProbeItem, read_probe_file
 from tests.support.commands import error_line, run_command
 from tests.support.inprocess import run_in_process
 from tests.support.probe_items import item, write_targets

@@ -27,10 +27,10 @@ import uvicorn
 
 import elmo_jax
 from elmo_jax import serve
-from elmo_jax.features.dynamic_batching import DynamicBatcher
-from elmo_jax.features.embed_requests import Limits
-from elmo_jax.features.http_service import make_app
 from elmo_jax.features.sentences import SentenceEmbedder
+from elmo_jax.serving.dynamic_batching import DynamicBatcher
+from elmo_jax.serving.embed_requests import Limits
+from elmo_jax.serving.http_service import make_app
 from tests.reference.elmo_equations import np_scalar_mix, np_sentence_mean
 from tests.support.commands import command_argv, command_env
 from tests.support.tolerance import assert_close_up_to_order, char_cnn_terms, lstm_terms

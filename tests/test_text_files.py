@@ -212,8 +212,8 @@ def test_every_reader_of_user_text_follows_one_rule(tmp_path):
     reader refused a .jsonl starting with one (and kept it as part of a CoNLL token), and the probe reader
     split lines wherever `str.splitlines` does (U+2028, "\\x85", a lone "\\r"). Now every reader follows
     `formats.text_lines`: a BOM at the start is no text, "\\n" and "\\r\\n" end lines, nothing else does."""
-    from elmo_jax.features import sentence_input
-    from elmo_jax.features.probe_data import read_probe_file
+    from elmo_jax.analysis.probe_data import read_probe_file
+    from elmo_jax.files import sentence_input
     from elmo_jax.formats.vocab_file import Vocab
 
     BOM = b"\xef\xbb\xbf"

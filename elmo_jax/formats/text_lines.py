@@ -1,6 +1,6 @@
 """The one rule for reading a person's text file, which every reader of user files follows: the corpus
 (`data.text_files`, `data.text_blocks`), a vocabulary (`formats.vocab_file`), probe sets
-(`features.probe_data`) and embed_file's sentences (`features.sentence_input`).
+(`analysis.probe_data`) and embed_file's sentences (`files.sentence_input`).
 
 - The text is UTF-8. A byte-order mark at the start of the file (Windows editors write one) is not part of
   the text; anywhere else it is a character like any other.

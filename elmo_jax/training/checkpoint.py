@@ -38,7 +38,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from elmo_jax import storage
-from elmo_jax.training import multihost, orbax_noise
+from elmo_jax.runtime import multihost
+from elmo_jax.training import orbax_noise
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a step directory being written
 COMMIT_FILE = "commit_success.txt"  # in Cloud Storage, the object orbax writes last into a complete step

@@ -20,7 +20,8 @@ from absl import logging
 from elmo_jax.data.batch_stream import BiLMBatchStream
 from elmo_jax.formats.vocab_file import EOS, Vocab
 from elmo_jax.model.lstm import zero_state
-from elmo_jax.training import multihost, sharding
+from elmo_jax.runtime import multihost
+from elmo_jax.training import sharding
 from elmo_jax.training.batch_feed import device_batch
 from elmo_jax.training.jitted_steps import Steps
 from elmo_jax.training.train_step import StepConfig, eval_step

@@ -33,7 +33,8 @@ from elmo_jax.formats import model_dir
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.flops import char_cnn_flops_per_token, lstm_flops_per_token
 from elmo_jax.model.params import BiLMParams, count_parameters
-from elmo_jax.training import multihost, preemption, settings, sharding
+from elmo_jax.runtime import multihost
+from elmo_jax.training import preemption, settings, sharding
 from elmo_jax.training.batch_feed import device_batch, distinct_bucket, gather_stream_state
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.heldout import (

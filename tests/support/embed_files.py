@@ -11,7 +11,7 @@ import subprocess
 import h5py
 import numpy as np
 
-from elmo_jax.features import file_embedding as ef
+from elmo_jax.files import file_embedding as ef
 
 WORDS = ["the", "bank", "of", "river", ".", "a", "Zürich", "naïve", "x" * 20, "<S>"]
 OPTIONS = ef.Options(layers="all", batch_tokens=64, long_sentences="split", max_sentence_tokens=20)

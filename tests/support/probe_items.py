@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from elmo_jax.features.probe_data import ProbeItem
+from elmo_jax.analysis.probe_data import ProbeItem
 
 
 def item(tokens: str, target: int, label: str) -> ProbeItem:

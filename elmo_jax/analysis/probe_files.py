@@ -10,8 +10,8 @@ import io
 import json
 
 from elmo_jax import storage
-from elmo_jax.features import probing
-from elmo_jax.features.probe_data import ProbeItem, read_probe_file
+from elmo_jax.analysis import probing
+from elmo_jax.analysis.probe_data import ProbeItem, read_probe_file
 from elmo_jax.formats import output_paths
 from elmo_jax.formats.model_source import ModelSource
 

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from elmo_jax.features import ablation_model, probing
-from elmo_jax.features.ablation_model import TaskData, Variant
-from elmo_jax.features.probe_data import ProbeItem
+from elmo_jax.analysis import ablation_model, probing
+from elmo_jax.analysis.ablation_model import TaskData, Variant
+from elmo_jax.analysis.probe_data import ProbeItem
 from elmo_jax.model.params import BiLMParams
 
 VARIANTS = (

@@ -46,9 +46,9 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from elmo_jax.features.embed import embed
-from elmo_jax.features.file_embedding import embed_file as embed_text_file
-from elmo_jax.features.file_options import Options
 from elmo_jax.features.sentences import DEFAULT_WINDOW, SentenceEmbedder
+from elmo_jax.files.file_embedding import embed_file as embed_text_file
+from elmo_jax.files.file_options import Options
 from elmo_jax.formats.model_source import ModelSource
 from elmo_jax.model.chars import batch_to_ids
 from elmo_jax.model.params import BiLMParams
@@ -143,7 +143,7 @@ class Embedder:
         **options,
     ) -> dict:
         """Every line of a text file (one tokenized sentence per line) into an HDF5 file in the layout of
-        AllenNLP's `elmo` command: `elmo_jax.features.file_embedding.embed_file`.
+        AllenNLP's `elmo` command: `elmo_jax.files.file_embedding.embed_file`.
 
         Args:
           input_file: the input's path, or an open file of one (AllenNLP passes a file object).

@@ -3,7 +3,7 @@
 Each process embeds its own share of the lines on its own devices, with no collective in any program; the
 processes meet only to agree on the input, to wait for each other, and to tell process 0 where their
 parts are. With one process every function here is a no-op or returns at once. (The trainer's
-`training/multihost.py` does the same for training; features cannot import it.)
+`runtime/multihost.py` does the same for training; features cannot import it.)
 
 When another process of the run dies (killed, crashed), the next meeting fails at once (gloo: the
 connection was closed by the peer) and raises `ProcessLost` naming it, so the survivors stop instead

@@ -6,7 +6,7 @@ an existing file only with `overwrite` and only if it is what this module writes
 
 from __future__ import annotations
 
-from elmo_jax.features import ablation, probe_files
+from elmo_jax.analysis import ablation, probe_files
 from elmo_jax.formats.model_source import ModelSource
 
 # The paper's reference figures (Peters et al. 2018, Table 2: SQuAD dev F1) for the variants it reports.

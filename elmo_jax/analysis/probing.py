@@ -29,9 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from elmo_jax.analysis.probe_data import ProbeItem
 from elmo_jax.features.embed import embed
 from elmo_jax.features.length_buckets import BucketBatcher, Piece
-from elmo_jax.features.probe_data import ProbeItem
 from elmo_jax.model.chars import tokens_to_raw_ids
 from elmo_jax.model.params import BiLMParams
 

@@ -26,8 +26,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from elmo_jax.features.dynamic_batching import DynamicBatcher, QueueFull
-from elmo_jax.features.embed_requests import Limits, RequestError, encode, parse_request
+from elmo_jax.serving.dynamic_batching import DynamicBatcher, QueueFull
+from elmo_jax.serving.embed_requests import Limits, RequestError, encode, parse_request
 
 RETRY_AFTER_S = 1
 LATENCY_BUCKETS = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)

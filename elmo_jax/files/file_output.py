@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from elmo_jax.features import sentence_input
 from elmo_jax.features.output_modes import OutputMode
+from elmo_jax.files import sentence_input
 from elmo_jax.formats import vector_spool
 from elmo_jax.formats.vectors_hdf5 import VectorsWriter, size_bound
 

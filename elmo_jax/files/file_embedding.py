@@ -49,20 +49,21 @@ import numpy as np
 from absl import logging
 
 from elmo_jax import storage
-from elmo_jax.features import file_staging, processes, sentence_input
 from elmo_jax.features.batch_runner import BatchRunner
-from elmo_jax.features.file_options import IDENTITY_OPTIONS, Options
-from elmo_jax.features.file_output import write_output
-from elmo_jax.features.interruptions import Interruptions
 from elmo_jax.features.length_buckets import BucketBatcher, InputOrderBatcher, Piece
 from elmo_jax.features.output_modes import output_mode
-from elmo_jax.features.progress import Progress
 from elmo_jax.features.token_ids import CharIdTable, width_bucket
+from elmo_jax.files import file_staging, sentence_input
+from elmo_jax.files.file_options import IDENTITY_OPTIONS, Options
+from elmo_jax.files.file_output import write_output
 from elmo_jax.formats import output_paths
 from elmo_jax.formats.model_source import ModelSource
 from elmo_jax.formats.vectors_hdf5 import VECTORS_FILE
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.params import iter_flat
+from elmo_jax.runtime import processes
+from elmo_jax.runtime.interruptions import Interruptions
+from elmo_jax.runtime.progress import Progress
 from elmo_jax.storage import atomic
 
 IN_FLIGHT = 2  # batches on the devices while the host writes the one before
@@ -89,7 +90,7 @@ def embed_model_file(
       input_path, output_path: --input and --output (both required).
       options: see `Options`.
       start_processes: called once the checks have passed, before the model is loaded or a device used:
-        the command's start of `jax.distributed` (`training.multihost.start`, which features cannot import).
+        the command's start of `jax.distributed` (`runtime.multihost.start`, which features cannot import).
 
     Returns:
       `embed_file`'s counts.

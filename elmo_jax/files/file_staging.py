@@ -22,9 +22,9 @@ import os
 
 from absl import logging
 
-from elmo_jax.features import processes
-from elmo_jax.features.interruptions import Interruptions
 from elmo_jax.formats import vector_spool
+from elmo_jax.runtime import processes
+from elmo_jax.runtime.interruptions import Interruptions
 from elmo_jax.storage import atomic
 
 
