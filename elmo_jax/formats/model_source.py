@@ -16,6 +16,14 @@ from elmo_jax.formats.published_models import MODELS, is_published_name
 from elmo_jax.model.params import BiLMParams
 
 
+def names_published_model(source: str) -> bool:
+    """Whether `source` (a --model, an `init_from`) names a published model rather than a place: one of
+    the published names, with no file or directory of that name where the command runs (a path that
+    exists is always a path, and a URL always a place). The one rule every reader of such a string
+    follows."""
+    return not storage.is_location(source) and is_published_name(source)
+
+
 def model_directory(model: str, *, flag: str = "--model") -> str:
     """The model directory `model` names: itself if it exists, else the cached published model of that
     name (downloaded first if needed, `pretrained.fetch`).
@@ -24,9 +32,9 @@ def model_directory(model: str, *, flag: str = "--model") -> str:
       FileNotFoundError: neither a path nor a published name.
       OSError, ValueError: the published model cannot be downloaded or checked (`pretrained.fetch`).
     """
+    if names_published_model(model):
+        return pretrained.fetch(model)
     if not storage.is_location(model):
-        if is_published_name(model):
-            return pretrained.fetch(model)
         raise FileNotFoundError(
             f"{flag}={model}: no such model directory, and not a published model name ({', '.join(MODELS)})"
         )
@@ -52,9 +60,9 @@ def load_model(
             "--weights=FILE"
         )
     if model:
-        if storage.is_location(model) or not is_published_name(model):
-            return model_dir.load(model_directory(model, flag=flag))
-        return pretrained.load(model)  # says how to remove a damaged cached copy
+        if names_published_model(model):
+            return pretrained.load(model)  # says how to remove a damaged cached copy
+        return model_dir.load(model_directory(model, flag=flag))
     if not (options_file and weight_file):
         raise ValueError("--options and --weights go together")
     from elmo_jax.formats.weights_hdf5 import load_hdf5

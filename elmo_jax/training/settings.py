@@ -12,7 +12,8 @@ import ml_collections
 from elmo_jax import storage
 from elmo_jax.data.text_files import INVALID_UTF8_POLICIES
 from elmo_jax.data.training_corpus import data_problems
-from elmo_jax.formats.published_models import MODELS, is_published_name
+from elmo_jax.formats.model_source import names_published_model
+from elmo_jax.formats.published_models import MODELS
 from elmo_jax.formats.vocab_file import SPECIALS
 from elmo_jax.model.config import BiLMConfig, InvalidBiLMConfig
 from elmo_jax.model.precision import COMPUTE_DTYPES, ComputeOptions
@@ -214,7 +215,7 @@ def _model_problems(config) -> Iterator[str]:
 
 def init_from_problem(source: str) -> str | None:
     """Why `init_from` cannot be a start (it names no directory, nor a published model), or None."""
-    if is_published_name(source) and not storage.is_location(source):
+    if names_published_model(source):
         return None
     if not storage.isdir(source):
         return (

@@ -23,7 +23,7 @@ from absl import logging
 
 from elmo_jax import storage
 from elmo_jax.formats import pretrained, weights_hdf5
-from elmo_jax.formats.published_models import is_published_name
+from elmo_jax.formats.model_source import names_published_model
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.params import BiLMParams
@@ -218,7 +218,7 @@ def _initial_weights(config, cfg: StepConfig, vocab: Vocab, mesh) -> tuple[BiLMP
 def _init_from_directory(source: str) -> str:
     """The directory `init_from` names (a published model's name: its cached model directory); raises
     FileNotFoundError when it is not a directory."""
-    if not storage.is_location(source) and is_published_name(source):
+    if names_published_model(source):
         source = pretrained.fetch(source)  # a published model by name: its cached model directory
     problem = settings.init_from_problem(source)
     if problem is not None:  # checked before the run began: it went since
