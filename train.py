@@ -94,10 +94,8 @@ _QUIET_LIBRARIES = _QuietLibraries()
 
 def _start_distributed() -> None:
     """`jax.distributed.initialize()` when this is one of several processes (before any device use)."""
-    from elmo_jax.runtime import multihost
-
-    local_devices = [int(i) for i in FLAGS.local_device_ids] if FLAGS.local_device_ids else None
-    multihost.start(*cli.distributed_start_args(), local_devices)
+    local_devices = tuple(int(i) for i in FLAGS.local_device_ids) if FLAGS.local_device_ids else None
+    cli.cluster(local_devices).start()
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -134,7 +134,7 @@ def interrupted_exit_code(interruption: BaseException) -> int:
 
 def define_distributed_flags() -> None:
     """The flags of a command that runs as one of several processes (train.py, embed_file), read by
-    `distributed_start_args`."""
+    `cluster`."""
     flags.DEFINE_bool(
         "distributed",
         False,
@@ -146,11 +146,13 @@ def define_distributed_flags() -> None:
     flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes) (implies --distributed).")
 
 
-def distributed_start_args() -> tuple[bool, str | None, int | None, int | None]:
-    """(distributed, coordinator_address, num_processes, process_id) from the parsed flags of
-    `define_distributed_flags`, as `runtime.multihost.start` takes them."""
+def cluster(local_device_ids: tuple[int, ...] | None = None):
+    """The parsed flags of `define_distributed_flags` as a `runtime.processes.Cluster` (whose `start`
+    begins `jax.distributed` when they ask for it)."""
+    from elmo_jax.runtime.processes import Cluster  # imports JAX: after flag parsing, so --help is fast
+
     f = flags.FLAGS
-    return f.distributed, f.coordinator_address, f.num_processes, f.process_id
+    return Cluster(f.distributed, f.coordinator_address, f.num_processes, f.process_id, local_device_ids)
 
 
 def define_model_flags() -> None:

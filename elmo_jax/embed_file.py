@@ -89,7 +89,6 @@ def define_flags() -> None:
 def run() -> dict:
     from elmo_jax.files.file_embedding import Options, embed_model_file
     from elmo_jax.formats.model_source import ModelSource
-    from elmo_jax.runtime import multihost
 
     try:
         devices = None if not FLAGS.devices else tuple(int(d) for d in FLAGS.devices)
@@ -126,7 +125,7 @@ def run() -> dict:
         FLAGS.input,
         FLAGS.output,
         options,
-        start_processes=lambda: multihost.start(*cli.distributed_start_args()),
+        cluster=cli.cluster(),
     )
     share = f" (process {counts['process']} of {counts['processes']})" if counts["processes"] > 1 else ""
     resumed = f", {counts['resumed_lines']:,} of them from the stopped run" if counts["resumed_lines"] else ""

@@ -5,7 +5,7 @@ the library half of `python -m elmo_jax.embed_file`.
 2. The run gets its staging directory next to the output (`formats.vector_spool`): a killed run's, taken
    over when it embedded the same input with the same arguments and model (the run continues from the
    sentences already done, and says so), or a new one (saying why an old one was not taken).
-3. This process's lines (all of them; with several processes every count-th, `processes.owns`) that
+3. This process's lines (all of them; with several processes every count-th, `owns`) that
    the spool does not hold yet are streamed into length x width buckets (`length_buckets`), each batch
    is run on all local devices (`batch_runner`) while the host prepares the next, and each finished
    batch is appended to the spool. With a vocabulary (a model directory's vocab.txt), its words that
@@ -22,7 +22,7 @@ token cache (a model directory's vocab.txt, with --token_cache=auto).
 
 A stop leaves the run finished (the output complete under its name, nothing staged) or resumable (the
 output untouched, the staging directory kept, and the same command continues), never neither.
-SIGTERM and Ctrl-C are taken at the next stop point (`interruptions`: between batches and lines), so no
+SIGTERM and Ctrl-C are taken at the next stop point (`runtime.signals`: between batches and lines), so no
 library code they land in can lose them or turn them into an error; they keep the staging directory
 (its spool synced to disk), as do `kill -9` and the death of another process of the run
 (`processes.ProcessLost`). Once the finished file is being renamed into place, a signal waits until
@@ -62,11 +62,17 @@ from elmo_jax.formats.vectors_hdf5 import VECTORS_FILE
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.params import iter_flat
 from elmo_jax.runtime import processes
-from elmo_jax.runtime.interruptions import Interruptions
 from elmo_jax.runtime.progress import Progress
+from elmo_jax.runtime.signals import StopSignals
 from elmo_jax.storage import atomic
 
 IN_FLIGHT = 2  # batches on the devices while the host writes the one before
+
+
+def owns(line: int, index: int, count: int) -> bool:
+    """Whether process `index` of `count` embeds `line` (0-based): lines are dealt round-robin, which
+    spreads every length and width bucket evenly over the processes."""
+    return line % count == index
 
 
 def embed_model_file(
@@ -75,7 +81,7 @@ def embed_model_file(
     output_path: str | None,
     options: Options = Options(),
     *,
-    start_processes: Callable[[], object] = lambda: None,
+    cluster: processes.Cluster | None = None,
 ) -> dict:
     """`embed_file` with the biLM a command names, as `python -m elmo_jax.embed_file` runs it.
 
@@ -89,8 +95,8 @@ def embed_model_file(
       model: --model, or --options and --weights.
       input_path, output_path: --input and --output (both required).
       options: see `Options`.
-      start_processes: called once the checks have passed, before the model is loaded or a device used:
-        the command's start of `jax.distributed` (`runtime.multihost.start`, which features cannot import).
+      cluster: the command's --distributed flags: `jax.distributed` is started as they ask once the
+        checks have passed, before the model is loaded or a device used (None: one process).
 
     Returns:
       `embed_file`'s counts.
@@ -114,7 +120,8 @@ def embed_model_file(
             )
         except (OSError, ValueError) as e:  # name the input as given, not its local copy
             raise type(e)(str(e).replace(local_input, input_path)) from None
-        start_processes()
+        if cluster is not None:
+            cluster.start()
         params = model.load()
         vocabulary = None if vocab_file is None else Vocab.load(vocab_file).words
         return embed_file(params, local_input, output_path, options, summary=summary, vocabulary=vocabulary)
@@ -199,7 +206,7 @@ def _embed_local_file(
     processes.check_same("inputs or arguments", json.dumps(identity, sort_keys=True))
     identity["share"] = [index, count]
     staging, spool = file_staging.open_spool(target, identity, options.resume, shown)
-    with Interruptions() as stops:
+    with StopSignals(second_signal="at_once") as stops:
         try:
             staging_dirs = processes.gather_text(staging)  # every process has taken its staging directory
             file_staging.refuse_another_writer(target, shown, ours=staging_dirs)  # one that started meanwhile
@@ -313,7 +320,7 @@ def _embed_share(
     for line, tokens in sentence_input.lines(summary.path):
         stop_point()
         counts["lines_read"] += 1
-        if not tokens or not processes.owns(line, index, count):
+        if not tokens or not owns(line, index, count):
             continue
         for offset in range(0, len(tokens), max_tokens):
             if done.has(line, offset):

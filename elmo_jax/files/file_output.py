@@ -1,7 +1,7 @@
 """The end of `embed_file`: every process's spool into one HDF5 file in the `elmo`-command layout.
 
 Process 0 reads the input once more, in line order, and for each line takes its pieces from the spool of
-the process that embedded it (`processes.owns`), has the output mode join them (`OutputMode.sentence`:
+the process that embedded it (`file_embedding.owns`), has the output mode join them (`OutputMode.sentence`:
 the token axis of a split sentence; the sums of `sentence_mean`, divided by the line's token count) and
 writes the line's dataset
 (`vectors_hdf5.VectorsWriter`). The file is written inside process 0's staging directory, and
@@ -43,7 +43,7 @@ def write_output(
       output: what the vectors are (`output_modes`).
       skip_blank: blank lines get no dataset (--blank_lines=skip) instead of an empty one.
       sentence_index: write sentence_to_index.
-      stop_point: called before each line (`interruptions.Interruptions.check`: a stop raises there, and
+      stop_point: called before each line (`runtime.signals.StopSignals.check`: a stop raises there, and
         the unfinished file is removed).
 
     Returns:

@@ -6,7 +6,7 @@ vectors, then the finished file). This module decides what becomes of it:
 - taken: a killed run's with the same identity (`vector_spool.adopt`), or a new one (`open_spool`);
   never beside another live run writing the same output (`refuse_another_writer`, one line naming it);
 - ended early (`ended_early`): a stop (SIGTERM, Ctrl-C, also one that the code it landed in turned into
-  an error: `interruptions`) or the loss of another process of the run keeps it, synced, for the same
+  an error: `runtime.signals`) or the loss of another process of the run keeps it, synced, for the same
   command to continue, and says where; an error removes it, so a full disk gets its space back;
 - finished (`put_in_place`): the finished file is renamed onto the output, then the directory removed,
   with signals waiting; if anything ends that early, the run is resumable while the file is not in
@@ -24,7 +24,7 @@ from absl import logging
 
 from elmo_jax.formats import vector_spool
 from elmo_jax.runtime import processes
-from elmo_jax.runtime.interruptions import Interruptions
+from elmo_jax.runtime.signals import StopSignals
 from elmo_jax.storage import atomic
 
 
@@ -75,7 +75,7 @@ def refuse_another_writer(target: str, shown: str, ours=()) -> None:
             )
 
 
-def ended_early(failure: BaseException, stops: Interruptions, spool, staging: str, shown: str) -> BaseException:
+def ended_early(failure: BaseException, stops: StopSignals, spool, staging: str, shown: str) -> BaseException:
     """What to raise when a run ends before its output is in place. A stop (a signal, also one that the
     code it landed in turned into an error) and a lost process keep the staging directory, synced, for
     the next run, and say so; an error removes it (unless another writer was found while it held a
@@ -107,7 +107,7 @@ def ended_early(failure: BaseException, stops: Interruptions, spool, staging: st
     return failure
 
 
-def put_in_place(staged: str | None, target: str, staging: str, spool, stops: Interruptions, shown: str) -> None:
+def put_in_place(staged: str | None, target: str, staging: str, spool, stops: StopSignals, shown: str) -> None:
     """Process 0 renames the finished file `staged` onto `target`, then every process removes its staging
     directory; signals wait until both are done. Ended early anyway (an error, an exception), the run is
     resumable while the file is not in place (`ended_early`), and finished once it is (the staging

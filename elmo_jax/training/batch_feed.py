@@ -8,11 +8,11 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 
 from elmo_jax.data.batch_stream import DIRECTIONS, merge_states
 from elmo_jax.model.char_cnn import content_bucket
 from elmo_jax.model.distinct_tokens import distinct_capacity
+from elmo_jax.runtime import processes
 
 BATCH_KEYS = ("char_ids", "targets", "mask", "carry", "reset")
 
@@ -53,9 +53,9 @@ def gather_stream_state(state: dict[str, Any]) -> dict[str, Any]:
     rows = sorted(int(r) for r in state[DIRECTIONS[0]])
     table = np.array([[r] + [v for d in DIRECTIONS for v in state[d][str(r)]] for r in rows], np.int64)
     # int64 travels as pairs of int32 (JAX without x64 would truncate stream positions past 2**31).
-    gathered = multihost_utils.process_allgather(table.view(np.int32))
+    gathered = processes.gather(table.view(np.int32))
     per_process = []
-    for t in np.asarray(gathered).view(np.int64):  # (rows, 1 + 2 * len(DIRECTIONS))
+    for t in gathered.view(np.int64):  # (rows, 1 + 2 * len(DIRECTIONS))
         part = {k: v for k, v in state.items() if k not in DIRECTIONS}
         for i, d in enumerate(DIRECTIONS):
             part[d] = {str(int(row[0])): [int(row[1 + 2 * i]), int(row[2 + 2 * i])] for row in t}

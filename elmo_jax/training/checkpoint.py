@@ -38,7 +38,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from elmo_jax import storage
-from elmo_jax.runtime import multihost
+from elmo_jax.runtime import processes
 from elmo_jax.training import orbax_noise
 
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's name for a step directory being written
@@ -121,7 +121,7 @@ class Checkpoints:
                 storage.rmtree(tmp)
             self._empty_deleting()
         if writer:
-            multihost.barrier("elmo_jax.training.checkpoint: incomplete writes removed")
+            processes.barrier("elmo_jax.training.checkpoint: incomplete writes removed")
         self._async = async_save
         orbax_noise.install()
         options = ocp.CheckpointManagerOptions(
@@ -283,7 +283,7 @@ class Checkpoints:
             if _unreachable(error):  # no damage found: nothing is moved aside or reported as corrupt
                 raise OSError(f"cannot read checkpoint {storage.join(self.directory, str(step))}: {error}") from error
             # Every process must take the same branch (they all read the same files, but say so).
-            if multihost.agree_max(int(error is not None)):
+            if processes.agree_max(int(error is not None)):
                 bad.append((step, _brief(error) if error else "failed on another process"))
                 logging.error(
                     "checkpoint %s cannot be restored (%s)", storage.join(self.directory, str(step)), bad[-1][1]
@@ -312,7 +312,7 @@ class Checkpoints:
                         n, aside = n + 1, f"{path}{CORRUPT_SUFFIX}{n + 1}"
                     storage.rename(path, aside)
                     logging.warning("moved the unrestorable checkpoint %s aside to %s (not deleted)", path, aside)
-            multihost.barrier("elmo_jax.training.checkpoint: corrupt checkpoints moved aside")
+            processes.barrier("elmo_jax.training.checkpoint: corrupt checkpoints moved aside")
             self.manager.reload()
         logging.warning(
             "USING THE OLDER CHECKPOINT %s: the newer %s cannot be restored (see above); the steps "

@@ -20,7 +20,7 @@ from absl import logging
 from elmo_jax.data.batch_stream import BiLMBatchStream
 from elmo_jax.formats.vocab_file import EOS, Vocab
 from elmo_jax.model.lstm import zero_state
-from elmo_jax.runtime import multihost
+from elmo_jax.runtime import processes
 from elmo_jax.training import sharding
 from elmo_jax.training.batch_feed import device_batch
 from elmo_jax.training.jitted_steps import Steps
@@ -126,8 +126,8 @@ def _summed_cross_entropies(
         if steps is None:
             s, c, lstm = eval_step(params, lstm, batch, cfg=cfg, content_positions=positions)
         else:
-            global_batch = multihost.global_batch(batch, steps.batch, batch_size)
-            s, c, lstm = steps.eval(params, lstm, global_batch, multihost.agree_max(positions))
+            global_batch = processes.global_batch(batch, steps.batch, batch_size)
+            s, c, lstm = steps.eval(params, lstm, global_batch, processes.agree_max(positions))
         c = np.asarray(c, np.float64)
         if several and not c.any():
             break

@@ -10,7 +10,7 @@ Faults (docs/FAULTS.md has the table): SIGTERM/SIGINT checkpoint and stop (`pree
 newest complete checkpoint that restores is used (`checkpoint`); non-finite steps stop training or
 are skipped (`step_report`).
 
-With several processes (`multihost`), each reads and feeds only its own rows of the global batch;
+With several processes (`runtime.processes`), each reads and feeds only its own rows of the global batch;
 process 0 alone writes logs, metrics and the export; checkpoints are written by all of them (orbax).
 """
 
@@ -33,7 +33,8 @@ from elmo_jax.formats import model_dir
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.flops import char_cnn_flops_per_token, lstm_flops_per_token
 from elmo_jax.model.params import BiLMParams, count_parameters
-from elmo_jax.runtime import multihost
+from elmo_jax.runtime import processes
+from elmo_jax.runtime.signals import StopSignals
 from elmo_jax.training import preemption, settings, sharding
 from elmo_jax.training.batch_feed import device_batch, distinct_bucket, gather_stream_state
 from elmo_jax.training.checkpoint import Checkpoints
@@ -65,7 +66,7 @@ class Run:
       checkpoints: the workdir's checkpoint manager (writer).
       meta: what each checkpoint is saved with (`start.run_meta`).
       heldout: params -> heldout metrics, or None without heldout data.
-      signals: SIGTERM/SIGINT requests (`preemption.StopSignals`).
+      signals: SIGTERM/SIGINT requests (`preemption.stop_signals`).
       report: reads, checks and logs each step's metrics.
       after_checkpoint: called in process 0 with the step once its checkpoint is complete, or None.
     """
@@ -77,7 +78,7 @@ class Run:
     checkpoints: Checkpoints
     meta: dict
     heldout: Callable[[dict], dict[str, float]] | None
-    signals: preemption.StopSignals
+    signals: StopSignals
     report: StepReport | None = None
     after_checkpoint: Callable[[int], object] | None = None
 
@@ -118,7 +119,7 @@ def _train(config: ml_collections.ConfigDict, workdir: str, mesh, after_checkpoi
     heldout = _heldout_evaluation(config, cfg, data, steps)
     checkpoints = Checkpoints(workdir, keep=config.keep_checkpoints, writer=True)
     log = None
-    with preemption.StopSignals() as signals, _closing(checkpoints, lambda: log):
+    with preemption.stop_signals() as signals, _closing(checkpoints, lambda: log):
         run = Run(config, cfg, steps, stream, checkpoints, run_meta(config, cfg, data.vocab), heldout, signals)
         run.after_checkpoint = after_checkpoint
         state, data_state, skipped = resume_or_start(config, cfg, data.vocab, steps, checkpoints, run.meta)
@@ -182,8 +183,8 @@ def _train_loop(run: Run, state: TrainState) -> TrainState:
     for step in range(int(state.step), config.num_train_steps):
         local, positions = device_batch(next(run.stream), run.cfg.model.max_characters_per_token)
         distinct = distinct_bucket(local, run.steps.local_token_shards) if config.distinct_tokens else None
-        positions, distinct, stop = preemption.agree(positions, distinct, run.signals.received is not None)
-        batch = multihost.global_batch(local, run.steps.batch, config.batch_size)
+        positions, distinct, stop = preemption.agree(positions, distinct, run.signals.requested is not None)
+        batch = processes.global_batch(local, run.steps.batch, config.batch_size)
         started = time.perf_counter()
         state, metrics = run.steps.train(state, batch, positions, distinct)
         if (positions, distinct) not in buckets:  # the call returned once the step for it was compiled
@@ -193,13 +194,13 @@ def _train_loop(run: Run, state: TrainState) -> TrainState:
             report(*pending)
         pending, done = (step + 1, metrics), step + 1
         # One process stops after the step it was in; several after the step they agreed on.
-        stop = stop or (jax.process_count() == 1 and run.signals.received is not None)
+        stop = stop or (jax.process_count() == 1 and run.signals.requested is not None)
         if done % config.checkpoint_every_steps == 0 or done == config.num_train_steps or stop:
             report(*pending)  # a non-finite loss stops here, before its state is checkpointed
             pending = None
             _checkpoint(run, state, done)
         if stop:  # the evaluation due here, if any, runs when training resumes
-            run.signals.stop_if_requested(done, run.checkpoints, agreed=True)
+            preemption.stop_if_requested(run.signals, done, run.checkpoints, agreed=True)
         if _eval_due(config, done, run.heldout):
             _evaluate(run, done, model_params(state))
     if pending is not None:
@@ -240,10 +241,10 @@ def _finish(run: Run, state: TrainState, vocab: Vocab, workdir: str, is_main: bo
     returned) and the export to `WORKDIR/export`; a stop signal is honoured between them."""
     step = int(state.step)
     run.checkpoints.wait()  # a failed last write is reported before the export
-    run.signals.stop_if_requested(step, run.checkpoints)
+    preemption.stop_if_requested(run.signals, step, run.checkpoints)
     final = _evaluate(run, step, model_params(state)) if run.heldout is not None else {}
-    run.signals.stop_if_requested(step, run.checkpoints)
-    weights = multihost.fetch(model_params(state)["bilm"])  # every process takes part
+    preemption.stop_if_requested(run.signals, step, run.checkpoints)
+    weights = processes.fetch(model_params(state)["bilm"])  # every process takes part
     if is_main:
         export = storage.join(workdir, "export")
         export_model(
@@ -263,7 +264,7 @@ def _finish(run: Run, state: TrainState, vocab: Vocab, workdir: str, is_main: bo
 
 def export_model(bilm: BiLMParams, vocab: Vocab, directory: str, source: str = "", extractor: bool = True) -> None:
     """Writes a model directory (`formats.model_dir`) for a trained biLM, replacing an earlier export only
-    once the new one is complete. `bilm` must be addressable here (`multihost.fetch` of the weights);
+    once the new one is complete. `bilm` must be addressable here (`processes.fetch` of the weights);
     `extractor`: whether it includes extractor.jax (the config's `export_extractor`)."""
     try:
         # The run owns its workdir: the export may go inside it (other commands may not write there).
@@ -374,7 +375,7 @@ def _closing(checkpoints: Checkpoints, log):
 def _open_data(config, workdir: str, is_main: bool) -> TrainingData:
     """The corpus and vocabulary: process 0 prepares them (and writes vocab.txt) before the others read."""
     data = open_training_data(config.data, workdir, write_files=True) if is_main else None
-    multihost.barrier("elmo_jax.training.loop: training data prepared")
+    processes.barrier("elmo_jax.training.loop: training data prepared")
     return data or open_training_data(config.data, workdir, write_files=False)
 
 

@@ -1,12 +1,12 @@
 """Stopping training cleanly on SIGTERM (what TPU/GPU preemption sends) or SIGINT (Ctrl-C).
 
-The handlers only record the request. The training loop looks at it after every step: it finishes the
-step, saves a checkpoint (unless that step was just saved), waits for the write and raises `Stopped`,
-which `train.py` reports before exiting 0; re-running the same command resumes from that checkpoint.
-Handlers are installed only while the loop runs and the previous ones are put back afterwards. A second
-SIGINT or SIGTERM is absorbed with one line: raising inside the checkpoint write or the cleanup the first
-one started could leave a half-written or half-deleted step. `kill -9` still stops at once, and the next
-run resumes from the newest complete checkpoint.
+While the loop runs, `stop_signals()` records a request (`runtime.signals.StopSignals`). The loop looks
+at it after every step: it finishes the step, saves a checkpoint (unless that step was just saved),
+waits for the write and raises `Stopped`, which `train.py` reports before exiting 0; re-running the same
+command resumes from that checkpoint. A second SIGINT or SIGTERM is absorbed with one line: raising
+inside the checkpoint write or the cleanup the first one started could leave a half-written or
+half-deleted step. `kill -9` still stops at once, and the next run resumes from the newest complete
+checkpoint.
 
 With several processes every one must stop after the same step (each saves its part of the same
 checkpoint): `agree` makes the request global in the one host collective each step already makes.
@@ -14,16 +14,10 @@ checkpoint): `agree` makes the request global in the one host collective each st
 
 from __future__ import annotations
 
-import signal
-import sys
-import threading
-
-import jax
 import numpy as np
-from absl import logging
-from jax.experimental import multihost_utils
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from elmo_jax.runtime import processes
+from elmo_jax.runtime.signals import StopSignals
 
 
 class Stopped(Exception):
@@ -37,59 +31,32 @@ class Stopped(Exception):
         self.signal_name, self.step, self.directory = signal_name, step, directory
 
 
-class StopSignals:
-    """Context manager: while active, SIGTERM and SIGINT set `received` (the signal's name) instead of
-    killing the process. Outside the main thread (where Python cannot install handlers) it does nothing."""
+def stop_signals() -> StopSignals:
+    """Training's stop requests: taken after a step, a second signal absorbed (see the module doc)."""
+    return StopSignals(
+        second_signal="absorb",
+        first_note="stopping after this step, once a checkpoint is saved",
+        second_note=(
+            "already stopping, waiting for the checkpoint to be saved (kill -9 stops at once; the run then "
+            "resumes from the newest complete checkpoint)"
+        ),
+    )
 
-    def __init__(self):
-        self.received: str | None = None
-        self._repeated = False
-        self._previous: dict[int, object] = {}
 
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for s in SIGNALS:
-                self._previous[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._previous.clear()
-
-    def stop_if_requested(self, step: int, checkpoints, agreed: bool = False) -> None:
-        """Raises `Stopped` once checkpoint `step` is on disk (`checkpoints.wait()`), if a signal asked
-        to stop on any process: all of them call this at the same points (a collective), unless
-        `agreed` says they already agreed to stop."""
-        if agreed or agree(0, None, self.received is not None)[2]:
-            checkpoints.wait()
-            raise Stopped(self.received or "a signal to another process", step, checkpoints.directory)
-
-    def _handle(self, signum: int, frame) -> None:
-        name = signal.Signals(signum).name
-        if self.received is None:
-            self.received = name
-            logging.warning("%s received: stopping after this step, once a checkpoint is saved", name)
-            return
-        # A second signal must not interrupt the checkpoint write or the cleanup that the first started
-        # (raising here could leave a half-written or half-deleted step): it is absorbed.
-        if not self._repeated:
-            self._repeated = True
-            print(
-                f"{name} again: already stopping, waiting for the checkpoint to be saved (kill -9 stops at "
-                "once; the run then resumes from the newest complete checkpoint)",
-                file=sys.stderr,
-                flush=True,
-            )
+def stop_if_requested(signals: StopSignals, step: int, checkpoints, agreed: bool = False) -> None:
+    """Raises `Stopped` once checkpoint `step` is on disk (`checkpoints.wait()`), if a signal asked to
+    stop on any process: all of them call this at the same points (a collective), unless `agreed` says
+    they already agreed to stop."""
+    if agreed or agree(0, None, signals.requested is not None)[2]:
+        checkpoints.wait()
+        raise Stopped(signals.requested or "a signal to another process", step, checkpoints.directory)
 
 
 def agree(positions: int, distinct: int | None, stop: bool) -> tuple[int, int | None, bool]:
     """(the largest char CNN buckets: positions and distinct-token slots (None: every token, the largest),
     whether any process must stop) over all processes: one host collective for all three, so the
     processes compile the same program and stop after the same step."""
-    if jax.process_count() == 1:
-        return positions, distinct, stop
     every = np.iinfo(np.int32).max  # None
     mine = np.array([positions, every if distinct is None else distinct, int(stop)], np.int32)
-    largest = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1, 3).max(axis=0)
+    largest = processes.agree_max_each(mine)
     return int(largest[0]), None if largest[1] == every else int(largest[1]), bool(largest[2])

@@ -20,9 +20,9 @@ import sys
 import time
 
 import jax
-from jax.experimental import multihost_utils
 
 from elmo_jax import storage
+from elmo_jax.runtime import processes
 
 LOCK_FILE = ".elmo_jax.lock"
 
@@ -80,7 +80,7 @@ class WorkdirLock:
             except OSError as e:  # every process must hear of any failure, or the others wait forever
                 error = e
         if jax.process_count() > 1:
-            refused = int(multihost_utils.broadcast_one_to_all(int(error is not None)))
+            refused = processes.agree_max(int(error is not None))  # only process 0 can have failed
             if refused and error is None:
                 raise WorkdirInUseError(f"{self.path}: process 0 could not lock the workdir (see its error line)")
         if error is not None:
