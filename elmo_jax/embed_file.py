@@ -87,9 +87,28 @@ def define_flags() -> None:
 
 
 def run() -> dict:
-    from elmo_jax.files.file_embedding import Options, embed_model_file
+    from elmo_jax.files.file_embedding import embed_model_file
     from elmo_jax.formats.model_source import ModelSource
 
+    counts = embed_model_file(
+        ModelSource(FLAGS.model, FLAGS.options, FLAGS.weights),
+        FLAGS.input,
+        FLAGS.output,
+        _options(),
+        cluster=cli.cluster(),
+    )
+    share = f" (process {counts['process']} of {counts['processes']})" if counts["processes"] > 1 else ""
+    resumed = f", {counts['resumed_lines']:,} of them from the stopped run" if counts["resumed_lines"] else ""
+    print(
+        f"wrote {FLAGS.output}{share}: {counts['sentences']:,} sentences{resumed}, {counts['tokens']:,} tokens in "
+        f"{counts['seconds']:.1f} s ({counts['batches']} batches, {counts['compiled_shapes']} compiled shapes, "
+        f"{counts['devices']} devices{', token cache' if counts['cached_types'] else ''})"
+    )
+    return counts
+
+
+def _options():
+    """The parsed flags as the pipeline's `file_options.Options`; a list flag that does not parse is named."""
     try:
         devices = None if not FLAGS.devices else tuple(int(d) for d in FLAGS.devices)
     except ValueError:
@@ -102,7 +121,7 @@ def run() -> dict:
         raise ValueError(
             f"--mix_scalars: expected comma-separated numbers, found {','.join(FLAGS.mix_scalars)}"
         ) from None
-    options = Options(
+    return file_options.Options(
         layers=FLAGS.layers,
         mix_scalars=scalars,
         gamma=FLAGS.gamma,
@@ -120,21 +139,6 @@ def run() -> dict:
         token_cache=FLAGS.token_cache,
         resume=FLAGS.resume,
     )
-    counts = embed_model_file(
-        ModelSource(FLAGS.model, FLAGS.options, FLAGS.weights),
-        FLAGS.input,
-        FLAGS.output,
-        options,
-        cluster=cli.cluster(),
-    )
-    share = f" (process {counts['process']} of {counts['processes']})" if counts["processes"] > 1 else ""
-    resumed = f", {counts['resumed_lines']:,} of them from the stopped run" if counts["resumed_lines"] else ""
-    print(
-        f"wrote {FLAGS.output}{share}: {counts['sentences']:,} sentences{resumed}, {counts['tokens']:,} tokens in "
-        f"{counts['seconds']:.1f} s ({counts['batches']} batches, {counts['compiled_shapes']} compiled shapes, "
-        f"{counts['devices']} devices{', token cache' if counts['cached_types'] else ''})"
-    )
-    return counts
 
 
 def main(argv) -> None:

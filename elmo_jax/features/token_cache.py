@@ -186,6 +186,24 @@ def load_token_cache(
       FileNotFoundError, ValueError: naming the file and what was expected.
     """
     path = os.fspath(path)
+    embeddings, tokens, C, digest = _read_cache_file(
+        path, params.config.max_characters_per_token if params is not None else 50
+    )
+    tokens = _resolve_tokens(path, tokens, vocab_file)
+    if len(tokens) != embeddings.shape[0]:
+        raise ValueError(
+            f"{path}: 'embedding' has {embeddings.shape[0]} rows but there are {len(tokens)} tokens"
+            + (f" in {os.fspath(vocab_file)}" if vocab_file is not None else "")
+        )
+    cache = TokenCache(tuple(tokens), embeddings, C, digest)
+    if params is not None:
+        check_token_cache(cache, params, source=path)
+    return cache
+
+
+def _read_cache_file(path: str, default_c: int) -> tuple[np.ndarray, list[str] | None, int, str]:
+    """(float32 embeddings (V, P), the file's tokens or None, C, the char CNN's digest or "") of a token
+    cache file, checked for its layout; `default_c` where the file does not say C (bilm-tf's dumps)."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: token cache file not found")
     if os.path.isdir(path) or not h5py.is_hdf5(path):
@@ -204,24 +222,11 @@ def load_token_cache(
                 )
             embeddings = np.asarray(dataset[...], np.float32)
             tokens = [t.decode("utf-8") for t in h5["tokens"][...]] if "tokens" in h5 else None
-            C = int(
-                h5.attrs.get(
-                    "max_characters_per_token", params.config.max_characters_per_token if params is not None else 50
-                )
-            )
+            C = int(h5.attrs.get("max_characters_per_token", default_c))
             digest = str(h5.attrs.get("char_cnn_sha256", ""))
     except OSError as e:
         raise ValueError(f"{path}: cannot read the token cache ({e})") from None
-    tokens = _resolve_tokens(path, tokens, vocab_file)
-    if len(tokens) != embeddings.shape[0]:
-        raise ValueError(
-            f"{path}: 'embedding' has {embeddings.shape[0]} rows but there are {len(tokens)} tokens"
-            + (f" in {os.fspath(vocab_file)}" if vocab_file is not None else "")
-        )
-    cache = TokenCache(tuple(tokens), embeddings, C, digest)
-    if params is not None:
-        check_token_cache(cache, params, source=path)
-    return cache
+    return embeddings, tokens, C, digest
 
 
 def _resolve_tokens(path: str, stored: list[str] | None, vocab_file) -> list[str]:

@@ -60,38 +60,11 @@ def scan(
         `max_tokens` tokens (with long_sentences="error"), or is blank (with blank_lines="error");
         the message names the file and line and the flag that changes the behaviour.
     """
-    if blank_lines not in BLANK_LINE_POLICIES:
-        raise ValueError(f"--blank_lines must be one of {BLANK_LINE_POLICIES}, found {blank_lines!r}")
-    if long_sentences not in LONG_SENTENCE_POLICIES:
-        raise ValueError(f"--long_sentences must be one of {LONG_SENTENCE_POLICIES}, found {long_sentences!r}")
-    if max_tokens < 1:
-        raise ValueError(f"--max_sentence_tokens must be positive, found {max_tokens}")
+    _check_policies(blank_lines, long_sentences, max_tokens)
     summary = InputSummary(path, types=set() if collect_types else None)
     digest = hashlib.sha256()
     for number, tokens in _numbered_lines(path, digest):
-        summary.lines += 1
-        summary.tokens += len(tokens)
-        if summary.types is not None:
-            summary.types.update(tokens)
-            if len(summary.types) > MAX_TYPES:
-                summary.types = None
-        if not tokens:
-            if blank_lines == "error":
-                raise ValueError(
-                    f"{path}:{number}: blank line; remove it, or pass --blank_lines=empty (an empty "
-                    "entry) or --blank_lines=skip (no entry)"
-                )
-            summary.blank += 1
-            _keep_first(summary.first_blank, number)
-        elif len(tokens) > max_tokens:
-            if long_sentences == "error":
-                raise ValueError(
-                    f"{path}:{number}: {len(tokens):,} tokens, over --max_sentence_tokens={max_tokens}; "
-                    "raise the limit or pass --long_sentences=split (embeds pieces of at most that "
-                    "many tokens, each without the others' context)"
-                )
-            summary.long += 1
-            _keep_first(summary.first_long, number)
+        _count_line(summary, number, tokens, blank_lines, max_tokens, long_sentences)
     if summary.lines == 0:
         raise ValueError(f"{path}: the input file is empty; expected one tokenized sentence per line")
     summary.size, summary.sha256 = os.path.getsize(path), digest.hexdigest()
@@ -103,6 +76,46 @@ def lines(path: str, digest=None) -> Iterator[tuple[int, list[str]]]:
     `digest` (a hashlib object), when given, is updated with every byte read."""
     for number, tokens in _numbered_lines(path, digest):
         yield number - 1, tokens
+
+
+def _check_policies(blank_lines: str, long_sentences: str, max_tokens: int) -> None:
+    """Raises ValueError naming the flag whose value is not one the scan knows."""
+    if blank_lines not in BLANK_LINE_POLICIES:
+        raise ValueError(f"--blank_lines must be one of {BLANK_LINE_POLICIES}, found {blank_lines!r}")
+    if long_sentences not in LONG_SENTENCE_POLICIES:
+        raise ValueError(f"--long_sentences must be one of {LONG_SENTENCE_POLICIES}, found {long_sentences!r}")
+    if max_tokens < 1:
+        raise ValueError(f"--max_sentence_tokens must be positive, found {max_tokens}")
+
+
+def _count_line(
+    summary: InputSummary, number: int, tokens: list[str], blank_lines: str, max_tokens: int, long_sentences: str
+) -> None:
+    """Adds line `number` (1-based) to `summary`, or raises ValueError where its policy says a blank or
+    long line is an error (the message names the file, the line and the flag that changes it)."""
+    summary.lines += 1
+    summary.tokens += len(tokens)
+    if summary.types is not None:
+        summary.types.update(tokens)
+        if len(summary.types) > MAX_TYPES:
+            summary.types = None
+    if not tokens:
+        if blank_lines == "error":
+            raise ValueError(
+                f"{summary.path}:{number}: blank line; remove it, or pass --blank_lines=empty (an empty "
+                "entry) or --blank_lines=skip (no entry)"
+            )
+        summary.blank += 1
+        _keep_first(summary.first_blank, number)
+    elif len(tokens) > max_tokens:
+        if long_sentences == "error":
+            raise ValueError(
+                f"{summary.path}:{number}: {len(tokens):,} tokens, over --max_sentence_tokens={max_tokens}; "
+                "raise the limit or pass --long_sentences=split (embeds pieces of at most that "
+                "many tokens, each without the others' context)"
+            )
+        summary.long += 1
+        _keep_first(summary.first_long, number)
 
 
 def _numbered_lines(path: str, digest=None) -> Iterator[tuple[int, list[str]]]:

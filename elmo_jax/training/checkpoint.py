@@ -269,17 +269,7 @@ class Checkpoints:
         """
         bad: list[tuple[int, str]] = []
         for step in sorted(self.manager.all_steps(), reverse=True):
-            try:
-                meta = self.restore_meta(step)
-                error = None
-            except Exception as e:
-                error = e
-            if error is None:
-                check_meta(meta)
-                try:
-                    restored = self.restore(step, target(meta))
-                except Exception as e:
-                    error = e
+            restored, error = self._try_restore(step, target, check_meta)
             if _unreachable(error):  # no damage found: nothing is moved aside or reported as corrupt
                 raise OSError(f"cannot read checkpoint {storage.join(self.directory, str(step))}: {error}") from error
             # Every process must take the same branch (they all read the same files, but say so).
@@ -299,6 +289,21 @@ class Checkpoints:
                 "left as they are; move the directory aside to start from scratch"
             )
         return None
+
+    def _try_restore(
+        self, step: int, target: Callable[[dict], Any], check_meta: Callable[[dict], None]
+    ) -> tuple[tuple[Any, dict, dict] | None, Exception | None]:
+        """(`restore`'s (state, data, meta), None) of checkpoint `step`, or (None, the failure) when its
+        meta or its arrays cannot be read; `check_meta`'s error (another run's checkpoint) is raised."""
+        try:
+            meta = self.restore_meta(step)
+        except Exception as e:
+            return None, e
+        check_meta(meta)
+        try:
+            return self.restore(step, target(meta)), None
+        except Exception as e:
+            return None, e
 
     def _report_fallback(self, bad: list[tuple[int, str]], step: int, move_aside: bool) -> None:
         names = ", ".join(storage.join(self.directory, str(s)) for s, _ in bad)
