@@ -22,8 +22,9 @@ bench/RESULTS_tpu_compile.md, "The LSTM time loop"). Here:
   kernel, the recurrent kernel, the inputs and the bias. The stacks that only these products read
   (dz, h_prev, the projection's input and gradient) are stored in the matmul dtype, to which the
   products cast them anyway: the same numbers (on a TPU, in bfloat16, the bias's sum reads that rounded
-  dz too, accumulating in float32), and in bfloat16 half the bytes (dz alone is 0.34 GB per layer per
-  v5e chip of the `bilm_large` step in float32, written once and read twice).
+  dz too, accumulating in float32), and in bfloat16 half the bytes (dz alone, written once and read
+  twice, is a large array per layer of the `bilm_large` step: bench/RESULTS_tpu_compile.md, "The LSTM
+  time loop").
   (Computing the inputs' gradient inside the loop instead made the TPU compiler read the input kernel
   from HBM at every step, which moved more, the more so when dz's product takes the whole kernel at
   once: bench/RESULTS_tpu_compile.md, "The LSTM time loop".)
@@ -308,8 +309,8 @@ def _summed_over_rows(dz: jax.Array, mask: jax.Array, dtype: str) -> jax.Array:
     """The bias's gradient on a TPU: the stacked dz (T, D, B, 4H) summed over steps and rows -> float32 (D, 4H).
 
     A product with the mask (dz is zero where it is false, so the same sum) on the matrix unit
-    (`summing_columns`): the compiler's reduction over the rows of the stack was estimated at 3x the
-    product's time (0.78 against 0.27 ms a layer of the `bilm_large` step on v5e).
+    (`summing_columns`): the compiler's reduction over the rows of the stack was estimated much slower
+    than the product (measured: bench/RESULTS_tpu_compile.md, "The LSTM time loop").
     """
     return einsum("tdbg,tdbk->dkg", dz, summing_columns(mask, dz.dtype), dtype)[:, 0]
 

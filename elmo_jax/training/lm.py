@@ -184,8 +184,8 @@ def gather_rows(table: jax.Array, first: jax.Array, second: jax.Array) -> tuple[
 
     Its gradient is one (V', ...) array that both index arrays' row gradients are added into, one after
     the other: autodiff of the two gathers builds a zero-filled gradient for each and adds them, which
-    for the softmax writes, re-reads and adds a second (V', P) array at every step (on a TPU, 0.6 GB per
-    chip of the `bilm_large` step: bench/RESULTS_tpu_compile.md, "The softmax gradient in one array").
+    for the softmax writes, re-reads and adds a second (V', P) array at every step (on a TPU, measured:
+    bench/RESULTS_tpu_compile.md, "The softmax gradient in one array").
     """
     return table[first], table[second]
 

@@ -89,8 +89,8 @@ def global_norm(tree) -> jax.Array:
 
     On a TPU each matrix of at least `_PRODUCT_ROWS` rows has its sum of squares as a product with a
     column of ones on the matrix unit (`precision.sum_by_product`, float32 at `Precision.HIGHEST`): the
-    compiler estimated the reduction over the softmax's rows at 1.8x the product's time (0.61 against
-    0.34 ms per v5e chip of the `bilm_large` 8 x 1 step). Elsewhere optax's own.
+    compiler estimated the reduction over the softmax's rows slower than the product (measured:
+    bench/RESULTS_tpu_compile.md, "The gradient norm's sums of squares as products"). Elsewhere optax's own.
     """
     return lax.platform_dependent(tree, tpu=_norm_by_products, default=optax.tree.norm)
 

@@ -35,17 +35,17 @@ MESH_AXES = ("data", "model")
 #
 # The softmax (793,471 x 512 for the published vocabulary, 1.6 GB, and as much again for its Adagrad
 # accumulators and its gradient) is split over the vocabulary on both axes, so that a data-parallel mesh
-# does not keep a copy of it and its Adagrad state on every device (3.74 -> 1.09 GiB of state per device
-# on 8 x 1): each device scores and updates its own rows for every row of the batch, and only the ids,
-# outputs and gradient rows of the batch cross devices.
+# does not keep a copy of it and its Adagrad state on every device (the state per device before and after:
+# docs/SCALING.md, "Memory per device"): each device scores and updates its own rows for every row of the
+# batch, and only the ids, outputs and gradient rows of the batch cross devices.
 #
 # The biLM's large weights (the LSTM kernels and projections, the highway and projection layers of the
 # char CNN: 93.6M parameters, 374 MB) are split over "data" by their input axis between steps, and
 # gathered whole once at the start of each step (`weight_gather`): each device keeps and updates 1/N of
 # them and of their Adagrad state, where a replicated biLM had every device make the optimiser's passes
-# over all of it (on v5e-8, 8 x 1, bilm_large: the optimiser's kernels 6.0 -> 2.6 ms a step by the
-# compiler's estimate; bench/RESULTS_tpu_compile.md, "The biLM's weights split over the data axis"). The
-# gather is a collective a replicated biLM did not need (there, 0.81 -> 1.00 GB of collectives per chip);
+# over all of it (split, the optimiser's kernels of the v5e-8 bilm_large step take less time by the
+# compiler's estimate; measured: bench/RESULTS_tpu_compile.md, "The biLM's weights split over the data
+# axis"). The gather is a collective a replicated biLM did not need (more bytes of collectives per chip);
 # the gradient's all-reduce stays, followed by a local slice. A weight whose axis does not divide into the
 # data axis's shards stays replicated (`param_shardings`).
 #
@@ -243,8 +243,8 @@ def weight_gather(shardings, stacked: Sequence[tuple[str, ...]] = ()):
     all-gathers each split weight once before the model reads it, and whose gradient is summed over the
     devices and then sliced, each device keeping its own slice (`_own_slice`). Constrained straight to
     the shards, the gradient's split propagated back into the products that compute it, which the
-    partitioner then split differently and partly recomputed (bench/RESULTS_tpu_compile.md, "The biLM's
-    weights split over the data axis": 2,005 -> 2,574 GFLOP per chip).
+    partitioner then split differently and partly recomputed, adding FLOPs per chip (measured:
+    bench/RESULTS_tpu_compile.md, "The biLM's weights split over the data axis").
     """
     replicated = jax.tree.map(lambda s: NamedSharding(s.mesh, PartitionSpec()), shardings)
 
@@ -268,10 +268,11 @@ def _own_slices(grads: dict, shardings: dict, stacked: Sequence[tuple[str, ...]]
 
     The gradient of weights the model stacks (the two directions' LSTM kernels, `lstm.stacked_cell`)
     comes out of one product for the stack and is split into the leaves; sliced leaf by leaf, that split
-    copied each direction's whole gradient before the slice (two 134 MB copies per layer on a v5e chip
-    of the `bilm_large` step). Stacked again here, XLA cancels the split against the stack, slices the
-    stack, and splits only the device's slice (bench/RESULTS_tpu_compile.md, "The sampled softmax's sums
-    as products; what the goal needs"). A replicated group has nothing to slice and is left as it is.
+    copied each direction's whole gradient before the slice (two copies per layer of the `bilm_large`
+    step on a v5e chip). Stacked again here, XLA cancels the split against the stack, slices the
+    stack, and splits only the device's slice (measured: bench/RESULTS_tpu_compile.md, "The sampled
+    softmax's sums as products; what the goal needs", paragraph "The LSTM kernels' gradients sliced as one
+    stack"). A replicated group has nothing to slice and is left as it is.
     """
     flat, specs = dict(iter_flat(grads)), dict(iter_flat(shardings))
     sliced = {}

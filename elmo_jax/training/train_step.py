@@ -180,13 +180,12 @@ def _scaled_loss(cfg: StepConfig, sums, counts, final):
 
 
 # What the sparse softmax update costs per row it handles, in rows of the dense update: derived from
-# two v5e-8 compiles of bilm_large with the vocabulary split over all 8 chips (bench/RESULTS_tpu_compile.md,
-# "The softmax over every chip"): 4 x 2 / 512 rows, 86k reads against 99k rows a chip, sparse 48.2 ms and
-# dense 46.4 ms; 8 x 1 / 1,024 rows, 172k reads, 55.6 and 49.1 ms. The two differences, each a per-row
-# cost times the rows of its update with no fixed part, give 0.055 ms per 1,000 sparse rows against 0.029
-# per 1,000 dense ones, a ratio of 1.9: every device handles every read row (gathered across the
-# vocabulary's shards, summed per id, updated and scattered back), the dense update only its own rows,
-# in plain passes.
+# two v5e-8 compiles of bilm_large with the vocabulary split over all 8 chips (4 x 2 / 512 rows and
+# 8 x 1 / 1,024 rows, each with the sparse and the dense update), whose two differences, each a per-row
+# cost times the rows of its update with no fixed part, give the sparse update about twice the dense
+# one's cost per row (measured: bench/RESULTS_tpu_compile.md, "The compiler's estimate", paragraph "The
+# softmax over every chip"): every device handles every read row (gathered across the vocabulary's
+# shards, summed per id, updated and scattered back), the dense update only its own rows, in plain passes.
 SPARSE_ROW_COST = 2
 
 
@@ -201,8 +200,8 @@ def softmax_row_slots(cfg: StepConfig, batch_size: int, optimizer) -> int | None
     and summed per id on every device), the dense update's with the device's share of V' (one gradient
     of its rows, summed across the data axis, one pass of the optimiser). U alone (at most V) would
     miss that: bilm_large on 64 data-parallel chips reads 1.38M rows of 793,600 per step, and compiled
-    for v5e the sparse update moved 40.8 GB per chip per step against the dense one's 32.5
-    (bench/RESULTS_tpu_compile.md)."""
+    for v5e the sparse update moved more HBM bytes per chip per step than the dense one (measured:
+    bench/RESULTS_tpu_compile.md, "What a row means", paragraph "Large slices: v5e-32 and v5e-64")."""
     if cfg.full_softmax or not cfg.sparse_softmax_update or not declares_row_sparse(optimizer):
         return None
     groups = candidate_groups(batch_size, cfg.negative_sample_group_rows)
