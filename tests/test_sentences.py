@@ -73,6 +73,23 @@ def test_each_output_mode_equals_its_numpy_formula(tiny_params, short, layers):
     assert np.all(got[3] == 0.0)  # the empty sentence: (0, D), or zeros for the mean
 
 
+def test_a_layer_index_is_that_layer(tiny_params, short):
+    """layers=j (an int, `output_modes.LayerIndex`): AllenNLP's layer j of each sentence; one program
+    serves every index (the index travels as data); an index past L, or a bool, is refused."""
+    sentences, layer_refs = short
+    compiled = []
+    for j in range(3):
+        embedder = elmo_jax.SentenceEmbedder(tiny_params, layers=j, batch_tokens=64)
+        for vectors, reference in zip(embedder.embed(sentences), layer_refs):
+            assert vectors.dtype == np.float32 and vectors.shape == reference[j].shape
+            np.testing.assert_allclose(vectors, reference[j], rtol=0, atol=ATOL)
+        compiled.append(batch_runner._chars_program(embedder.runner.mesh, "index", "float32")._cache_size())
+    assert compiled[0] == compiled[1] == compiled[2]
+    for bad, message in ((3, "--layers=3: a layer index of this model is 0 to 2"), (True, "--layers must be one of")):
+        with pytest.raises(ValueError, match=message):
+            elmo_jax.embed_sentences(tiny_params, [["ok"]], layers=bad)
+
+
 def test_sentence_mean_defaults_to_the_average_of_the_layers(tiny_params, short):
     sentences, layer_refs = short
     got = elmo_jax.embed_sentences(tiny_params, sentences, layers="sentence_mean", float16=True, batch_tokens=64)

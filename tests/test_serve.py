@@ -2,8 +2,9 @@
 (uvicorn in a thread, the fixture's tiny biLM on the 8 test devices) and once as a real process (SIGTERM).
 
 References: `elmo_jax.embed` of the same sentences in one padded batch, reduced per output mode by the
-NumPy formulas of tests/reference/elmo_equations.py; the packed rows of the service sum in another order,
-so the float32 bound is derived from rounding (tests/support/tolerance.py).
+NumPy formulas of tests/reference/elmo_equations.py, and `embed_sentences` of each output mode (the
+library's modes, which the service answers through); the packed rows of the service sum in another
+order, so the float32 bound is derived from rounding (tests/support/tolerance.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from elmo_jax.serving.embed_requests import Limits
 from elmo_jax.serving.http_service import make_app
 from tests.reference.elmo_equations import np_scalar_mix, np_sentence_mean
 from tests.support.commands import command_argv, command_env
-from tests.support.tolerance import assert_close_up_to_order, char_cnn_terms, lstm_terms
+from tests.support.tolerance import assert_close_up_to_order, char_cnn_terms, lstm_terms, order_tolerance
 
 LIMITS = Limits(max_sentences=6, max_tokens=60, max_sentence_tokens=24, max_token_bytes=48, max_body_bytes=4000)
 WORDS = ["the", "bank", "of", "a", "river", "ran", "dry", "Überschwemmungsgebiet", ".", "x" * 48]
@@ -160,6 +161,36 @@ def test_concurrent_mixed_requests_equal_embed(tiny_service, tiny_params):
                 assert_close_up_to_order(vectors, reference, terms, f"request {i} sentence {k}")
     batches = batcher.stats.batches - batches_before
     assert 1 <= batches < 24, f"{batches} batches for 24 concurrent requests: none were merged"
+
+
+def test_every_output_mode_is_what_embed_sentences_gives_for_that_mode(tiny_service, tiny_params):
+    """One request per output mode, every layer index 0..L among them, for the same sentences (an empty
+    one too): each answer is `embed_sentences(..., layers=mode)` of them. The service reduces a
+    sentence's layers on the host and `embed_sentences` in its batch program, so their float32 sums may
+    differ in order: the chain of the char CNN, the LSTM and the mode's own sum over the layers and tokens,
+    at the scale of the sentence's layers (the terms of every mode's sums)."""
+    port, _ = tiny_service
+    sentences = [["the", "bank", "of", "a", "river"], [], ["Überschwemmungsgebiet", "ran", "dry", "."], ["x" * 48]]
+    mix = {"scalars": [0.5, -1.0, 2.0], "gamma": 0.7}
+    n_layers = tiny_params.config.n_output_layers
+    modes = [("all", {}), ("top", {}), ("average", {}), ("sentence_mean", {})]
+    modes += [(mix, {"layers": "mix", "mix_scalars": mix["scalars"], "gamma": mix["gamma"]})]
+    modes += [(j, {}) for j in range(n_layers)]
+    layers = elmo_jax.embed_sentences(tiny_params, sentences, layers="all", batch_tokens=256)
+    for spec, options in modes:
+        body = {"sentences": sentences, "layers": spec}
+        status, headers, data = request(port, "POST", "/v1/embed", body, {"Accept": "application/x-npz"})
+        assert status == 200, data[:300]
+        got = decode(headers, data, len(sentences))
+        expected = elmo_jax.embed_sentences(tiny_params, sentences, batch_tokens=256, **(options or {"layers": spec}))
+        for k, (vectors, reference) in enumerate(zip(got, expected)):
+            assert vectors.dtype == reference.dtype == np.float32 and vectors.shape == reference.shape, (spec, k)
+            n = len(sentences[k])
+            config = tiny_params.config
+            terms = char_cnn_terms(config) + lstm_terms(config, n + 2) + n_layers * max(n, 1)
+            np.testing.assert_allclose(
+                vectors, reference, rtol=0, atol=order_tolerance(layers[k], terms), err_msg=f"{spec} sentence {k}"
+            )
 
 
 def test_every_refusal_names_its_field(tiny_service):

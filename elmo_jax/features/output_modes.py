@@ -1,5 +1,5 @@
-"""What each sentence's vectors become: the output modes of `embed_sentences` and `embed_file` (their
-`layers` argument, embed_file's --layers), one object each.
+"""What each sentence's vectors become: the output modes of `embed_sentences`, `embed_file` (their
+`layers` argument, embed_file's --layers) and the service's requests (`serving`), one object each.
 
     mode           a batch on the device           a sentence of n tokens   what it is
     all            (B, L+1, T, 2P)                 (L+1, n, 2P)              every layer
@@ -7,6 +7,11 @@
     average        (B, T, 2P)                      (n, 2P)                   the mean of the L+1 layers
     mix            (B, T, 2P)                      (n, 2P)                   gamma * sum_j softmax(s)_j * layer_j
     sentence_mean  (B, 2P), float32 token sums     (2P,)                     the mean over its tokens of that mix
+    j (0..L)       (B, T, 2P)                      (n, 2P)                   layer j itself (an index mode)
+
+The named modes are embed_file's --layers choices (`NAMES`); a layer index is an int (`layers=2`), for
+`embed_sentences` and the service (embed_file's --layers keeps its names: an index there would change
+the flag's values and help).
 
 A mode owns everything that depends on it: the reduction of the layers on the device (`reduce`, inside
 the batch program; `reduce_packed` for rows that hold several sentences, `packing`), what a fetched batch
@@ -14,14 +19,17 @@ row holds for one piece of a sentence (`piece`, `packed_piece`; the sums for sen
 (`shape`), how the pieces of a split sentence are joined into its vectors
 (`sentence`: the token axis of a layer mode; for sentence_mean the sums added up and divided by the
 sentence's token count, `pooled`), the vectors of a sentence of no tokens (`empty`), its dtypes
-(`dtype`, what the device returns: `batch_dtype`) and which flags go with it (`takes_mix`).
-`output_mode` checks the choices (errors name the flags) and returns the mode. Callers (batch_runner,
-sentences, file_output, file_embedding, the embed_file command's flags) ask the mode; none of them
-tests its name.
+(`dtype`, what the device returns: `batch_dtype`) and which flags go with it (`takes_mix`). A caller
+that keeps every layer of a sentence and picks its mode afterwards (the service: one batch serves
+requests of every mode) asks `from_layers`: the same reduction, run by NumPy on the host, then
+`sentence`. `output_mode` checks the choices (errors name the flags) and returns the mode. Callers
+(batch_runner, sentences, file_output, file_embedding, the embed_file command's flags, the service's
+requests) ask the mode; none of them tests its name.
 
 A module of its own rather than a part of `batch_runner`: the spool's reader (`file_output`) and the
-command's flags need the modes without the device code. JAX is imported where the reduction is traced,
-so importing this module costs NumPy alone (the command's `--help` lists the modes).
+command's flags need the modes without the device code. JAX is imported where the reduction is traced
+(a reduction of NumPy arrays runs in NumPy), so importing this module costs NumPy alone (the command's
+`--help` lists the modes).
 """
 
 from __future__ import annotations
@@ -50,7 +58,8 @@ class OutputMode:
     Attributes:
       n_layers: L+1, the biLM's output layers.
       dim: 2P, the width of a layer's vectors.
-      mix: (L+1,) layer weights gamma * softmax(s) (all modes carry them; those that `takes_mix` use them).
+      mix: (L+1,) layer weights gamma * softmax(s) (all modes carry them; those that `takes_mix` use them);
+        an index mode's are one-hot at its layer, which its reduction takes.
       float16: sentence vectors in float16 instead of float32.
     """
 
@@ -76,7 +85,8 @@ class OutputMode:
     @staticmethod
     def reduce(layers, mix, dtype: str):
         """(B, L+1, T, 2P) layers with zeros at padding, (L+1,) mix weights -> a batch's output (traced
-        inside the batch program; `dtype` is the name of `batch_dtype`)."""
+        inside the batch program; run by NumPy for NumPy arrays, `from_layers`; `dtype` is the name of
+        `batch_dtype`)."""
         raise NotImplementedError
 
     @classmethod
@@ -110,6 +120,17 @@ class OutputMode:
         """The vectors of a sentence of no tokens (a blank line)."""
         return np.zeros(self.shape(0), self.dtype)
 
+    def from_layers(self, layers: np.ndarray) -> np.ndarray:
+        """A sentence's vectors from its float32 (L+1, n, 2P) layers (the "all" mode's vectors), on the
+        host: the mode's reduction of a batch of that one row, run by NumPy, then `piece` and `sentence`,
+        so they are what a batch reduced on the device gives, up to the order of float32 sums."""
+        n_tokens = layers.shape[1]
+        if not n_tokens:
+            return self.empty()
+        batch = np.asarray(layers, np.float32)[None]
+        result = self.reduce(batch, np.asarray(self.mix, np.float32), np.dtype(self.batch_dtype).name)
+        return self.sentence([self.piece(result, 0, n_tokens)], n_tokens)
+
 
 class AllLayers(OutputMode):
     name = "all"
@@ -139,9 +160,7 @@ class Average(OutputMode):
 
     @staticmethod
     def reduce(layers, mix, dtype: str):
-        import jax.numpy as jnp  # traced on the device only (see the module doc)
-
-        return jnp.mean(layers, axis=1).astype(dtype)
+        return _numpy(layers).mean(layers, axis=1).astype(dtype)
 
 
 class Mix(OutputMode):
@@ -163,9 +182,7 @@ class SentenceMean(OutputMode):
 
     @staticmethod
     def reduce(layers, mix, dtype: str):
-        import jax.numpy as jnp
-
-        return jnp.sum(_mixed(layers, mix), axis=1).astype(dtype)  # padding is exactly zero
+        return _numpy(layers).sum(_mixed(layers, mix), axis=1).astype(dtype)  # padding is exactly zero
 
     @classmethod
     def reduce_packed(cls, layers, segments, mix, dtype: str):
@@ -196,25 +213,54 @@ class SentenceMean(OutputMode):
         return pooled(sum(np.asarray(p, np.float64) for p in pieces), n_tokens, self.dtype)
 
 
+class LayerIndex(OutputMode):
+    """Layer j of the L+1 itself (`output_mode` of the int j): its `mix` is one-hot at j, and the
+    reduction takes that layer, no arithmetic, so one program serves every index."""
+
+    name = "index"
+
+    @property
+    def index(self) -> int:
+        return int(np.argmax(self.mix))
+
+    @staticmethod
+    def reduce(layers, mix, dtype: str):
+        xp = _numpy(layers)
+        return xp.take(layers, xp.argmax(mix), axis=1).astype(dtype)
+
+
 def pooled(sums: np.ndarray, n_tokens: int, dtype) -> np.ndarray:
     """`sentence_mean`: token sums divided by the token count (zeros for an empty sentence)."""
     return (sums / max(n_tokens, 1)).astype(dtype)
 
 
+def _numpy(layers):
+    """The array module of `layers`: NumPy for a host array (`OutputMode.from_layers`), else jax.numpy
+    (traced in the batch program; imported here, so that importing this module costs NumPy alone)."""
+    if isinstance(layers, np.ndarray):
+        return np
+    import jax.numpy as jnp
+
+    return jnp
+
+
 def _mixed(layers, mix):
     """gamma * sum_j softmax(s)_j * layer_j: (B, L+1, T, D) -> (B, T, D), in float32."""
+    if isinstance(layers, np.ndarray):
+        return np.einsum("l,bltd->btd", np.asarray(mix, np.float32), layers)
     import jax
     import jax.numpy as jnp
 
     return jnp.einsum("l,bltd->btd", mix, layers, precision=jax.lax.Precision.HIGHEST)
 
 
-MODES: dict[str, type[OutputMode]] = {mode.name: mode for mode in (AllLayers, TopLayer, Average, Mix, SentenceMean)}
-NAMES = tuple(MODES)  # "all", "top", "average", "mix", "sentence_mean"
+NAMED = (AllLayers, TopLayer, Average, Mix, SentenceMean)
+NAMES = tuple(mode.name for mode in NAMED)  # "all", "top", "average", "mix", "sentence_mean": --layers
+MODES: dict[str, type[OutputMode]] = {mode.name: mode for mode in (*NAMED, LayerIndex)}  # the programs' keys
 
 
 def output_mode(
-    layers: str,
+    layers: str | int,
     n_layers: int,
     dim: int,
     mix_scalars: Sequence[float] | None = None,
@@ -223,12 +269,16 @@ def output_mode(
 ) -> OutputMode:
     """Checks the --layers / --mix_scalars / --gamma choices (errors name the flags) and returns the mode.
 
-    Without `mix_scalars` the mix is the plain average of the `n_layers` layers (s = 0), so
-    `sentence_mean` is then the mean over tokens of `average`'s vectors.
+    `layers` is one of `NAMES`, or an int j in 0..n_layers-1: layer j itself (`LayerIndex`). Without
+    `mix_scalars` the mix is the plain average of the `n_layers` layers (s = 0), so `sentence_mean` is
+    then the mean over tokens of `average`'s vectors.
     """
-    if layers not in MODES:
-        raise ValueError(f"--layers must be one of {NAMES}, found {layers!r}")
-    mode = MODES[layers]
+    index = isinstance(layers, (int, np.integer)) and not isinstance(layers, bool)
+    if index and not 0 <= layers < n_layers:
+        raise ValueError(f"--layers={layers}: a layer index of this model is 0 to {n_layers - 1}")
+    if not index and layers not in NAMES:
+        raise ValueError(f"--layers must be one of {NAMES} or a layer index 0 to {n_layers - 1}, found {layers!r}")
+    mode = LayerIndex if index else MODES[layers]
     if mix_scalars is not None and not mode.takes_mix:
         mixed = " or ".join(f"--layers={name}" for name, m in MODES.items() if m.takes_mix)
         raise ValueError(f"--mix_scalars goes with {mixed}")
@@ -238,7 +288,8 @@ def output_mode(
     s = np.asarray(scalars, np.float64)
     if not np.all(np.isfinite(s)) or not np.isfinite(gamma):
         raise ValueError("--mix_scalars and --gamma must be finite numbers")
-    return mode(n_layers, dim, tuple(float(w) for w in mix_weights(s, gamma)), bool(float16))
+    weights = np.eye(n_layers)[layers] if index else mix_weights(s, gamma)
+    return mode(n_layers, dim, tuple(float(w) for w in weights), bool(float16))
 
 
 def mix_weights(scalars: Sequence[float], gamma: float) -> np.ndarray:

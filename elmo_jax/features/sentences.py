@@ -20,12 +20,12 @@ buckets of `embed_file` (`length_buckets`) instead. `stats["padded_tokens"]` cou
 positions run (rows x length, the sentences' `<S>`/`</S>` excluded): divided by `stats["tokens"]`, the
 padding.
 
-`layers` modes (`output_modes`): "all" (L+1, n, 2P); "top", "average", "mix" (n, 2P);
-"sentence_mean" (2P,): the mean over the sentence's tokens of the mix gamma * sum_j softmax(s)_j h_j
-(with no `mix_scalars`, s = 0 and gamma = 1: the average of the layers), padding excluded; an empty
-sentence gets zeros. `stream` returns vectors in input order while holding at most `window` sentences
-(waiting for a batch or done but not yet returned): when the oldest sentence would fall out of the
-window, everything waiting is run, the last batches partly filled.
+`layers` modes (`output_modes`): "all" (L+1, n, 2P); "top", "average", "mix", a layer index j in
+0..L (layer j itself) (n, 2P); "sentence_mean" (2P,): the mean over the sentence's tokens of the mix
+gamma * sum_j softmax(s)_j h_j (with no `mix_scalars`, s = 0 and gamma = 1: the average of the layers),
+padding excluded; an empty sentence gets zeros. `stream` returns vectors in input order while holding
+at most `window` sentences (waiting for a batch or done but not yet returned): when the oldest sentence
+would fall out of the window, everything waiting is run, the last batches partly filled.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class SentenceEmbedder:
 
     Args:
       params: the biLM (`load`, `load_hdf5`, `init_params`).
-      layers: "all", "top", "average", "mix" or "sentence_mean" (see the module doc).
+      layers: "all", "top", "average", "mix", "sentence_mean" or a layer index 0..L (an int; see the
+        module doc).
       mix_scalars: the L+1 scalars s of "mix" / "sentence_mean" (default all 0: the plain average).
       gamma: the mix's scale.
       float16: return float16 vectors.
@@ -71,7 +72,7 @@ class SentenceEmbedder:
         self,
         params: BiLMParams,
         *,
-        layers: str = "all",
+        layers: str | int = "all",
         mix_scalars: Sequence[float] | None = None,
         gamma: float = 1.0,
         float16: bool = False,
@@ -221,7 +222,7 @@ def embed_sentences(params: BiLMParams, sentences: Sequence[Sequence[str]], **op
 
     Returns:
       A list of float32 (or float16) arrays: (L+1, n, 2P) for layers="all", (n, 2P) for "top",
-      "average" and "mix", (2P,) for "sentence_mean".
+      "average", "mix" and a layer index, (2P,) for "sentence_mean".
     """
     return SentenceEmbedder(params, **options).embed(sentences)
 

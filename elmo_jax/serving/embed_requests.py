@@ -7,9 +7,12 @@ the biLM's layers, and the answer encoded as JSON, .npy or .npz (docs/SERVING.md
                                   # or {"scalars": [s_0, .., s_L], "gamma": 1.0} (gamma * sum softmax(s)_j h_j)
      "float16": false}
 
-The answers, per sentence of n tokens (2P: the biLM's output width; L+1 = 3 layers for ELMo):
-"all" (L+1, n, 2P); "top", "average", an index, a mix (n, 2P); "sentence_mean" (2P,), the mean over
-the sentence's tokens of the layers' average (zeros for an empty sentence). JSON:
+The outputs are the library's output modes (`features/output_modes.py`, what `embed_sentences(...,
+layers=...)` gives): the batches keep every layer, and each sentence's (L+1, n, 2P) layers become the
+mode's vectors on the host (`OutputMode.from_layers`). Per sentence of n tokens (2P: the biLM's output
+width; L+1 = 3 layers for ELMo): "all" (L+1, n, 2P); "top", "average", an index, a mix (n, 2P);
+"sentence_mean" (2P,), the mean over the sentence's tokens of output_modes' default mix, which is the
+layers' average (a request cannot give sentence_mean a mix; zeros for an empty sentence). JSON:
 `{"embeddings": [nested lists per sentence], "shapes": [...], "layers": ..., "dtype": "float32"}`;
 `Accept: application/x-npz`: one array per sentence, named by its index ("0", "1", ...);
 `Accept: application/x-npy`: one array of all sentences, padded with zeros to the longest
@@ -25,11 +28,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from elmo_jax.features.output_modes import mix_weights
+from elmo_jax.features.output_modes import NAMES, OutputMode, output_mode
 
 JSON, NPY, NPZ = "application/json", "application/x-npy", "application/x-npz"
 MEDIA_TYPES = (JSON, NPY, NPZ)
-NAMED_LAYERS = ("all", "top", "average", "sentence_mean")
+NAMED_LAYERS = tuple(name for name in NAMES if name != "mix")  # a request's mix is an object with its scalars
 REQUEST_KEYS = ("sentences", "texts", "layers", "float16")
 
 
@@ -58,28 +61,24 @@ class Limits:
 
 @dataclasses.dataclass(frozen=True)
 class Output:
-    """What a request asks for from the (L+1, n, 2P) layers of each sentence (see the module doc)."""
+    """What a request asks for (see the module doc): `layers` a name of `NAMED_LAYERS`, a layer index, or
+    "mix" with its `scalars` and `gamma`; the output mode (`output_modes`) is made from it once the
+    layers' sizes are known."""
 
     layers: str | int = "all"
-    scalars: tuple[float, ...] = ()
+    scalars: tuple[float, ...] | None = None
     gamma: float = 1.0
     float16: bool = False
 
-    def apply(self, layers: np.ndarray) -> np.ndarray:
-        """One sentence's answer from its float32 (L+1, n, 2P) layers."""
-        if self.layers == "all":
-            out = layers
-        elif self.layers == "top":
-            out = layers[-1]
-        elif self.layers == "average":
-            out = layers.mean(axis=0)
-        elif self.layers == "sentence_mean":
-            out = layers.mean(axis=0).mean(axis=0) if layers.shape[1] else np.zeros(layers.shape[-1], np.float32)
-        elif self.layers == "mix":
-            out = np.tensordot(mix_weights(self.scalars, self.gamma), layers, axes=1)
-        else:
-            out = layers[self.layers]
-        return out.astype(np.float16 if self.float16 else np.float32, copy=False)
+    def mode(self, n_layers: int, dim: int) -> OutputMode:
+        """The output mode for a biLM of `n_layers` (L+1) layers of width `dim` (2P)."""
+        return output_mode(self.layers, n_layers, dim, self.scalars, self.gamma, self.float16)
+
+    def vectors(self, layers: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Each sentence's answer from its float32 (L+1, n, 2P) layers (the batcher's), through the mode."""
+        n_layers, _, dim = layers[0].shape
+        mode = self.mode(n_layers, dim)
+        return [mode.from_layers(sentence) for sentence in layers]
 
     def describe(self):
         """The "layers" value as the answer repeats it."""
@@ -220,7 +219,7 @@ def _json_type(value) -> str:
 
 def encode(vectors: Sequence[np.ndarray], request: EmbedRequest) -> tuple[bytes, dict[str, str]]:
     """The answer's bytes and headers (Content-Type included) for each sentence's `vectors` (already the
-    requested output)."""
+    requested output, `Output.vectors`)."""
     if request.media_type == NPZ:
         buffer = io.BytesIO()
         np.savez(buffer, **{str(i): v for i, v in enumerate(vectors)})
@@ -228,7 +227,7 @@ def encode(vectors: Sequence[np.ndarray], request: EmbedRequest) -> tuple[bytes,
     if request.media_type == NPY:
         lengths = [len(s) for s in request.sentences]
         buffer = io.BytesIO()
-        np.save(buffer, _padded(vectors, request.output, lengths))
+        np.save(buffer, _padded(vectors))
         return buffer.getvalue(), {"Content-Type": NPY, "X-Sentence-Lengths": ",".join(map(str, lengths))}
     answer = {
         "embeddings": [v.tolist() for v in vectors],
@@ -239,16 +238,11 @@ def encode(vectors: Sequence[np.ndarray], request: EmbedRequest) -> tuple[bytes,
     return json.dumps(answer, separators=(",", ":")).encode("utf-8"), {"Content-Type": JSON}
 
 
-def _padded(vectors: Sequence[np.ndarray], output: Output, lengths: list[int]) -> np.ndarray:
-    """All sentences in one array, zeros past each one's end (see the module doc)."""
-    if output.layers == "sentence_mean":
-        return np.stack(vectors)
-    axis = 1 if output.layers == "all" else 0  # the token axis of one sentence's answer
-    longest = max(lengths)
-    shape = list(vectors[0].shape)
-    shape[axis] = longest
+def _padded(vectors: Sequence[np.ndarray]) -> np.ndarray:
+    """All sentences in one array, zeros past each one's end (see the module doc): the sentences' answers
+    differ in their token axis alone, so each is placed in the corner of the largest shape."""
+    shape = np.max([v.shape for v in vectors], axis=0)
     out = np.zeros((len(vectors), *shape), vectors[0].dtype)
     for i, v in enumerate(vectors):
-        index = (i,) + (slice(None),) * axis + (slice(0, v.shape[axis]),)
-        out[index] = v
+        out[(i, *(slice(0, size) for size in v.shape))] = v
     return out

@@ -147,7 +147,7 @@ class _Service:
             vectors = await asyncio.wrap_future(future)
         except Exception as e:  # a failed batch (e.g. device memory): the service's fault, said as such
             return _error(RequestError(500, "", f"the batch holding this request failed: {e}"))
-        data, headers = await run_in_threadpool(lambda: encode([parsed.output.apply(v) for v in vectors], parsed))
+        data, headers = await run_in_threadpool(lambda: encode(parsed.output.vectors(vectors), parsed))
         return Response(data, headers=headers)
 
     async def healthz(self, request: Request) -> Response:
