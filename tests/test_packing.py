@@ -3,7 +3,8 @@
 
 References: AllenNLP's own biLM activations of the fixture sentences (tests/fixtures/allennlp_tiny; 1e-5,
 as tests/test_parity_allennlp.py), and for the pooled mode the NumPy formula on them. The packing itself
-(every sentence once, in a row that holds it, few shapes, little padding) is checked on lengths alone.
+(every sentence once, in a row that holds it, few shapes, little padding, and only the shapes the
+packer names) is checked on lengths alone.
 """
 
 from __future__ import annotations
@@ -92,6 +93,40 @@ def test_a_partly_filled_batch_rounds_its_rows_to_a_power_of_two_or_a_tail_step(
     assert [RowPacker(4096, 4, tail_steps=16).tail_rows(n, 64) for n in needed] == [1, 4, 8, 12, 20, 64]
     # ... and to the devices: 12 rows over 8 devices are 16.
     assert RowPacker(4096, 4, row_multiple=8, tail_steps=16).tail_rows(10, 64) == 16
+
+
+def packed_shapes(packer: RowPacker, lengths, widths) -> list[tuple[int, int, int]]:
+    """The shapes of the batches `packer` hands out for sentences of `lengths` tokens and width buckets
+    `widths`, added one by one and flushed (what one merged batch of the service is)."""
+    batches = []
+    for n, S in zip(lengths, widths):
+        batches += packer.add(Piece(0, 0, np.zeros((int(n), 4), np.int32), int(S)))
+    return [batch.shape for batch in [*batches, *packer.flush()]]
+
+
+def test_the_packer_names_every_shape_it_hands_out():
+    """`RowPacker.shapes` (what the service's warm-up compiles): by hand for one packer (1,024-step
+    batches, tail_steps 4, sentences of up to 60 tokens: rows of 32 and 64 steps, a partly filled
+    batch's rows rounded to a power of two or a multiple of 8 (32-step rows) or 4 (64-step rows), one row
+    alone shortened to 8 or 16 steps); each shape's sentences, packed alone, make one batch of it; and
+    the batches of random sentences, long and short, on 1 and 6 devices, have no other shape."""
+    named = RowPacker(1024, 4, tail_steps=4).shapes(60)
+    expected = {(r, 32) for r in (1, 2, 4, 8, 16, 24, 32)} | {(r, 64) for r in (1, 2, 4, 8, 12, 16)} | {(1, 8), (1, 16)}
+    assert set(named) == expected
+    rng = np.random.default_rng(3)
+    for row_multiple, tail_steps, max_tokens in [(1, 4, 60), (6, 8, 126), (1, 16, 5)]:
+        shapes = RowPacker(1024, 4, row_multiple=row_multiple, tail_steps=tail_steps).shapes(max_tokens)
+        for shape, lengths in shapes.items():
+            assert max(lengths) <= max_tokens
+            packer = RowPacker(1024, 4, row_multiple=row_multiple, tail_steps=tail_steps)
+            assert packed_shapes(packer, lengths, [8] * len(lengths)) == [(*shape, 8)]
+        packer = RowPacker(1024, 4, row_multiple=row_multiple, tail_steps=tail_steps)
+        for _ in range(60):
+            k = int(rng.integers(1, 300))
+            short = rng.integers(1, min(max_tokens, 8) + 1, k)
+            lengths = np.where(rng.random(k) < 0.5, short, rng.integers(1, max_tokens + 1, k))
+            for rows, T2, S in packed_shapes(packer, lengths, rng.choice([8, 16, 24], k, p=[0.7, 0.25, 0.05])):
+                assert (rows, T2) in shapes and S in (8, 16, 24), (row_multiple, max_tokens, rows, T2)
 
 
 def test_the_embedder_hands_its_tail_steps_to_its_packer(tiny_params):

@@ -29,7 +29,7 @@ import uvicorn
 import elmo_jax
 from elmo_jax import serve
 from elmo_jax.features.sentences import SentenceEmbedder
-from elmo_jax.serving.dynamic_batching import DynamicBatcher
+from elmo_jax.serving.dynamic_batching import DynamicBatcher, warmup_sentences
 from elmo_jax.serving.embed_requests import Limits
 from elmo_jax.serving.http_service import make_app
 from tests.reference.elmo_equations import np_scalar_mix, np_sentence_mean
@@ -227,6 +227,26 @@ def test_every_refusal_names_its_field(tiny_service):
     assert request(port, "POST", "/v1/other", {"sentences": [["a"]]})[0] == 404
     status, _, data = request(port, "POST", "/v1/embed", {"texts": ["", "the  bank"], "layers": "sentence_mean"})
     assert status == 200 and json.loads(data)["shapes"] == [[32], [32]]  # an empty text is an empty sentence
+
+
+def test_the_warm_up_embeds_once_each_shape_the_packer_names(tiny_params, monkeypatch):
+    """`warmup_sentences` runs one batch of each shape `RowPacker.shapes` names, for each width bucket.
+    By hand, for 256-step batches over the 8 test devices and sentences of up to 24 tokens: rows of 32
+    steps, 8 of them (a full batch, and a partly filled one rounded to the devices), and one row alone
+    shortened to 8 or 16 steps (rounded to 8 rows too), for S = 8, 16 and 24. The batches are recorded
+    where the embedder dispatches them (with zeros for results): nothing is compiled."""
+    embedder = SentenceEmbedder(tiny_params, layers="all", batch_tokens=256)
+    shapes = []
+
+    def dispatch(batch):
+        shapes.append(batch.shape)
+        rows, T2, _ = batch.shape
+        return np.zeros((rows, 3, T2, 32), np.float32)
+
+    monkeypatch.setattr(embedder.runner, "dispatch", dispatch)
+    for sentences in warmup_sentences(embedder, max_tokens=24):
+        assert len(list(embedder.stream(sentences, window=len(sentences)))) == len(sentences)
+    assert sorted(shapes) == sorted((8, T2, S) for T2 in (8, 16, 32) for S in (8, 16, 24))
 
 
 class GatedEmbedder:

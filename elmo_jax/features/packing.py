@@ -28,6 +28,10 @@ joins the next wider one (a wider S computes the same vectors, and fewer groups 
 
 Packing needs rows of at least `MIN_ROW` steps on every device; with fewer than `MIN_ROW` x devices
 tokens per batch (`can_pack`), callers use `length_buckets` instead.
+
+The packer names its shapes (`RowPacker.shapes`): every (rows, T2) it can hand out for sentences of a
+bounded length, each with sentences that make it, so that a caller that must have every program
+compiled before it starts (the service's warm-up) asks here instead of re-deriving this policy.
 """
 
 from __future__ import annotations
@@ -102,6 +106,14 @@ class PackedBatch:
         bucket batch of one sentence per row counts rows x T, its boundaries excluded too)."""
         rows, T2, _ = self.shape
         return rows * T2 - BOUNDARY_STEPS * len(self.pieces)
+
+
+def _filling(length: int, most: int) -> list[int]:
+    """Token counts of sentences of at most `most` steps that fill one row beyond half of `length` steps,
+    all of them in that row (equal sentences: best fit puts length // steps in a row), so a batch of such
+    rows has rows of `length` steps (`row_length` of one of them, or `tail_length` of their sum)."""
+    steps = min(most, length)
+    return [steps - BOUNDARY_STEPS] * (length // steps)
 
 
 def fill_rows(steps: list[int]) -> list[list[int]]:
@@ -183,6 +195,41 @@ class RowPacker:
         full = self.rows(T2)
         steps = round_up(n_rows, max(1, full // self.tail_steps))
         return min(round_up(min(1 << (n_rows - 1).bit_length(), steps), self.row_multiple), full)
+
+    def shapes(self, max_tokens: int, longest_row: int | None = None) -> dict[tuple[int, int], list[int]]:
+        """Every (rows, T2) of a batch this packer can hand out when no sentence has more than `max_tokens`
+        tokens (with `longest_row`: the shapes of rows of at most that many steps), each with the token
+        counts of sentences that are packed into one batch of that shape when they are all the packer
+        holds (what a warm-up embeds to compile it). A batch's S is its width group's: each shape occurs
+        with every S of the pieces.
+
+        The shapes: for each row length T2 = MIN_ROW, 2 MIN_ROW, ... up to that of `max_tokens` + 2
+        steps, a full batch (`rows`) and a last, partly filled one of k rows (`tail_rows`); and a last
+        batch of one row shortened to 8 or 16 steps (`tail_length`). Only a single row is shortened:
+        best fit fills a row that another follows in its width group beyond half its length (what is
+        left over did not fit in it), a row of T2 > MIN_ROW holds a first sentence of more than T2/2
+        steps, and leftover rows folded into the next length come f at a time.
+        """
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, found {max_tokens!r}")
+        top = row_length(max_tokens + BOUNDARY_STEPS)
+        if longest_row is not None:
+            if longest_row < MIN_ROW:
+                raise ValueError(f"longest_row={longest_row}: rows have at least {MIN_ROW} steps")
+            top = min(top, longest_row)
+        most = min(max_tokens + BOUNDARY_STEPS, top)  # the steps of the longest sentence
+        shapes: dict[tuple[int, int], list[int]] = {}
+        T2 = MIN_ROW
+        while T2 <= top:
+            row = _filling(T2, most)
+            for k in range(1, self.rows(T2) + 1):  # the fewest rows that give each shape
+                shapes.setdefault((self.tail_rows(k, T2), T2), row * k)
+            T2 *= 2
+        length = MIN_TAIL_ROW
+        while length < MIN_ROW:
+            shapes.setdefault((self.tail_rows(1, MIN_ROW), length), _filling(length, most))
+            length *= 2
+        return shapes
 
     def add(self, piece: Piece) -> Iterator[PackedBatch]:
         """Files `piece` (at least one token); yields full batches once a chunk's worth is waiting."""

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import jax
 from absl import logging
 
-from elmo_jax.features.packing import BOUNDARY_STEPS, MIN_ROW, RowPacker, row_length
+from elmo_jax.features.packing import RowPacker
 from elmo_jax.features.sentences import SentenceEmbedder
 
 # The open batchers that count XLA compiles. jax.monitoring holds its listeners for the life of the
@@ -291,27 +291,20 @@ def warmup_sentences(
     """Warm-up batches for a service: one per program shape that requests of text merge into, so that
     they are compiled before the service says it is ready.
 
-    A merged batch is packed (`packing`) into rows of T2 = 32, 64, 128... steps, its last batch's rows
-    rounded to one of a few counts (`RowPacker.tail_rows`) and, for a few short sentences, its rows
-    shortened (8 or 16 steps); its char CNN width is that of its widest word. For each width bucket in
-    `widths` (8, 16, 24: words of up to 6, 14 and 22 bytes, most text) and each row length up to what
-    `max_tokens` needs and `max_row` (128 steps: sentences of up to 126 tokens), one batch per row count,
-    each sentence filling a row of its own; and lone short sentences. Shapes outside these (wider words,
-    longer sentences) compile when first met (the service's metrics count them).
+    A merged batch is packed (`packing`); the packer names the (rows, T2) its batches can have for
+    sentences of up to `max_tokens` tokens (`RowPacker.shapes`, rows of at most `max_row` steps: 128,
+    sentences of up to 126 tokens), each with sentences that make it. A batch's char CNN width is that
+    of its widest word: each shape is embedded for each width bucket in `widths` (8, 16, 24: words of up
+    to 6, 14 and 22 bytes, most text). Shapes outside these (wider words, longer sentences) compile when
+    first met (the service's metrics count them).
     """
     C = embedder.C
     packer = RowPacker(
         embedder.batch_tokens, C, row_multiple=embedder.runner.row_multiple, tail_steps=embedder.tail_steps
     )
-    longest = min(row_length(min(max_tokens, embedder.batch_tokens) + BOUNDARY_STEPS), max_row)
+    shapes = packer.shapes(min(max_tokens, embedder.batch_tokens), longest_row=max_row)
     batches = []
     for S in sorted({min(w, C) for w in widths}):
         word = "w" * (S - 2)  # with its begin and end marks, S wide: the batch's width bucket is S
-        T2 = MIN_ROW
-        while T2 <= longest:
-            n = T2 - BOUNDARY_STEPS - (T2 // 2 - BOUNDARY_STEPS) // 2  # more than half a row: one per row
-            counts = sorted({packer.tail_rows(k, T2) for k in range(1, packer.rows(T2) + 1)})
-            batches += [[[word] * min(n, max_tokens)] * rows for rows in counts]
-            T2 *= 2
-        batches += [[[word] * n] for n in (1, 4, 10)]  # a lone short sentence runs in rows of 8 or 16 steps
+        batches += [[[word] * n for n in lengths] for lengths in shapes.values()]
     return batches
