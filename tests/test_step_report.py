@@ -1,4 +1,4 @@
-"""What training prints: the console line (`training/step_report.Progress`), where time spent compiling and
+"""What training prints: the console line (`training/step_report.StepLine`), where time spent compiling and
 evaluating is left out of tokens/s and steps/s and the ETA adds the evaluations still due, each as long as
 the last one; and the unigram perplexity the heldout line is read against (`training/heldout.py`).
 Figures worked by hand (a fake clock, a five-word vocabulary)."""
@@ -8,20 +8,21 @@ from __future__ import annotations
 import pytest
 
 from elmo_jax.formats.vocab_file import Vocab
+from elmo_jax.runtime import progress as runtime_progress
 from elmo_jax.training import heldout, step_report
 
 
 @pytest.fixture
 def clock(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(step_report.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(runtime_progress.time, "perf_counter", lambda: now[0])
     return now
 
 
 def test_compile_and_evaluation_time_are_out_of_the_rates_and_evaluations_in_the_eta(clock):
-    progress = step_report.Progress(0, 60, sampled=True, eval_every=30)
+    progress = step_report.StepLine(0, 60, sampled=True, eval_every=30)
     progress.exclude(15.0)  # compiling the step
-    progress.tokens = 1000.0
+    progress.add_tokens(1000.0)
     clock[0] += 20.0  # 10 steps in 20 s, 15 of them compiling: 2 steps/s, 200 tokens/s of training
     metrics = {"loss": 2.0}
     line = progress.line(10, metrics)
@@ -35,7 +36,7 @@ def test_compile_and_evaluation_time_are_out_of_the_rates_and_evaluations_in_the
 
 
 def test_durations_are_short_and_readable():
-    assert [step_report._duration(s) for s in (45, 750, 4 * 3600)] == ["45 s", "12.5 min", "4.0 h"]
+    assert [runtime_progress.duration(s) for s in (45, 750, 4 * 3600)] == ["45 s", "12.5 min", "4.0 h"]
 
 
 def test_unigram_perplexity_by_hand(tmp_path):

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 from collections.abc import Iterable
 
-from absl import logging
-
 from elmo_jax.data import shard_writer
+from elmo_jax.runtime.progress import Progress
 
 
 def write_shards(
@@ -47,7 +45,7 @@ def write_shards(
     """
     shards: list[dict] = []
     shard = _Shard()
-    progress = _Progress(split, log_every_bytes)
+    progress = Progress({"bytes": None}, every=log_every_bytes, log=True)
     with shard_writer.ShardProcesses(writer_processes) as helpers:
         for block in blocks:
             # Most blocks fit in the current shard whole; a block where the shard fills is cut at the record.
@@ -57,7 +55,7 @@ def write_shards(
                     continue
                 shards.append(_write_full_shard(staging, split, len(shards), shard, helpers, writer_processes))
                 shard = _Shard()
-                progress.add(shards[-1]["bytes"], len(shards))
+                _counted(progress, split, shards)
         if shard.records:
             entry = _shard_entry(split, len(shards), shard)
             shard_writer.write_shard(os.path.join(staging, entry["file"]), b"".join(shard.blocks))
@@ -117,23 +115,9 @@ def _shard_entry(split: str, index: int, shard: _Shard) -> dict:
     return {"file": f"{split}-{index:05d}.array_record", "records": shard.records, "bytes": shard.written}
 
 
-class _Progress:
-    """Logs a split's text written so far (MB, shards, MB/s) every `every` bytes of it."""
-
-    def __init__(self, split: str, every: int):
-        self.split, self.every = split, every
-        self.total, self.next_log, self.start = 0, every, time.perf_counter()
-
-    def add(self, written: int, shards: int) -> None:
-        """Counts `written` more bytes of text, `shards` shards in all; logs when the next mark is passed."""
-        self.total += written
-        if self.total >= self.next_log:
-            elapsed = time.perf_counter() - self.start
-            logging.info(
-                "%s: %.0f MB of text in %d shards (%.1f MB/s)",
-                self.split,
-                self.total / 1e6,
-                shards,
-                self.total / 1e6 / elapsed,
-            )
-            self.next_log += self.every
+def _counted(progress: Progress, split: str, shards: list[dict]) -> None:
+    """Counts the last shard's text; logs the split's so far (MB, shards, MB/s) at each `log_every_bytes`."""
+    progress.add(bytes=shards[-1]["bytes"])
+    if progress.due():
+        megabytes, rate = progress.done["bytes"] / 1e6, progress.rate() / 1e6
+        progress.write(f"{split}: {megabytes:.0f} MB of text in {len(shards)} shards ({rate:.1f} MB/s)")

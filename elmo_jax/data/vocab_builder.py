@@ -13,13 +13,11 @@ were seen and where.
 from __future__ import annotations
 
 import collections
-import time
-
-from absl import logging
 
 from elmo_jax.data import text_files
 from elmo_jax.formats.output_paths import check_output
 from elmo_jax.formats.vocab_file import SPECIALS, VOCABULARY, Vocab
+from elmo_jax.runtime.progress import Progress
 
 
 def write_vocab_file(
@@ -83,19 +81,15 @@ def count_tokens(
         files, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8, stats=stats, reserved=SPECIALS
     )
     counts: collections.Counter = collections.Counter()
-    start, next_log = time.perf_counter(), log_every
+    progress = Progress({"lines": None}, every=log_every, log=True)
     for tokens in sentences:
         counts.update(tokens)
-        if stats.lines >= next_log:
-            elapsed = time.perf_counter() - start
-            logging.info(
-                "counted %d lines, %d tokens, %d types (%.0f lines/s)",
-                stats.lines,
-                stats.tokens,
-                len(counts),
-                stats.lines / max(elapsed, 1e-9),
+        progress.done["lines"] = stats.lines  # the reader counts them (blank and skipped lines too)
+        if progress.due():
+            rate = progress.rate()
+            progress.write(
+                f"counted {stats.lines} lines, {stats.tokens} tokens, {len(counts)} types ({rate:.0f} lines/s)"
             )
-            next_log += log_every
     for special in SPECIALS:
         counts.pop(special, None)
     if stats.sentences == 0:

@@ -304,7 +304,8 @@ def _embed_share(
     done = _DonePieces(spool.pieces.sorted())
     resumed = len(spool.pieces.lines())
     total_lines = -(-(summary.lines - summary.blank) // count)
-    progress = Progress(total_lines - resumed, -(-summary.tokens // count), enabled=options.progress)
+    totals = {"sentences": total_lines - resumed, "tokens": -(-summary.tokens // count)}
+    progress = Progress(totals, by="tokens", enabled=options.progress)
     ids, keep_tokens = CharIdTable(C), runner.cache is not None
     pending: collections.deque = collections.deque()
     counts = {"batches": 0, "lines_read": 0}
@@ -352,7 +353,7 @@ def _finish(runner: BatchRunner, spool, progress, batch, result) -> None:
         [(p.line, p.offset, p.n_tokens) for p in pieces],
         [runner.output.piece(result, row, p.n_tokens) for row, p in enumerate(pieces)],
     )
-    progress.update(sum(p.offset == 0 for p in pieces), sum(p.n_tokens for p in pieces))  # lines by first piece
+    progress.update(sentences=sum(p.offset == 0 for p in pieces), tokens=sum(p.n_tokens for p in pieces))
 
 
 class _DonePieces:

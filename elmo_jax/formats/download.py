@@ -1,29 +1,35 @@
 """Downloading one file over HTTP(S): resumable, verified, and renamed into place only when complete.
 
-    size, sha256 = download(url, "cache/weights.hdf5", expected_bytes=..., expected_sha256=...)
+    report = Report("weights.hdf5")   # progress lines on standard error (log=True: absl's log)
+    size, sha256 = download(url, "cache/weights.hdf5", expected_bytes=..., expected_sha256=...,
+                            progress=report, waiting=report.waiting)
 
 Bytes go to `TARGET.part`. A connection that breaks mid-file (or a process killed mid-file) leaves the
 part on disk, and the next attempt, in this call or a later one, asks the server for the rest with an
 HTTP `Range` request (a server that ignores it sends the whole file again, which is then written from
 the start). When every byte is there, the size and SHA-256 are checked against what is expected, and
 only then is the part flushed and renamed to TARGET: a reader sees no file or the complete, checked one.
-A file that fails its check is deleted, so the next attempt starts afresh. Standard library only (urllib).
+A file that fails its check is deleted, so the next attempt starts afresh. Standard library only (urllib),
+which reads a `file://` address (a local mirror) the same way, from the start each time. Two processes
+downloading into one place take turns with `locked`.
 
 A failure is classified where it happens, and only the kinds another try can cure are retried:
 
-  AddressError  the address is not an http(s) URL: refused before any connection.
+  AddressError  the address is not an http(s) or file:// URL: refused before any connection.
   DiskError     the part could not be written (disk full, quota, read-only, permissions): never retried;
                 on a full disk the part is deleted, since it holds the space that is missing.
   NetworkError  refused, reset or cut connections (`attempts` tries, resuming), or a server silent for
                 `SILENCE_S` in all (one deadline over every reconnection, with a word every `WAIT_NOTE_S`).
   ServerError   an answer that is final: HTTP 4xx, other bytes than asked for, a file that fails its size
-                or checksum (deleted), or HTTP 5xx still after `attempts` tries.
+                or checksum (deleted), HTTP 5xx still after `attempts` tries, or a file:// address
+                naming no readable file.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import http.client
 import os
@@ -33,6 +39,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+
+from elmo_jax.runtime.progress import Progress, duration
 
 CHUNK = 1 << 20
 RETRY_PAUSE_S = 0.5  # before the second attempt; then twice that, at most 2 s
@@ -62,11 +70,18 @@ class ServerError(DownloadError):
     """The server's answer cannot become the file: HTTP status, other bytes than asked for, a mismatch."""
 
 
-def check_address(url: str) -> None:
-    """Raises AddressError unless `url` is an http(s) address with a host."""
+def check_address(url: str, *, local: bool = False) -> None:
+    """Raises AddressError unless `url` is an http(s) address with a host (`local`: or a file:// address
+    with a path)."""
     parts = urllib.parse.urlsplit(url)
+    if local and _is_local(url) and parts.path:
+        return
     if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
         raise AddressError(f"{url!r} is not an http:// or https:// address with a host")
+
+
+def _is_local(url: str) -> bool:
+    return urllib.parse.urlsplit(url).scheme.lower() == "file"
 
 
 def download(
@@ -83,7 +98,7 @@ def download(
     """Downloads `url` to `target` (through `target + ".part"`); returns (bytes, SHA-256 hex).
 
     Args:
-      url: http(s) address.
+      url: http(s) address, or file:// (read from the start each time, no retry for a missing file).
       target: the file to create; its directory must exist. An existing `target` is replaced only by a
         complete, checked download.
       expected_bytes: the size the file must have (None: whatever the server sends, complete).
@@ -91,13 +106,14 @@ def download(
       checksum_source: where the expectations come from, for the mismatch message.
       attempts: connections tried before giving up on broken or refused ones (silence has its own bound,
         `SILENCE_S`; HTTP 4xx is final).
-      progress: called as progress(bytes so far, total bytes or None) while bytes arrive.
+      progress: called as progress(bytes so far, total bytes or None) when a connection starts (with the
+        bytes it resumes from) and while bytes arrive; e.g. a `Report`.
       waiting: called as waiting(seconds silent so far, SILENCE_S) every `WAIT_NOTE_S` of silence.
 
     Raises:
       AddressError, DiskError, NetworkError, ServerError (all DownloadError, an OSError): see the module.
     """
-    check_address(url)
+    check_address(url, local=True)
     part = target + ".part"
     silence = _Silence(waiting)
     failures = 0
@@ -117,6 +133,59 @@ def download(
             os.fsync(f.fileno())
         os.replace(part, target)
     return size, digest
+
+
+class Report:
+    """A download's progress lines (`runtime.progress.Progress`) for `download(progress=report,
+    waiting=report.waiting)`: MB so far (of the total), MB/s and the ETA of this run's bytes (not those a
+    resumed part held), a line at most every 2 s on standard error (with `log`: every 30 s in absl's log)
+    and one at the end; and a word each `WAIT_NOTE_S` the server stays silent.
+
+    Args:
+      what: how the lines name the file ("small: weights.hdf5").
+      log: write to absl's log instead of standard error.
+    """
+
+    def __init__(self, what: str, *, log: bool = False):
+        self.what, self.log = what, log
+        self.progress: Progress | None = None
+
+    def _start(self, done: int) -> Progress:
+        every_s = None if self.log else 2.0
+        self.progress = Progress({"bytes": None}, start={"bytes": done}, every_s=every_s, log=self.log)
+        return self.progress
+
+    def __call__(self, done: int, total: int | None) -> None:
+        progress = self.progress
+        if progress is None or done < progress.done["bytes"]:  # the first connection, or one from the start
+            progress = self._start(done)
+        progress.totals["bytes"] = total
+        progress.add(bytes=done - progress.done["bytes"])
+        if done != total and not progress.due():
+            return
+        of = f" of {total / 1e6:,.1f} MB ({100 * done / total:.0f}%)" if total else " MB"
+        eta = f", ETA {duration(progress.eta())}" if total and done != total else ""
+        line = f"downloading {self.what}: {done / 1e6:,.1f}{of}, {progress.rate() / 1e6:.1f} MB/s{eta}"
+        progress.write(line, final=done == total)
+
+    def waiting(self, silent_s: float, limit_s: float) -> None:
+        """For `download(waiting=...)`: the server has been silent for `silent_s` of at most `limit_s`."""
+        progress = self.progress or self._start(0)
+        note = f"no answer for {silent_s:.0f} s, waiting (gives up after {limit_s:.0f} s)"
+        progress.write(f"downloading {self.what}: {note}", final=True)
+
+
+@contextlib.contextmanager
+def locked(path: str):
+    """An exclusive `flock` on `path` while the block runs: a directory, or a lock file (created if
+    missing); none where the file system has no locks (e.g. Google Drive's FUSE mount: it runs unlocked)."""
+    fd = os.open(path, os.O_RDONLY) if os.path.isdir(path) else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 _SILENT = "silent"  # _attempt's word for a connection on which nothing arrived for a while
@@ -154,7 +223,8 @@ def _kept(part: str) -> str:
 def _attempt(url: str, part: str, expected_bytes: int | None, silence: _Silence, progress) -> str | None:
     """One connection's try at completing `part`: None when it is complete, `_SILENT` when nothing came
     for a while, else what went wrong (worth another try); raises DownloadError when another try cannot
-    help (HTTP 4xx, a server sending other bytes than asked for, a local disk error)."""
+    help (HTTP 4xx, a server sending other bytes than asked for, a local disk error, an unreadable
+    file:// address)."""
     try:
         if _fetch_rest(url, part, expected_bytes, silence, progress):
             return None
@@ -172,6 +242,8 @@ def _attempt(url: str, part: str, expected_bytes: int | None, silence: _Silence,
         raise
     except (TimeoutError, urllib.error.URLError, OSError, http.client.HTTPException) as e:
         reason = getattr(e, "reason", None) or e  # refused, reset, timed out, cut
+        if _is_local(url):  # a local file that cannot be read: another try reads the same
+            raise ServerError(f"{url}: {getattr(reason, 'strerror', None) or reason}") from None
         if isinstance(reason, TimeoutError):
             return _SILENT
         return str(reason)
@@ -212,6 +284,8 @@ def _append(response, part: str, offset: int, total: int | None, silence: _Silen
     with _writing(part, url, total):
         f = open(part, "ab" if offset else "wb")  # noqa: SIM115 (closed below, its errors classified)
     done = offset
+    if progress is not None:
+        progress(done, total)  # where this connection starts: the bytes before it are not its rate
     try:
         while chunk := response.read(CHUNK):
             silence.heard()

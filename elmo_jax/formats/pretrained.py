@@ -17,19 +17,17 @@ recorded, every later one must match); then the pair structurally (`load_hdf5`: 
 the options, and the options against the model's published shape). Downloads resume where a broken
 connection left them (`formats.download`). A model directory appears under `models/` complete or not at
 all, and the downloads are removed once it is written. Two processes fetching the same model take turns
-(a lock file in its download folder). Nothing is requested for a model already in the cache.
+(`download.locked` on a lock file in its download folder). Nothing is requested for a model already in
+the cache.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import fcntl
 import json
 import os
 import shutil
-import sys
-import time
 
 from elmo_jax.formats import download, model_dir
 from elmo_jax.formats.output_paths import is_model_directory
@@ -97,7 +95,7 @@ def fetch(name: str, *, cache: str | None = None, progress: bool = True) -> str:
         os.makedirs(os.path.dirname(target), exist_ok=True)
     except OSError as e:
         raise PretrainedError(f"cannot create the model cache {root} ({e.strerror}); set ${CACHE_VARIABLE}") from None
-    with _locked(os.path.join(downloads, ".lock")):
+    with download.locked(os.path.join(downloads, ".lock")):
         if is_model_directory(target):  # another process converted it while this one waited
             return target
         if os.path.lexists(target):
@@ -146,7 +144,7 @@ def _available(model: PublishedModel, file: PublishedFile, downloads: str, root:
                 f"{expected_sha256} ({source}); remove it to download {file.url()} again"
             )
         return file, path, size, digest
-    report = _Progress(f"{model.name}: {file.name}") if progress else None
+    report = download.Report(f"{model.name}: {file.name}") if progress else None
     try:
         size, digest = download.download(
             file.url(),
@@ -237,7 +235,7 @@ def _record(root: str, model: PublishedModel, files) -> None:
     }
     if not new:
         return
-    with _locked(os.path.join(root, ".known_files.lock")):
+    with download.locked(os.path.join(root, ".known_files.lock")):
         known = _read_known(root)
         new = {k: v for k, v in new.items() if k not in known}
         if new:
@@ -265,41 +263,5 @@ def _read_known(root: str) -> dict:
     )
 
 
-@contextlib.contextmanager
-def _locked(path: str):
-    """An exclusive flock on `path` while the block runs (none where the file system has no locks)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        with contextlib.suppress(OSError):  # e.g. a FUSE mount without locks: go on unlocked
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class _Progress:
-    """Download progress on standard error: a line at most every 2 seconds, one at the end, and one for
-    each `download.WAIT_NOTE_S` the server stays silent."""
-
-    def __init__(self, what: str):
-        self.what, self.last, self.start = what, 0.0, time.monotonic()
-
-    def __call__(self, done: int, total: int | None) -> None:
-        now = time.monotonic()
-        if now - self.last < 2.0 and done != total:
-            return
-        self.last = now
-        of = f" of {total / 1e6:,.1f} MB ({100 * done / total:.0f}%)" if total else " MB"
-        rate = done / 1e6 / max(now - self.start, 1e-6)
-        print(f"downloading {self.what}: {done / 1e6:,.1f}{of}, {rate:.1f} MB/s", file=sys.stderr, flush=True)
-
-    def waiting(self, silent_s: float, limit_s: float) -> None:
-        print(
-            f"downloading {self.what}: no answer for {silent_s:.0f} s, waiting (gives up after {limit_s:.0f} s)",
-            file=sys.stderr,
-            flush=True,
-        )

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import jax
 from absl import logging
 
 from elmo_jax import storage
+from elmo_jax.runtime.progress import Progress, duration
 from elmo_jax.training.metrics_log import MetricsLog
 
 
@@ -26,8 +26,9 @@ class TrainingError(RuntimeError):
     """Training cannot go on (e.g. a non-finite loss); the message says why and what is kept."""
 
 
-class Progress:
-    """The console line: step, loss, perplexity, tokens/s, steps/s, ETA.
+class StepLine:
+    """The console line: step, loss, perplexity, tokens/s, steps/s, ETA, written to absl's log by
+    `runtime.progress.Progress` (measured in steps, rates over the time since the last line).
 
     Time that is not training (compiling the step, evaluations) is taken out of the rates (`exclude`),
     so tokens/s and steps/s are the training speed; the ETA is the steps left at that speed plus the
@@ -39,41 +40,39 @@ class Progress:
         # exp(sampled-softmax loss) is what bilm-tf logs as train perplexity; it is not the model's
         # perplexity (the sampled loss underestimates the full one), so the line says which it is.
         self.ppl_label = "ppl(sampled)" if sampled else "ppl"
-        self.last_time, self.last_step, self.tokens = time.perf_counter(), start_step, 0.0
-        self.excluded, self.eval_seconds = 0.0, 0.0
+        self.eval_seconds = 0.0
+        self.progress = Progress(
+            {"steps": total_steps, "tokens": None}, start={"steps": start_step}, every_s=0, log=True, window=True
+        )
 
     def exclude(self, seconds: float) -> None:
         """`seconds` of the current window were not training (a compile, an evaluation)."""
-        self.excluded += seconds
+        self.progress.exclude(seconds)
 
     def evaluated(self, seconds: float) -> None:
         """An evaluation took `seconds`: out of the rates, and the ETA's cost of each one still due."""
         self.exclude(seconds)
         self.eval_seconds = seconds
 
+    def add_tokens(self, tokens: float) -> None:
+        """`tokens` more were trained on (a step's)."""
+        self.progress.add(tokens=tokens)
+
     def line(self, step: int, metrics: dict[str, float]) -> str:
-        now = time.perf_counter()
-        seconds = max(now - self.last_time - self.excluded, 1e-9)
-        steps_per_s = (step - self.last_step) / seconds
-        tokens_per_s = self.tokens / seconds
+        """Writes (and returns) the line of `step`; adds its rates to `metrics`; starts the next window."""
+        progress = self.progress
+        progress.add(steps=step - progress.done["steps"])
+        steps_per_s, tokens_per_s = progress.rate("steps"), progress.rate("tokens")
         evals_left = (self.total // self.eval_every - step // self.eval_every) if self.eval_every else 0
-        eta = (self.total - step) / max(steps_per_s, 1e-9) + evals_left * self.eval_seconds
-        self.last_time, self.last_step, self.tokens, self.excluded = now, step, 0.0, 0.0
+        eta = progress.eta(still_due_s=evals_left * self.eval_seconds)
         metrics.update(tokens_per_s=tokens_per_s, steps_per_s=steps_per_s)
-        return (
+        line = (
             f"step {step}/{self.total}  loss {metrics['loss']:.4f}  "
             f"{self.ppl_label} {math.exp(min(metrics['loss'], 700)):.1f}"
-            f"  {tokens_per_s:,.0f} tokens/s  {steps_per_s:.2f} steps/s  ETA {_duration(eta)}"
+            f"  {tokens_per_s:,.0f} tokens/s  {steps_per_s:.2f} steps/s  ETA {duration(eta)}"
         )
-
-
-def _duration(seconds: float) -> str:
-    """A short human duration: 45 s, 12.5 min, 3.2 h."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
+        progress.write(line)
+        return line
 
 
 class StepReport:
@@ -88,7 +87,7 @@ class StepReport:
 
     def __init__(self, config, log: MetricsLog, start_step: int, skipped: int = 0):
         self.config, self.log, self.skipped = config, log, skipped
-        self.progress = Progress(
+        self.progress = StepLine(
             start_step, config.num_train_steps, sampled=not config.full_softmax, eval_every=config.eval_every_steps
         )
 
@@ -96,7 +95,7 @@ class StepReport:
         """`metrics` of step `step` (device arrays): raises TrainingError for a non-finite step beyond
         the policy, logs on schedule (and every skipped step)."""
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        self.progress.tokens += values["tokens"]
+        self.progress.add_tokens(values["tokens"])
         was_skipped = values.pop("skipped", 0.0) > 0
         finite = math.isfinite(values["loss"]) and math.isfinite(values["grad_norm"])
         limit = self.config.max_nonfinite_steps
@@ -121,9 +120,8 @@ class StepReport:
         if limit:
             values["nonfinite_skipped"] = self.skipped
         if step % self.config.log_every_steps == 0 or step == self.config.num_train_steps or not finite:
-            line = self.progress.line(step, values)
+            self.progress.line(step, values)  # written to the log; adds the rates to `values`
             self.log.write(step, values)
-            logging.info(line)
 
 
 def last_logged_step(workdir: str) -> int | None:
