@@ -1,17 +1,22 @@
 """The 1B Word Benchmark prepared without TFDS: `python -m elmo_jax.prepare_lm1b` on an archive laid out
 like statmt.org's (99 training and 50 heldout files of a few lines each, plus files that must not be
-extracted), read back by a training config (`configs/bilm_large.py:DATA_DIR`)."""
+extracted), read back by a training config (`configs/bilm_large.py:DATA_DIR`); the archive downloaded
+from a loopback HTTP server (`tests.support.file_server`) through `formats.download`: resumed after
+broken connections, and checked against TFDS's size and SHA-256 under statmt.org's name."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from configs import bilm_large
 from elmo_jax.data import lm1b, local_corpus
 from elmo_jax.data.training_corpus import open_training_data
+from elmo_jax.formats import download
 from tests.support.commands import error_line, run_command
+from tests.support.file_server import FileServer
 from tests.support.inprocess import run_in_process
 from tests.support.lm1b_archive import MTIME, expected_train, heldout_lines, write_archive
 
@@ -75,3 +80,35 @@ def test_the_command_prepares_and_prints_the_training_flags(archive, tmp_path):
         run_in_process("elmo_jax.prepare_lm1b", f"--data_dir={tmp_path / 'e'}", f"--source=file://{missing}"),
         "missing.tar.gz",
     )
+
+
+def test_a_broken_download_of_the_archive_resumes_from_its_part(archive, tmp_path, monkeypatch):
+    """Every connection of the first run breaks (after 1,000 bytes, then 500 more twice): it fails with
+    the network's error naming the 2,000 bytes kept; the next run asks only for the rest (`Range`)."""
+    monkeypatch.setattr(download, "RETRY_PAUSE_S", 0.0)
+    data, name, downloads = Path(archive).read_bytes(), "lm1b.tar.gz", tmp_path / "downloads"
+    with FileServer({name: data}) as server:
+        server.cut[name] = [1000, 500, 500]
+        with pytest.raises(download.NetworkError, match=r"\(3 attempts\); 2,000 bytes are kept in \S+\.tar\.gz\.part"):
+            lm1b.download(server.url + name, str(downloads))
+        assert lm1b.download(server.url + name, str(downloads)) == str(downloads / name)
+    assert [asked for _, asked in server.requests] == [None, "bytes=1000-", "bytes=1500-", "bytes=2000-"]
+    assert (downloads / name).read_bytes() == data
+    assert os.listdir(downloads) == [name]
+
+
+def test_the_benchmark_archive_must_have_the_size_and_checksum_tfds_publishes(tmp_path, monkeypatch):
+    """Under statmt.org's file name, a file of another size is refused before its bytes are written, and
+    one of the size (here made the expected one) with other bytes after them; neither is kept."""
+    fake = b"not the benchmark\n" * 100
+    with FileServer({lm1b.ARCHIVE: fake}) as server:
+        url = server.url + lm1b.ARCHIVE
+        with pytest.raises(download.ServerError, match=f"has {len(fake):,} bytes, expected 1,792,209,805"):
+            lm1b.download(url, str(tmp_path / "downloads"))
+        monkeypatch.setattr(lm1b, "ARCHIVE_BYTES", len(fake))
+        sha = r"SHA-256 [0-9a-f]{64}, expected 01ba60381110baf7f189dfd2b8374de371e8c9a340835793f190bdae9e90a34e"
+        with pytest.raises(
+            download.ServerError, match=rf"{sha} \(from TFDS's checksums, https://\S+/lm1b/checksums\.tsv\)"
+        ):
+            lm1b.download(url, str(tmp_path / "downloads"))
+    assert os.listdir(tmp_path / "downloads") == []

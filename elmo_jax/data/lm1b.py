@@ -14,9 +14,12 @@ Everything is written under `data_dir`:
     lm1b/1-billion-word-language-modeling-benchmark-r13output/...            the extracted text files
     local_text_corpus/corpus_<fingerprint>/                                  the ArrayRecord shards
 Each step is skipped when its result is already complete, and each appears under its name only once
-complete (staged under a hidden name, then renamed). A training run finds the prepared shards when
-its `data.train_files`, `data.heldout_files` and `data.cache_dir` are `text_globs(data_dir)` and
-`data_dir` and its reading options are the same (`configs/bilm_large.py:DATA_DIR` sets them).
+complete (staged under a hidden name, then renamed). The archive is downloaded by `formats.download`:
+resumed from its `.part` after a broken connection (in the same call, or the next run), retried by kind of
+failure, and, under statmt.org's file name, checked against the size and SHA-256 TFDS publishes for it. A
+training run finds the prepared shards when its `data.train_files`, `data.heldout_files` and
+`data.cache_dir` are `text_globs(data_dir)` and `data_dir` and its reading options are the same
+(`configs/bilm_large.py:DATA_DIR` sets them).
 
 A `data_dir` in Cloud Storage (`gs://BUCKET/DIR`) gets the same layout but the archive: the work is done
 on local disk, in this machine's workspace for the bucket directory (`storage.Workspace`, under $TMPDIR,
@@ -32,17 +35,25 @@ import os
 import re
 import shutil
 import tarfile
-import time
-import urllib.request
+import urllib.parse
 
 from absl import logging
 
 from elmo_jax import storage
 from elmo_jax.data import local_corpus
+from elmo_jax.formats import download as transfer
 from elmo_jax.storage import atomic
 
 URL = "http://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz"
 TOP_DIR = "1-billion-word-language-modeling-benchmark-r13output"
+ARCHIVE = f"{TOP_DIR}.tar.gz"
+# The archive's size and SHA-256 as TFDS records them for the URL above: a download of a file by this name
+# (from statmt.org or a mirror) must have them.
+ARCHIVE_BYTES, ARCHIVE_SHA256 = 1_792_209_805, "01ba60381110baf7f189dfd2b8374de371e8c9a340835793f190bdae9e90a34e"
+ARCHIVE_SOURCE = (
+    "TFDS's checksums, https://github.com/tensorflow/datasets/blob/master/"
+    "tensorflow_datasets/datasets/lm1b/checksums.tsv"
+)
 TRAIN_DIR, HELDOUT_DIR = "training-monolingual.tokenized.shuffled", "heldout-monolingual.tokenized.shuffled"
 TRAIN_FILES, HELDOUT_FILES = 99, 50  # news.en-00001..00099-of-00100, news.en.heldout-00000..00049-of-00050
 # The archive members that make the splits; nothing else in it is extracted.
@@ -115,35 +126,28 @@ def _text_file_names() -> list[str]:
 def download(url: str, directory: str) -> str:
     """The archive at `url` saved in `directory` (reused when already there); returns its path.
 
-    Written under a hidden staging name and renamed when complete; a size that differs from the
-    server's Content-Length is an error, and the partial file is removed.
+    Downloaded by `formats.download` (progress in the log every 30 s): through `NAME.part`, resumed after a
+    broken connection, renamed when complete and checked (`ARCHIVE`: TFDS's size and SHA-256; another name:
+    the server's size). Two processes downloading into `directory` take turns.
+
+    Raises:
+      formats.download's AddressError, DiskError, NetworkError, ServerError (all OSError): what failed,
+        and where the part that the next run resumes from is kept.
     """
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, os.path.basename(url.rstrip("/")) or "download")
-    if os.path.exists(path):
-        return path
-    atomic.remove_stale_staging(path, log=logging.info)
-    fd, staging = atomic.temporary_file(path)
-    try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
-            expected = int(response.headers.get("Content-Length") or -1)
-            done, start, next_log = 0, time.perf_counter(), 100 << 20
-            while chunk := response.read(_CHUNK):
-                out.write(chunk)
-                done += len(chunk)
-                if done >= next_log:
-                    rate = done / 1e6 / max(time.perf_counter() - start, 1e-9)
-                    logging.info("downloaded %.0f of %.0f MB (%.1f MB/s)", done / 1e6, expected / 1e6, rate)
-                    next_log += 100 << 20
-            out.flush()
-            os.fsync(out.fileno())
-        if expected >= 0 and done != expected:
-            raise OSError(f"download of {url} ended after {done} of {expected} bytes; run again to retry")
-        os.rename(staging, path)
-    except BaseException:
-        if os.path.exists(staging):
-            os.unlink(staging)
-        raise
+    name = os.path.basename(urllib.parse.urlsplit(url).path.rstrip("/")) or "download"
+    path = os.path.join(directory, name)
+    with transfer.locked(directory):
+        if os.path.exists(path):  # downloaded before, or by the process this one waited for
+            return path
+        atomic.remove_stale_staging(path, log=logging.info)  # what an earlier version left while downloading
+        published = {
+            "expected_bytes": ARCHIVE_BYTES,
+            "expected_sha256": ARCHIVE_SHA256,
+            "checksum_source": ARCHIVE_SOURCE,
+        }
+        report = transfer.Report(name, log=True)
+        transfer.download(url, path, progress=report, waiting=report.waiting, **(published if name == ARCHIVE else {}))
     return path
 
 
