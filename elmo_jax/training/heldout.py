@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 from collections.abc import Sequence
 
 import jax
@@ -21,6 +20,7 @@ from elmo_jax.data.batch_stream import BiLMBatchStream
 from elmo_jax.formats.vocab_file import EOS, Vocab
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.runtime import processes
+from elmo_jax.runtime.progress import Progress
 from elmo_jax.training import sharding
 from elmo_jax.training.batch_feed import device_batch
 from elmo_jax.training.jitted_steps import Steps
@@ -104,21 +104,16 @@ def _summed_cross_entropies(
     lstm = zero_state(cfg.model, batch_size) if steps is None else steps.zero_lstm()
     several = jax.process_count() > 1
     sums, counts = np.zeros(2), np.zeros(2)
-    started = time.perf_counter()
-    next_note = started + PROGRESS_EVERY_S
+    progress = Progress({"windows": max_batches or None}, every_s=PROGRESS_EVERY_S, log=True)
     for i in itertools.count():
         window = next(stream, None)
         if (max_batches and i >= max_batches) or (window is None and not several):
             break
-        if time.perf_counter() >= next_note:  # a long evaluation says how far it is
-            next_note += PROGRESS_EVERY_S
+        if progress.due():  # a long evaluation says how far it is
             of = f" of at most {max_batches:,}" if max_batches else ""
-            logging.info(
-                "evaluating heldout: %s windows%s, %s tokens scored so far, %.0f s",
-                f"{i:,}",
-                of,
-                f"{int(counts[0]):,}",
-                time.perf_counter() - started,
+            progress.write(
+                f"evaluating heldout: {i:,} windows{of}, {int(counts[0]):,} tokens scored so far, "
+                f"{progress.seconds():.0f} s"
             )
         # Every process takes part in every step: one whose rows are done feeds empty windows until
         # no process has tokens left.
