@@ -14,6 +14,7 @@ import elmo_jax
 from elmo_jax.analysis import ablation, ablation_model
 from elmo_jax.analysis.ablation_model import Variant
 from elmo_jax.analysis.probe_data import ProbeItem
+from elmo_jax.features import mix
 from tests.support.commands import error_line
 from tests.support.inprocess import run_in_process
 from tests.support.probe_items import item, write_targets
@@ -83,6 +84,50 @@ def test_the_l2_penalty_is_added_to_the_loss_of_a_learned_mix_only(task):
         )
         expected = 0.01 * (0.25 + 0.0625 + 4.0) if layers == "learned" else 0.0
         assert with_l2 - without == pytest.approx(expected, rel=0, abs=4 * 2**-24 * max(1.0, with_l2)), layers
+
+
+def test_the_task_models_mix_and_penalty_are_the_librarys(task, monkeypatch):
+    """The ablation measures the library's task API (issue #49: its task model had its own copy of the
+    mix): each variant's loss mixes the batch's slots (B, L+1, 3, D) with `features.mix.scalar_mix`,
+    adds `mix_l2_penalty` of the trained s, and reports `mix_weights`. A fixed variant's scalars
+    normalise (NumPy's softmax, float64) to exactly its weights; a learned one's are the trained s."""
+    seen = {}
+
+    def spy(name):
+        real = getattr(mix, name)
+
+        def called(*args):
+            seen.setdefault(name, []).append(args)
+            return real(*args)
+
+        monkeypatch.setattr(mix, name, called)
+
+    for name in ("scalar_mix", "mix_l2_penalty", "mix_weights"):
+        spy(name)
+    data, batch, n = task, np.arange(0, 24), task.elmo.shape[2]
+    arrays, s = ablation_model.device_arrays(data), np.array([0.5, -0.25, 2.0], np.float32)
+    fixed = {"token": np.eye(n)[0], "top": np.eye(n)[-1], "average": np.full(n, 1 / n), "learned": None}
+    for layers, weights in fixed.items():
+        seen.clear()
+        variant = Variant(layers, layers, l2=0.01)
+        params = ablation_model.init_params(jax.random.key(0), data, variant) | {"s": s, "gamma": np.float32(1.5)}
+        ablation_model.task_loss(params, arrays, batch, variant)
+        assert {"scalar_mix", "mix_l2_penalty"} <= set(seen), (layers, sorted(seen))
+        [(mixed, scalars, gamma)], [(penalised, coef)] = seen["scalar_mix"], seen["mix_l2_penalty"]
+        np.testing.assert_array_equal(mixed, np.swapaxes(data.elmo[batch], 1, 2))
+        assert float(gamma) == 1.5
+        scalars = np.asarray(scalars, np.float64)
+        if weights is None:
+            np.testing.assert_array_equal(scalars, s)
+        else:
+            np.testing.assert_array_equal(
+                np.exp(scalars - scalars.max()) / np.exp(scalars - scalars.max()).sum(), weights
+            )
+        np.testing.assert_array_equal(penalised, s)
+        assert np.float32(coef) == np.float32(0.01 if layers == "learned" else 0.0), layers
+        seen.clear()
+        ablation_model.layer_weights(params, ablation_model.mix_settings(variant, n))
+        assert [np.asarray(args[0]).tolist() for args in seen.get("mix_weights", [])] == [scalars.tolist()], layers
 
 
 @pytest.mark.parametrize(

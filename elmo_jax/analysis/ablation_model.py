@@ -7,9 +7,14 @@ section 3.3) add ELMo to a task model, its own word vector `x` (a table trained 
 data: the "static word-vector baseline"), concatenated with ELMo's `gamma * sum_j w_j h_j` of the frozen
 biLM's layers `h_j` unless the variant is the baseline. The three slots' representations, concatenated,
 go through one ReLU layer to logits over the classes the target's word was seen with in training (all
-classes for an unseen word, as `probing` does). The layer weights `w` are fixed (one layer; the average)
-or learnt (`softmax(s)`, optionally with the paper's L2 penalty `l2 * ||s||^2`, which pulls `w` to the
-average as `l2` grows); `gamma` is learnt in every ELMo variant.
+classes for an unseen word, as `probing` does).
+
+The mix and its penalty are the library's (`elmo_jax.features.mix`: `scalar_mix`, `mix_l2_penalty`,
+`mix_weights`), the ones a task model built on `ScalarMix` or `ElmoTaskLayers` trains, so the ablation
+measures the task API users have. The mix's scalars `s` are learnt (optionally with the paper's L2
+penalty on them, which pulls `w` to the average as its coefficient grows) or fixed: 0 for the layers a
+fixed variant uses and -inf for the others, whose normalised weights are exactly its one layer or the
+average. `gamma` is learnt in every ELMo variant.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from elmo_jax.features import mix as elmo_mix
+
 WORD_DIM = 64  # the trained word vectors (GloVe's role in the paper's baselines)
 HIDDEN = 128
 BATCH_SIZE = 64
@@ -33,7 +40,8 @@ PATIENCE = 12  # evaluations without a better dev accuracy before stopping
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """How a variant reads the biLM: `layers` None for no ELMo (the baseline); else "token", "top",
-    "average" (fixed weights) or "learned" (softmax(s) trained, with `l2 * ||s||^2` added to the loss)."""
+    "average" (fixed weights) or "learned" (the mix's scalars trained, with the library's L2 penalty of
+    coefficient `l2` on them added to the loss)."""
 
     name: str
     layers: str | None
@@ -120,14 +128,16 @@ def init_params(key: jax.Array, data: TaskData, variant: Variant) -> dict:
 
 
 def mix_settings(variant: Variant, n_layers: int) -> dict[str, np.ndarray]:
-    """A variant's layer weights as data, so that every ELMo variant runs one compiled program: `fixed`
-    (L+1,) weights, `learned` 1.0 to use softmax(s) instead, `l2` the penalty on s."""
-    fixed = {"token": np.eye(n_layers)[0], "top": np.eye(n_layers)[-1]}.get(
-        variant.layers, np.full(n_layers, 1.0 / n_layers)
+    """A variant's mix as data, so that every ELMo variant runs one compiled program: `fixed` (L+1,) the
+    scalars of a fixed choice (0 for the layers it uses, -inf for the others: their normalised weights are
+    one layer, or the average), `learned` 1.0 to mix with the trained scalars instead, `l2` the penalty's
+    coefficient (0 unless learned)."""
+    used = {"token": np.eye(n_layers, dtype=bool)[0], "top": np.eye(n_layers, dtype=bool)[-1]}.get(
+        variant.layers, np.ones(n_layers, bool)
     )
     learned = 1.0 if variant.layers == "learned" else 0.0
     return {
-        "fixed": fixed.astype(np.float32),
+        "fixed": np.where(used, 0.0, -np.inf).astype(np.float32),
         "learned": np.float32(learned),
         "l2": np.float32(variant.l2 * learned),
     }
@@ -147,9 +157,15 @@ def device_arrays(data: TaskData) -> dict:
     }
 
 
+def mix_scalars(params: dict, mix: dict) -> jax.Array:
+    """The scalars s (L+1,) the variant mixes with: the trained ones for a learned mix, else the fixed ones
+    (the trained ones then get no gradient and stay at 0)."""
+    return jnp.where(mix["learned"] > 0, params["s"], mix["fixed"])
+
+
 def layer_weights(params: dict, mix: dict) -> jax.Array:
-    """The weights w (L+1,) of the biLM's layers: softmax(s) for a learned mix, else the fixed ones."""
-    return mix["learned"] * jax.nn.softmax(params["s"]) + (1.0 - mix["learned"]) * mix["fixed"]
+    """The normalised weights w (L+1,) of the biLM's layers that the variant's mix uses."""
+    return elmo_mix.mix_weights(mix_scalars(params, mix))
 
 
 def _logits(params: dict, arrays: dict, index: jax.Array, mix: dict, elmo: bool) -> jax.Array:
@@ -158,16 +174,16 @@ def _logits(params: dict, arrays: dict, index: jax.Array, mix: dict, elmo: bool)
     present = (words > 0).astype(jnp.float32)
     x = jnp.einsum("bts,btsd->btd", present, params["words"][words]) / jnp.maximum(present.sum(-1), 1.0)[..., None]
     if elmo:
-        vectors = params["gamma"] * jnp.einsum("l,btld->btd", layer_weights(params, mix), arrays["elmo"][index])
-        x = jnp.concatenate([x, vectors], axis=-1)
+        layers = jnp.swapaxes(arrays["elmo"][index], 1, 2)  # (B, 3, L+1, D) -> the mix's (B, L+1, 3, D)
+        x = jnp.concatenate([x, elmo_mix.scalar_mix(layers, mix_scalars(params, mix), params["gamma"])], axis=-1)
     hidden = jax.nn.relu(x.reshape(x.shape[0], -1) @ params["hidden"] + params["hidden_bias"][None, :])
     logits = hidden @ params["out"] + params["out_bias"][None, :]
     return jnp.where(arrays["mask"][index], logits, -jnp.inf)
 
 
 def task_loss(params: dict, arrays: dict, batch: jax.Array, variant: Variant) -> jax.Array:
-    """The mean cross-entropy of a batch of item indices (-1: padding, weight 0), plus `l2 * ||s||^2` for
-    a learned mix."""
+    """The mean cross-entropy of a batch of item indices (-1: padding, weight 0), plus the library's L2
+    penalty on the mix's scalars for a learned mix (`mix_l2_penalty`)."""
     mix = mix_settings(variant, arrays["elmo"].shape[2])
     return _loss(params, arrays, batch, mix, variant.layers is not None)
 
@@ -176,7 +192,7 @@ def _loss(params: dict, arrays: dict, batch: jax.Array, mix: dict, elmo: bool) -
     index, weight = jnp.maximum(batch, 0), (batch >= 0).astype(jnp.float32)
     log_p = jax.nn.log_softmax(_logits(params, arrays, index, mix, elmo))
     picked = jnp.take_along_axis(log_p, arrays["labels"][index][:, None], axis=1)[:, 0]
-    return -jnp.sum(weight * picked) / jnp.sum(weight) + mix["l2"] * jnp.sum(params["s"] ** 2)
+    return -jnp.sum(weight * picked) / jnp.sum(weight) + elmo_mix.mix_l2_penalty(params["s"], mix["l2"])
 
 
 @functools.partial(jax.jit, static_argnames=("elmo",))

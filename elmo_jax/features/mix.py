@@ -32,6 +32,12 @@ def masked_layer_norm(layer: jax.Array, mask: jax.Array) -> jax.Array:
     return (layer - mean) / jnp.sqrt(variance + LAYER_NORM_EPSILON)
 
 
+def mix_weights(scalars: jax.Array) -> jax.Array:
+    """The layer weights w = softmax(s) (L,) of unnormalised scalars s (L,); an entry of s at -inf
+    gives its layer weight exactly 0, so a fixed choice of layers (one layer, the average) is a mix too."""
+    return jax.nn.softmax(scalars)
+
+
 def scalar_mix(
     layers: jax.Array, scalars: jax.Array, gamma: jax.Array, mask: jax.Array | None = None, *, layer_norm: bool = False
 ) -> jax.Array:
@@ -55,7 +61,7 @@ def scalar_mix(
         if mask is None:
             raise ValueError("scalar_mix: layer_norm=True needs the token mask")
         layers = jnp.stack([masked_layer_norm(layers[:, j], mask) for j in range(layers.shape[1])], axis=1)
-    weights = jax.nn.softmax(scalars)
+    weights = mix_weights(scalars)
     mixed = jnp.reshape(gamma, ()) * jnp.einsum("l,bltd->btd", weights, layers, precision=jax.lax.Precision.HIGHEST)
     if mask is not None:
         mixed = jnp.where(mask[..., None], mixed, 0.0)
