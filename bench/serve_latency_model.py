@@ -44,7 +44,7 @@ from absl import app, flags  # noqa: E402
 import elmo_jax  # noqa: E402
 from bench.common import platform_line  # noqa: E402
 from bench.workloads import make_sentences  # noqa: E402
-from elmo_jax.serving.dynamic_batching import warmup_sentences  # noqa: E402
+from elmo_jax.serving import warmup_sentences  # noqa: E402
 
 FLAGS = flags.FLAGS
 

@@ -28,7 +28,7 @@ OWNERS = [
         {"signal.signal"},
         # cli: a command's SIGTERM raises Terminated (its one-line ending); the service lets uvicorn's
         # graceful shutdown have both signals
-        {"runtime/signals.py", "cli.py", "serve.py"},
+        {"runtime/signals.py", "cli.py", "serving/service.py"},
     ),
 ]
 

@@ -15,6 +15,7 @@ import gc
 import http.client
 import io
 import json
+import re
 import signal
 import subprocess
 import threading
@@ -27,11 +28,9 @@ import pytest
 import uvicorn
 
 import elmo_jax
-from elmo_jax import serve
+from elmo_jax import serving
 from elmo_jax.features.sentences import SentenceEmbedder
-from elmo_jax.serving.dynamic_batching import DynamicBatcher, warmup_sentences
-from elmo_jax.serving.embed_requests import Limits
-from elmo_jax.serving.http_service import make_app
+from elmo_jax.serving import DynamicBatcher, Limits, make_app, warmup_sentences
 from tests.reference.elmo_equations import np_scalar_mix, np_sentence_mean
 from tests.support.commands import command_argv, command_env
 from tests.support.tolerance import assert_close_up_to_order, char_cnn_terms, lstm_terms, order_tolerance
@@ -55,7 +54,7 @@ def request(port: int, method: str, path: str, body=None, headers=None):
 @contextlib.contextmanager
 def running(app):
     """The app on a free loopback port, in a thread; yields the port."""
-    sock = serve.listening_socket("127.0.0.1", 0)
+    sock = serving.listening_socket("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -405,15 +404,35 @@ def test_sigterm_drains_in_flight_requests_and_exits_0(fixture_dir):
 
 def test_binding_beyond_loopback_needs_a_token(tmp_path, monkeypatch):
     """Checked before anything is loaded: a token from the file's first line or the environment."""
-    assert serve.is_loopback("127.0.0.1") and serve.is_loopback("::1") and serve.is_loopback("localhost")
-    assert not serve.is_loopback("0.0.0.0") and not serve.is_loopback("10.1.2.3")
+    assert serving.is_loopback("127.0.0.1") and serving.is_loopback("::1") and serving.is_loopback("localhost")
+    assert not serving.is_loopback("0.0.0.0") and not serving.is_loopback("10.1.2.3")
     token_file = tmp_path / "token"
     token_file.write_text("abc123\n")
-    assert serve.read_token(str(token_file), {}) == "abc123"
-    assert serve.read_token(None, {serve.TOKEN_ENV: "from-env"}) == "from-env"
-    assert serve.read_token(None, {}) is None
+    assert serving.read_token(str(token_file), {}) == "abc123"
+    assert serving.read_token(None, {serving.TOKEN_ENV: "from-env"}) == "from-env"
+    assert serving.read_token(None, {}) is None
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(ValueError, match="empty: its first line is empty"):
-        serve.read_token(str(tmp_path / "empty"), {})
+        serving.read_token(str(tmp_path / "empty"), {})
     with pytest.raises(ValueError, match="missing: cannot read it"):
-        serve.read_token(str(tmp_path / "missing"), {})
+        serving.read_token(str(tmp_path / "missing"), {})
+
+
+def test_the_settings_are_checked_before_anything_loads(tmp_path):
+    """`ServiceConfig.check`, what the command runs first: each error names its flag; a token from the
+    file or the environment is returned (and needed beyond loopback)."""
+    for settings, message in [
+        (dict(workers=0), "--workers=0: expected a positive integer"),
+        (dict(tail_steps=-1), "--tail_steps=-1: expected a positive integer"),
+        (dict(max_body_bytes=0), "--max_sentence_tokens and --max_body_bytes must be positive"),
+        (dict(max_wait_ms=-1.0), "--max_wait_ms=-1.0: expected >= 0"),
+        (dict(port=65536), "--port=65536: expected 0 to 65535"),
+        (dict(host="0.0.0.0"), "--host=0.0.0.0 is reachable from other machines"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            serving.ServiceConfig(**settings).check({})
+    token_file = tmp_path / "token"
+    token_file.write_text("abc123\n")
+    assert serving.ServiceConfig(host="0.0.0.0", auth_token_file=str(token_file)).check({}) == "abc123"
+    assert serving.ServiceConfig(host="10.1.2.3").check({serving.TOKEN_ENV: "from-env"}) == "from-env"
+    assert serving.ServiceConfig().check({}) is None
