@@ -25,48 +25,35 @@ from elmo_jax import cli
 from elmo_jax.serving import TOKEN_ENV, ServiceConfig, serve
 
 FLAGS = flags.FLAGS
-DEFAULT = ServiceConfig()  # the flags' defaults are the config's
 
 
 def define_flags() -> None:
     cli.define_model_flags()
-    flags.DEFINE_string("host", DEFAULT.host, "Address to listen on; anything but loopback needs a token.")
-    flags.DEFINE_integer("port", DEFAULT.port, "Port to listen on (0: any free port, printed at start).")
+    flags.DEFINE_string("host", "127.0.0.1", "Address to listen on; anything but loopback needs a token.")
+    flags.DEFINE_integer("port", 8080, "Port to listen on (0: any free port, printed at start).")
     flags.DEFINE_string(
         "auth_token_file", None, f"A file holding the bearer token requests must carry (or ${TOKEN_ENV})."
     )
+    flags.DEFINE_integer("batch_tokens", 4096, "Time steps per device batch (rows x row length): device memory.")
+    flags.DEFINE_integer("max_batch_tokens", 4096, "A merged batch closes once it holds this many tokens ...")
+    flags.DEFINE_float("max_wait_ms", 5.0, "... or once its oldest request has waited this long.")
+    flags.DEFINE_integer("max_queue_tokens", 262144, "Tokens waiting for a batch at most; beyond: 503 + Retry-After.")
+    flags.DEFINE_integer("max_sentences", 256, "Sentences per request at most (413 beyond).")
+    flags.DEFINE_integer("max_tokens", 16384, "Tokens per request at most (413 beyond).")
+    flags.DEFINE_integer("max_sentence_tokens", 512, "Tokens per sentence at most (413 beyond).")
+    flags.DEFINE_integer("max_body_bytes", 8 << 20, "Bytes per request body at most (413 beyond).")
     flags.DEFINE_integer(
-        "batch_tokens", DEFAULT.batch_tokens, "Time steps per device batch (rows x row length): device memory."
-    )
-    flags.DEFINE_integer(
-        "max_batch_tokens", DEFAULT.max_batch_tokens, "A merged batch closes once it holds this many tokens ..."
-    )
-    flags.DEFINE_float("max_wait_ms", DEFAULT.max_wait_ms, "... or once its oldest request has waited this long.")
-    flags.DEFINE_integer(
-        "max_queue_tokens", DEFAULT.max_queue_tokens, "Tokens waiting for a batch at most; beyond: 503 + Retry-After."
-    )
-    flags.DEFINE_integer("max_sentences", DEFAULT.max_sentences, "Sentences per request at most (413 beyond).")
-    flags.DEFINE_integer("max_tokens", DEFAULT.max_tokens, "Tokens per request at most (413 beyond).")
-    flags.DEFINE_integer(
-        "max_sentence_tokens", DEFAULT.max_sentence_tokens, "Tokens per sentence at most (413 beyond)."
-    )
-    flags.DEFINE_integer("max_body_bytes", DEFAULT.max_body_bytes, "Bytes per request body at most (413 beyond).")
-    flags.DEFINE_integer(
-        "workers",
-        DEFAULT.workers,
-        "Batches in flight: one is formed and dispatched while another's results are awaited.",
+        "workers", 2, "Batches in flight: one is formed and dispatched while another's results are awaited."
     )
     flags.DEFINE_integer(
         "tail_steps",
-        DEFAULT.tail_steps,
+        16,
         "A small batch's rows are rounded up to a 1/N of a full batch's: a larger N pads less and warms up more"
         " programs (small model: 171 with 16, 108 with 8).",
     )
-    flags.DEFINE_bool("warmup", DEFAULT.warmup, "Compile the common shapes before reporting ready.")
-    flags.DEFINE_float(
-        "shutdown_timeout_s", DEFAULT.shutdown_timeout_s, "After SIGTERM: how long open requests may take to finish."
-    )
-    flags.DEFINE_enum("compute_dtype", DEFAULT.compute_dtype, ["float32", "bfloat16"], "Matmul precision.")
+    flags.DEFINE_bool("warmup", True, "Compile the common shapes before reporting ready.")
+    flags.DEFINE_float("shutdown_timeout_s", 60.0, "After SIGTERM: how long open requests may take to finish.")
+    flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Matmul precision.")
 
 
 def run() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import gc
 import http.client
 import io
@@ -26,6 +27,7 @@ import jax
 import numpy as np
 import pytest
 import uvicorn
+from absl import flags
 
 import elmo_jax
 from elmo_jax import serving
@@ -436,3 +438,18 @@ def test_the_settings_are_checked_before_anything_loads(tmp_path):
     assert serving.ServiceConfig(host="0.0.0.0", auth_token_file=str(token_file)).check({}) == "abc123"
     assert serving.ServiceConfig(host="10.1.2.3").check({serving.TOKEN_ENV: "from-env"}) == "from-env"
     assert serving.ServiceConfig().check({}) is None
+
+
+def test_the_commands_flags_are_the_settings_with_their_defaults():
+    """`python -m elmo_jax.serve` turns its flags into a `ServiceConfig` field by field: every field is a
+    flag, with the field's default (written out in the command, where docs/API.md reads it)."""
+    from elmo_jax import serve
+
+    before = set(flags.FLAGS)
+    try:
+        serve.define_flags()
+        defaults = {name: flags.FLAGS[name].default for name in set(flags.FLAGS) - before}
+    finally:
+        for name in set(flags.FLAGS) - before:
+            delattr(flags.FLAGS, name)
+    assert defaults == {field.name: field.default for field in dataclasses.fields(serving.ServiceConfig)}
