@@ -49,7 +49,7 @@ def define_flags() -> None:
         "tail_steps",
         16,
         "A small batch's rows are rounded up to a 1/N of a full batch's: a larger N pads less and warms up more"
-        " programs (small model: 171 with 16, 108 with 8).",
+        " programs (small model: 168 with 16, 105 with 8).",
     )
     flags.DEFINE_bool("warmup", True, "Compile the common shapes before reporting ready.")
     flags.DEFINE_float("shutdown_timeout_s", 60.0, "After SIGTERM: how long open requests may take to finish.")
