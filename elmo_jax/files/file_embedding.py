@@ -44,6 +44,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 from absl import logging
@@ -51,7 +52,7 @@ from absl import logging
 from elmo_jax import storage
 from elmo_jax.features.batch_runner import BatchRunner
 from elmo_jax.features.length_buckets import BucketBatcher, InputOrderBatcher, Piece
-from elmo_jax.features.output_modes import output_mode
+from elmo_jax.features.output_modes import OutputMode, output_mode
 from elmo_jax.features.token_ids import CharIdTable, width_bucket
 from elmo_jax.files import file_staging, sentence_input
 from elmo_jax.files.file_options import IDENTITY_OPTIONS, Options
@@ -179,14 +180,46 @@ def _embed_local_file(
     params, input_path: str, output_path: str, options: Options, *, summary=None, vocabulary=None
 ) -> dict:
     """`embed_file` of a local input into a local output."""
+    start = time.perf_counter()
+    run = _prepare(params, input_path, output_path, options, summary, vocabulary)
+    counts = _embed_and_write(run, options)
+    index, count = processes.share()
+    counts.update(
+        lines=run.summary.lines,
+        tokens=run.summary.tokens,
+        blank_lines=run.summary.blank,
+        split_lines=run.summary.long,
+        cached_types=0 if run.runner.cache is None else len(run.runner.cache),
+        process=index,
+        processes=count,
+        devices=len(run.runner.devices),
+        seconds=time.perf_counter() - start,
+    )
+    _log_summary(run.summary, counts, options)
+    return counts
+
+
+class _Prepared(NamedTuple):
+    """What a run has settled before it touches any staging directory."""
+
+    target: str  # the output's absolute path
+    shown: str  # how errors name it: --output=...
+    output: OutputMode
+    summary: sentence_input.InputSummary
+    runner: BatchRunner
+    identity: dict  # what a spool must have been made from to be continued (`_identity`)
+
+
+def _prepare(params, input_path: str, output_path: str, options: Options, summary, vocabulary) -> _Prepared:
+    """The checks, the output mode, the input's scan, the token cache and the batch runner: everything
+    that can fail before a staging directory is touched (a mistake such as --devices must not cost a
+    stopped run its progress)."""
     target = check_output_path(output_path, options.overwrite, inputs=[input_path], remove_stale=False)
-    shown = f"--output={output_path}"
     config = params.config
     output = output_mode(
         options.layers, config.n_output_layers, config.output_dim, options.mix_scalars, options.gamma, options.float16
     )
     options.check()
-    start = time.perf_counter()
     use_vocabulary = vocabulary is not None and options.token_cache == "auto"
     summary = summary or sentence_input.scan(
         input_path,
@@ -195,33 +228,39 @@ def _embed_local_file(
         long_sentences=options.long_sentences,
         collect_types=use_vocabulary,
     )
-    index, count = processes.share()
     cache = _token_cache(params, vocabulary, summary) if use_vocabulary else None
-    # Before any staging is touched: a mistake here (--devices) must not cost a stopped run its progress.
     runner = BatchRunner(params, output, devices=options.devices, compute_dtype=options.compute_dtype, cache=cache)
     identity = _identity(summary, options, params, cache is not None)
+    return _Prepared(target, f"--output={output_path}", output, summary, runner, identity)
+
+
+def _embed_and_write(run: _Prepared, options: Options) -> dict:
+    """This process's share embedded into its spool, and (process 0) the output written from every
+    spool and put in place, signals taken at the stop points (`runtime.signals`). Returns the counts."""
+    index, count = processes.share()
     # Again (the other run may have started since), before any process of this run takes a staging
     # directory: none does before every process has met in check_same.
-    file_staging.refuse_another_writer(target, shown)
-    processes.check_same("inputs or arguments", json.dumps(identity, sort_keys=True))
-    identity["share"] = [index, count]
-    staging, spool = file_staging.open_spool(target, identity, options.resume, shown)
+    file_staging.refuse_another_writer(run.target, run.shown)
+    processes.check_same("inputs or arguments", json.dumps(run.identity, sort_keys=True))
+    staging, spool = file_staging.open_spool(
+        run.target, {**run.identity, "share": [index, count]}, options.resume, run.shown
+    )
     with StopSignals(second_signal="at_once") as stops:
         try:
             staging_dirs = processes.gather_text(staging)  # every process has taken its staging directory
-            file_staging.refuse_another_writer(target, shown, ours=staging_dirs)  # one that started meanwhile
-            atomic.remove_stale_staging(target, log=logging.warning)  # none is what another process takes over
-            counts = _embed_share(runner, spool, summary, options, index, count, stops.check)
+            file_staging.refuse_another_writer(run.target, run.shown, ours=staging_dirs)  # one that started meanwhile
+            atomic.remove_stale_staging(run.target, log=logging.warning)  # none is what another process takes over
+            counts = _embed_share(run.runner, spool, run.summary, options, index, count, stops.check)
             spool.sync()
             spool.close()
             processes.barrier("embed_file: embedded")
             staged = None
             if index == 0:
                 staged, counts["sentences"] = write_output(
-                    shown,
+                    run.shown,
                     staging_dirs,
-                    summary,
-                    output,
+                    run.summary,
+                    run.output,
                     skip_blank=options.blank_lines == "skip",
                     sentence_index=options.sentence_index,
                     stop_point=stops.check,
@@ -229,20 +268,8 @@ def _embed_local_file(
             stops.check()  # the last stop point: from here the output goes into place
         except BaseException as failure:
             # `failure` itself, or an exception chained to it: a stop, a lost process, an error.
-            raise file_staging.ended_early(failure, stops, spool, staging, shown)  # noqa: B904
-        file_staging.put_in_place(staged, target, staging, spool, stops, shown)
-    counts.update(
-        lines=summary.lines,
-        tokens=summary.tokens,
-        blank_lines=summary.blank,
-        split_lines=summary.long,
-        cached_types=0 if cache is None else len(cache),
-        process=index,
-        processes=count,
-        devices=len(runner.devices),
-        seconds=time.perf_counter() - start,
-    )
-    _log_summary(summary, counts, options)
+            raise file_staging.ended_early(failure, stops, spool, staging, run.shown)  # noqa: B904
+        file_staging.put_in_place(staged, run.target, staging, spool, stops, run.shown)
     return counts
 
 
@@ -297,10 +324,8 @@ def _embed_share(
     """Embeds this process's lines that the spool does not hold, appending each batch to the spool;
     `stop_point` is called before each line and after each appended batch (where the spool is whole)."""
     C, max_tokens = runner.config.max_characters_per_token, options.max_sentence_tokens
-    if options.bucketing:
-        batcher = BucketBatcher(options.batch_tokens, C, row_multiple=runner.row_multiple)
-    else:
-        batcher = InputOrderBatcher(options.batch_tokens, C, row_multiple=runner.row_multiple)
+    batcher_type = BucketBatcher if options.bucketing else InputOrderBatcher  # --bucketing=false: input order
+    batcher = batcher_type(options.batch_tokens, C, row_multiple=runner.row_multiple)
     done = _DonePieces(spool.pieces.sorted())
     resumed = len(spool.pieces.lines())
     total_lines = -(-(summary.lines - summary.blank) // count)
