@@ -23,6 +23,8 @@ OWNERS = [
         {"multihost_utils", "process_allgather", "sync_global_devices", "broadcast_one_to_all", "jax.distributed"},
         {"runtime/processes.py"},
     ),
+    ("HTTP downloads", {"urlopen", "urlretrieve", "urllib.request"}, {"formats/download.py"}),
+    ("progress lines: the interval, the terminal's in-place line", {"isatty"}, {"runtime/progress.py"}),
     (
         "handlers of SIGINT and SIGTERM",
         {"signal.signal"},
