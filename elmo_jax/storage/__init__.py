@@ -16,8 +16,9 @@ the only place that tells a URL from a local path. Callers ask to
 - keep a local directory a copy of another, copying what changed, new directories whole
   (`sync_directory`: a workdir copied to a mounted Google Drive) (`sync`).
 
-A Cloud Storage service that cannot be reached costs one retry cycle of its client, then every request
-fails at once naming the place (`outage`).
+A Cloud Storage service that cannot be reached costs one retry cycle of its client, then every operation
+on a `gs://` place fails at once naming it (`StorageUnreachable`); a caller that hands a place to another
+library (orbax) runs that call in `reaching(place)` to have the same (`outage`).
 
 What each guarantee becomes in a bucket (no rename, no append, no directories, no flock) is in
 docs/CLOUD_STORAGE.md.
@@ -36,6 +37,7 @@ from elmo_jax.storage.local import (
     working_copy,
 )
 from elmo_jax.storage.lock import PlaceLock
+from elmo_jax.storage.outage import StorageUnreachable
 from elmo_jax.storage.places import (
     absolute,
     ancestors,
@@ -58,6 +60,7 @@ from elmo_jax.storage.places import (
     listing,
     makedirs,
     open_file,
+    reaching,
     read_bytes,
     real,
     remove,
@@ -81,6 +84,7 @@ from elmo_jax.storage.sync import SyncStats, sync_directory
 __all__ = [
     "AppendLog",
     "PlaceLock",
+    "StorageUnreachable",
     "SyncStats",
     "SyncedDirectory",
     "Workspace",
@@ -117,6 +121,7 @@ __all__ = [
     "publish_directory",
     "read_bytes",
     "read_lines",
+    "reaching",
     "real",
     "remove",
     "rename",

@@ -78,7 +78,7 @@ class AppendLog:
         synced directory is synced too)."""
         try:
             if self._data is not None and self._uploaded != len(self._data):
-                places.epath(self.path).write_bytes(self._data)
+                publish.write_bytes(self.path, self._data)
             if self._synced is not None:
                 self._synced.sync()
         except Exception as e:  # the network or the bucket: keep the lines and try again with the next one

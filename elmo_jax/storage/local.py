@@ -39,7 +39,8 @@ def local_copy(path: str | os.PathLike) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="elmo_jax_download_") as tmp:
         local = os.path.join(tmp, places.basename(path))
         fs, name = places._fs(path)
-        fs.get_file(name, local)
+        with places.reaching(path):
+            fs.get_file(name, local)
         yield local
 
 
@@ -59,11 +60,12 @@ def download_tree(source: str, local: str | os.PathLike) -> None:
     fs, name = places._fs(source)
     os.makedirs(local, exist_ok=True)
     prefix = name.rstrip("/") + "/"
-    for found in fs.find(name):
-        relative = found[len(prefix) :] if found.startswith(prefix) else posixpath.basename(found)
-        destination = os.path.join(os.fspath(local), *relative.split("/"))
-        os.makedirs(os.path.dirname(destination), exist_ok=True)
-        fs.get_file(found, destination)
+    with places.reaching(source):
+        for found in fs.find(name):
+            relative = found[len(prefix) :] if found.startswith(prefix) else posixpath.basename(found)
+            destination = os.path.join(os.fspath(local), *relative.split("/"))
+            os.makedirs(os.path.dirname(destination), exist_ok=True)
+            fs.get_file(found, destination)
 
 
 def download_tree_whole(source: str, local: str | os.PathLike) -> None:

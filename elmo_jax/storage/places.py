@@ -17,7 +17,7 @@ import os
 import posixpath
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from elmo_jax.storage import outage
 
@@ -114,7 +114,7 @@ def creation_problem(path: str | os.PathLike, parents: bool = False) -> OSError 
 
 
 def epath(path: str | os.PathLike):
-    """`etils.epath.Path` of a local path or URL."""
+    """`etils.epath.Path` of a local path or URL (its operations on a URL belong inside `reaching`)."""
     from etils import epath as epath_module
 
     _check_client(path)
@@ -145,25 +145,37 @@ def basename(path: str | os.PathLike) -> str:
 
 
 def exists(path: str | os.PathLike) -> bool:
-    return epath(path).exists() if is_remote(path) else os.path.exists(path)
+    if not is_remote(path):
+        return os.path.exists(path)
+    with reaching(path):
+        return epath(path).exists()
 
 
 def isdir(path: str | os.PathLike) -> bool:
-    return epath(path).is_dir() if is_remote(path) else os.path.isdir(path)
+    return _kind(path) == "directory" if is_remote(path) else os.path.isdir(path)
 
 
 def isfile(path: str | os.PathLike) -> bool:
-    if not is_remote(path):
-        return os.path.isfile(path)
-    p = epath(path)
-    return p.exists() and not p.is_dir()
+    return _kind(path) == "file" if is_remote(path) else os.path.isfile(path)
+
+
+def _kind(url: str | os.PathLike) -> str | None:
+    """ "file", "directory" (a prefix) or None (nothing there) of a URL. fsspec's `isdir` and `isfile`
+    answer False when the service cannot be reached; this raises."""
+    fs, name = _fs(url)
+    with reaching(url):
+        try:
+            return fs.info(name)["type"]
+        except FileNotFoundError:
+            return None
 
 
 def getsize(path: str | os.PathLike) -> int:
     if not is_remote(path):
         return os.path.getsize(path)
     fs, name = _fs(path)
-    return int(fs.size(name))
+    with reaching(path):
+        return int(fs.size(name))
 
 
 def version(path: str | os.PathLike) -> tuple[str, int, int | str]:
@@ -199,13 +211,14 @@ def _stat_remote(urls: Sequence[str]) -> dict[str, tuple[int, str, bool]]:
     found = {}
     for directory, members in by_directory.items():
         fs, name = _fs(directory)
-        try:
-            entries = {posixpath.basename(e["name"].rstrip("/")): e for e in fs.ls(name, detail=True)}
-        except FileNotFoundError:
-            entries = {}
-        for url in members:
-            info = entries.get(basename(url)) or fs.info(_fs(url)[1])  # not listed: ask for it alone
-            found[url] = (int(info.get("size") or 0), _generation(info), info.get("type") == "directory")
+        with reaching(directory):
+            try:
+                entries = {posixpath.basename(e["name"].rstrip("/")): e for e in fs.ls(name, detail=True)}
+            except FileNotFoundError:
+                entries = {}
+            for url in members:
+                info = entries.get(basename(url)) or fs.info(_fs(url)[1])  # not listed: ask for it alone
+                found[url] = (int(info.get("size") or 0), _generation(info), info.get("type") == "directory")
     return found
 
 
@@ -213,7 +226,8 @@ def listdir(path: str | os.PathLike) -> list[str]:
     """The names in a directory (a URL: the names under its prefix, one level)."""
     if not is_remote(path):
         return os.listdir(path)
-    return sorted(p.name for p in epath(path).iterdir())
+    with reaching(path):
+        return sorted(p.name for p in epath(path).iterdir())
 
 
 def makedirs(path: str | os.PathLike) -> None:
@@ -227,13 +241,13 @@ def rmtree(path: str | os.PathLike) -> None:
     if not is_remote(path):
         shutil.rmtree(path, ignore_errors=True)
         return
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(FileNotFoundError), reaching(path):
         epath(path).rmtree()
 
 
 def remove(path: str | os.PathLike) -> None:
     """Removes one file; no error when it does not exist."""
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(FileNotFoundError), reaching(path):
         epath(path).unlink() if is_remote(path) else os.unlink(path)
 
 
@@ -243,16 +257,60 @@ def rename(source: str | os.PathLike, target: str | os.PathLike) -> None:
         os.rename(source, target)
         return
     fs, name = _fs(source)
-    fs.mv(name, _fs(target)[1], recursive=True)
+    with reaching(source):
+        fs.mv(name, _fs(target)[1], recursive=True)
 
 
 def open_file(path: str | os.PathLike, mode: str = "rb", **kwargs):
-    """`open` for a local path or a URL (a URL opened for writing is uploaded when closed; one opened "rb"
-    is buffered like a local file: `readline(limit)` works)."""
+    """`open` for a local path or a URL. A URL's file is buffered like a local one (`readline(limit)`
+    works); opened for writing it is uploaded when closed; each read, write and the close run in
+    `reaching` (`kwargs`: of `io.TextIOWrapper` in a text mode)."""
     if not is_remote(path):
         return open(path, mode, **kwargs)
-    f = epath(path).open(mode, **kwargs)
-    return io.BufferedReader(f, buffer_size=1 << 20) if mode == "rb" else f
+    binary = mode.replace("t", "").replace("b", "") + "b"
+    with reaching(path):
+        raw = _Reaching(epath(path).open(binary), os.fspath(path))
+    buffered = io.BufferedReader(raw, buffer_size=1 << 20) if "r" in mode else io.BufferedWriter(raw)
+    return buffered if "b" in mode else io.TextIOWrapper(buffered, **kwargs)
+
+
+class _Reaching(io.RawIOBase):
+    """A remote file (gcsfs's, through etils.epath) whose reads, writes and close each run in `reaching`."""
+
+    def __init__(self, file, place: str):
+        super().__init__()
+        self._file, self._place = file, place
+
+    def readable(self) -> bool:
+        return self._file.readable()
+
+    def writable(self) -> bool:
+        return self._file.writable()
+
+    def seekable(self) -> bool:
+        return self._file.seekable()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._file.seek(offset, whence)  # moves a position: the next read asks for the bytes
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def readinto(self, buffer) -> int:
+        with reaching(self._place):
+            return self._file.readinto(buffer)
+
+    def write(self, data) -> int:
+        with reaching(self._place):
+            return self._file.write(data)
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                with reaching(self._place):
+                    self._file.close()  # a file opened for writing is uploaded here
+            finally:
+                super().close()
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
@@ -274,7 +332,8 @@ def listing(path: str) -> dict[str, tuple[int, str]]:
         return dict(sorted(found.items()))
     fs, name = _fs(path)
     prefix = name.rstrip("/") + "/"
-    found = fs.find(name, detail=True)
+    with reaching(path):
+        found = fs.find(name, detail=True)
     return {
         path[len(prefix) :]: (int(info.get("size") or 0), str(info.get("generation") or info.get("updated") or ""))
         for path, info in sorted(found.items())
@@ -290,7 +349,8 @@ def glob(pattern: str | os.PathLike) -> list[str]:
     fs, name = _fs(pattern)
     scheme = pattern.split("://", 1)[0]
     try:
-        found = fs.glob(name)
+        with reaching(pattern):
+            found = fs.glob(name)
     except FileNotFoundError:  # gcsfs says only "b/BUCKET/o" when the bucket does not exist
         problem = creation_problem(pattern)
         raise FileNotFoundError(f"{pattern}: {problem or 'nothing there'}") from None
@@ -310,11 +370,26 @@ def _fs(path: str | os.PathLike):
 
 
 def _check_client(path: str | os.PathLike) -> None:
-    """Raises OSError, saying what to install, when `path` is gs:// and gcsfs is missing; puts the bound
-    on an unreachable service in front of gcsfs (`outage`)."""
+    """Raises OSError, saying what to install, when `path` is gs:// and gcsfs is missing; bounds each try
+    of gcsfs's requests (`outage.install`)."""
     if is_gcs(path):
         try:
             import gcsfs  # noqa: F401
         except ImportError:
             raise OSError(f"{os.fspath(path)}: gs:// paths need gcsfs: pip install 'elmo-jax[gcs]'") from None
         outage.install()
+
+
+@contextlib.contextmanager
+def reaching(place: str | os.PathLike, refuse: bool = True) -> Iterator[None]:
+    """The block of one operation on `place`: for a Cloud Storage URL the outage guard (`outage.reaching`:
+    refused at once while the service is known to be unreachable, a connection failure raised as
+    `StorageUnreachable` naming `place`); for any other place nothing. Every operation of this package on
+    a URL runs in one; a caller that hands a place to another library (orbax) runs that call in one.
+    `refuse`: False for a block that waits for work started earlier (see `outage.reaching`)."""
+    if not is_gcs(place):
+        yield
+        return
+    _check_client(place)
+    with outage.reaching(os.fspath(place), refuse=refuse):
+        yield

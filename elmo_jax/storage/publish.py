@@ -40,7 +40,8 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     if not places.is_remote(path):
         atomic.write(path, lambda f: f.write(data))
         return
-    places.epath(path).write_bytes(data)
+    with places.reaching(path):
+        places.epath(path).write_bytes(data)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -53,7 +54,8 @@ def upload_file(local: str | os.PathLike, target: str | os.PathLike) -> None:
     path: a staged copy)."""
     if places.is_remote(target):
         fs, name = places._fs(target)
-        fs.put_file(os.fspath(local), name)
+        with places.reaching(target):
+            fs.put_file(os.fspath(local), name)
         return
     with open(local, "rb") as source:
         atomic.write(target, lambda f: shutil.copyfileobj(source, f, 1 << 20))

@@ -28,6 +28,7 @@ What can go wrong on disk, and what happens:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections.abc import Callable
@@ -135,7 +136,10 @@ class Checkpoints:
             # creation never sends, and the process could not exit until they gave up.
             async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
         )
-        self.manager = ocp.CheckpointManager(self.directory, options=options)
+        # orbax reaches a gs:// directory through its own clients: `storage.reaching` puts the outage guard
+        # (fail at once, naming the place, once the service is known to be unreachable) around each call.
+        with storage.reaching(self.directory):
+            self.manager = ocp.CheckpointManager(self.directory, options=options)
         self._writing: int | None = None  # the step of a save not yet known to be complete
 
     def _incomplete(self, step: int | None = None) -> list[str]:
@@ -161,14 +165,15 @@ class Checkpoints:
         self.wait()
         self._writing = step
         try:
-            self.manager.save(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardSave(_on_disk(state)),
-                    data=ocp.args.JsonSave(data_state),
-                    meta=ocp.args.JsonSave(meta),
-                ),
-            )
+            with storage.reaching(storage.join(self.directory, str(step))):
+                self.manager.save(
+                    step,
+                    args=ocp.args.Composite(
+                        state=ocp.args.StandardSave(_on_disk(state)),
+                        data=ocp.args.JsonSave(data_state),
+                        meta=ocp.args.JsonSave(meta),
+                    ),
+                )
         except Exception as e:
             self._failed(e)
         if not self._async:  # a synchronous save is complete here
@@ -178,7 +183,8 @@ class Checkpoints:
         """Waits for the last write (and the removal of older steps it made). Raises CheckpointWriteError
         when it failed."""
         try:
-            self.manager.wait_until_finished()
+            with storage.reaching(self.directory, refuse=False):  # a write already started is waited for
+                self.manager.wait_until_finished()
         except Exception as e:
             self._failed(e)
         self._writing = None
@@ -186,10 +192,12 @@ class Checkpoints:
             self._empty_deleting()
 
     def _empty_deleting(self) -> None:
-        """Removes the old steps orbax renamed into `DELETING` (a step there is no longer a checkpoint)."""
+        """Removes the old steps orbax renamed into `DELETING` (a step there is no longer a checkpoint).
+        With the storage out of reach they wait for the next call (the save that follows says so)."""
         deleting = storage.join(self.directory, DELETING)
-        for name in sorted(storage.listdir(deleting)) if storage.isdir(deleting) else []:
-            storage.rmtree(storage.join(deleting, name))
+        with contextlib.suppress(storage.StorageUnreachable):
+            for name in sorted(storage.listdir(deleting)) if storage.isdir(deleting) else []:
+                storage.rmtree(storage.join(deleting, name))
 
     def _failed(self, error: Exception):
         step, self._writing = self._writing, None
@@ -221,7 +229,8 @@ class Checkpoints:
         ) from error
 
     def restore_meta(self, step: int) -> dict:
-        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        with storage.reaching(storage.join(self.directory, str(step))):
+            return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict, dict]:
         """(state shaped like `abstract_state`, data stream state, meta) of a step.
@@ -239,14 +248,15 @@ class Checkpoints:
             ),
             abstract_state,
         )
-        restored = self.manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(_on_disk(target)),
-                data=ocp.args.JsonRestore(),
-                meta=ocp.args.JsonRestore(),
-            ),
-        )
+        with storage.reaching(storage.join(self.directory, str(step))):
+            restored = self.manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(_on_disk(target)),
+                    data=ocp.args.JsonRestore(),
+                    meta=ocp.args.JsonRestore(),
+                ),
+            )
         return _from_disk(restored["state"], abstract_state), restored["data"], restored["meta"]
 
     def restore_newest(

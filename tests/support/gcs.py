@@ -137,7 +137,7 @@ def point_clients_at(url: str, monkeypatch) -> None:
         fsspec.register_implementation(protocol, gcsfs.core.GCSFileSystem, clobber=True)
         # No listing cache: orbax's tensorstore writes behind gcsfs's back would be missed.
         monkeypatch.setitem(fsspec.config.conf, protocol, {"token": "anon", "use_listings_cache": False})
-    # Instances made for another URL: gcsfs's (and the subclasses the storage layer registers) and the one
+    # Instances made for another URL: gcsfs's (and its subclasses': the extended file system) and the one
     # etils.epath keeps.
     classes = [gcsfs.core.GCSFileSystem]
     while classes:
