@@ -32,6 +32,7 @@ import optax
 from elmo_jax.analysis.probe_data import ProbeItem
 from elmo_jax.features.embed import embed
 from elmo_jax.features.length_buckets import BucketBatcher, Piece
+from elmo_jax.features.mix import mix_weights, scalar_mix
 from elmo_jax.model.chars import tokens_to_raw_ids
 from elmo_jax.model.params import BiLMParams
 
@@ -94,15 +95,15 @@ def probe(
             "nearest_neighbour": nearest_neighbour(fit.vectors[j], fit, evaluate.vectors[j], evaluate),
             "linear": accuracy,
         }
-    accuracy, weights, gamma = linear_probe(fit, evaluate, candidates, seed=seed, mix=True)
-    mixed = lambda s: np.einsum("l,lnd->nd", weights * gamma, s.vectors)  # noqa: E731
+    accuracy, scalars, gamma = linear_probe(fit, evaluate, candidates, seed=seed, mix=True)
+    mixed = lambda s: np.asarray(_mixed(jnp.asarray(s.vectors), scalars, gamma))  # noqa: E731
     results["mix"] = {
         "nearest_neighbour": nearest_neighbour(mixed(fit), fit, mixed(evaluate), evaluate),
         "linear": accuracy,
     }
     return {
         "layers": results,
-        "mix_weights": [float(w) for w in weights],
+        "mix_weights": [float(w) for w in mix_weights(scalars)],
         "mix_gamma": float(gamma),
         "baselines": baselines(fit, evaluate),
         "counts": {
@@ -202,7 +203,8 @@ def linear_probe(
     train: Split, test: Split, candidates: np.ndarray, *, seed: int = 0, mix: bool = False
 ) -> tuple[float, np.ndarray, float]:
     """Test accuracy of softmax regression on `train.vectors` (1 or L+1 layers: with `mix`, their learnt
-    scalar mix), early-stopped on a held-out tenth of `train`. Returns (accuracy, softmax(s) (L,), gamma)."""
+    scalar mix), early-stopped on a held-out tenth of `train`. Returns (accuracy, the mix's scalars s (L,),
+    gamma); without `mix`, s is (0.,) and gamma 1."""
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(train.labels))
     n_dev = max(1, int(round(DEV_FRACTION * len(order))))
@@ -238,9 +240,9 @@ def linear_probe(
             waited += 1
             if waited >= PATIENCE:
                 break
-    weights = np.asarray(jax.nn.softmax(best_params["s"])) if mix else np.ones((1,), np.float32)
+    scalars = np.asarray(best_params["s"]) if mix else np.zeros((1,), np.float32)
     gamma = float(best_params["gamma"]) if mix else 1.0
-    return accuracy(best_params, test.vectors, test.labels, test.words), weights, gamma
+    return accuracy(best_params, test.vectors, test.labels, test.words), scalars, gamma
 
 
 _OPTIMIZER = optax.adam(LEARNING_RATE)
@@ -265,9 +267,14 @@ def _accuracy(p, x, y, mask, mix: bool):
 
 def _logits(p: dict, x: jax.Array, mask: jax.Array, mix: bool) -> jax.Array:
     """x (L, B, D) -> logits (B, K) with the classes a word cannot take at -inf."""
-    features = jnp.einsum("l,lbd->bd", jax.nn.softmax(p["s"]) * p["gamma"], x) if mix else x[0]
+    features = _mixed(x, p["s"], p["gamma"]) if mix else x[0]
     logits = features @ p["W"] + p["b"][None, :]
     return jnp.where(mask, logits, -jnp.inf)
+
+
+def _mixed(vectors: jax.Array, scalars: jax.Array, gamma: jax.Array) -> jax.Array:
+    """The task mix (`features.mix.scalar_mix`) of one vector per target: (L, N, D) -> (N, D)."""
+    return scalar_mix(jnp.moveaxis(vectors, 0, 1)[:, :, None], jnp.asarray(scalars), jnp.asarray(gamma))[:, 0]
 
 
 def _batches(order: np.ndarray, size: int):
