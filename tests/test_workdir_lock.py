@@ -80,3 +80,52 @@ def test_the_lock_in_one_process(tmp_path):
     with WorkdirLock(str(tmp_path)):
         pass
     assert (tmp_path / LOCK_FILE).read_text() == ""
+
+
+@pytest.mark.parametrize("target", ["a user's file", "nothing yet"])
+def test_a_link_at_the_lock_record_is_refused_and_never_followed(tmp_path, target):
+    """Issue #50, item 2: WORKDIR/.elmo_jax.lock as a symbolic link (to a user's file, or dangling). The
+    record was opened without O_NOFOLLOW, so the user's file was overwritten with the holder record and
+    emptied at release, and a dangling link created its target outside the workdir (this test failed
+    with "DID NOT RAISE"). Now the lock refuses in one line naming the lock path and writes nothing."""
+    workdir, precious = tmp_path / "w", tmp_path / "thesis.txt"
+    workdir.mkdir()
+    if target == "a user's file":
+        precious.write_text("three years of work\n", encoding="utf-8")
+    (workdir / LOCK_FILE).symlink_to(precious)
+    with pytest.raises(OSError) as refused:
+        with WorkdirLock(str(workdir)):
+            pass
+    message = str(refused.value)
+    assert str(workdir / LOCK_FILE) in message and "symbolic link" in message and "\n" not in message, message
+    if target == "a user's file":
+        assert precious.read_text(encoding="utf-8") == "three years of work\n"
+    else:
+        assert not precious.exists()
+    assert os.path.islink(workdir / LOCK_FILE)  # left for the user to look at
+    os.remove(workdir / LOCK_FILE)
+    with WorkdirLock(str(workdir)):  # the refusal left the workdir unlocked
+        pass
+
+
+NOT_FILES = {  # what is at the lock path -> what the refusal says after the path
+    "a directory": "cannot open the lock file {path}: Is a directory",
+    "a FIFO": "{path} is not a regular file, not the lock file of the workdir: remove it",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_FILES))
+def test_a_lock_path_that_is_not_a_regular_file_is_refused_naming_it(tmp_path, kind):
+    """The same for what a link is not: a directory or a FIFO at WORKDIR/.elmo_jax.lock. Before, the
+    directory gave a raw "[Errno 21] Is a directory" and the FIFO "[Errno 22] Invalid argument" naming no
+    path (this test failed on the message); now one line names the lock file."""
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    if kind == "a directory":
+        (workdir / LOCK_FILE).mkdir()
+    else:
+        os.mkfifo(workdir / LOCK_FILE)
+    with pytest.raises(OSError) as refused:
+        with WorkdirLock(str(workdir)):
+            pass
+    assert str(refused.value) == NOT_FILES[kind].format(path=workdir / LOCK_FILE)

@@ -8,7 +8,13 @@ file in the directory (`name`) says who holds it (pid, host, start time, command
 message; one that still names a holder while nobody holds the lock is what a killed holder left, and is
 taken over with a warning. On a clean exit it is emptied. Where a file system cannot lock a directory
 (some network file systems), the record file itself is locked instead, with a warning that deleting it
-would undo the lock.
+would undo the lock. The record is opened without following links: a symbolic link planted in its
+place (to a user's file, which would be overwritten and then emptied) is refused, naming it.
+
+The lock is on the directory, not on its path: renamed (`mv W W.old`) or deleted, it stays locked, and
+a new directory made at the path is free for another process. `check_in_place` tells the holder when
+its path no longer names the directory it locked, so that it stops writing by that path (into the
+other process's directory).
 
 In a bucket there is no `flock`: the lock is the record object, created only if absent and kept alive by
 a heartbeat (`bucket_lock.BucketLock`, docs/CLOUD_STORAGE.md).
@@ -20,6 +26,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 from collections.abc import Callable
 
 from absl import logging
@@ -36,6 +43,8 @@ class PlaceLock:
       holder: what the record says about this process (pid, host, started, command).
       describe: a holder record -> the words naming it in messages.
       refused: (the holder's description) -> the exception to raise when another process holds the lock.
+      moved: (where the locked directory is now, or None if unknown) -> the exception `check_in_place`
+        raises when the path no longer names the locked directory.
       what: how messages name the directory ("the workdir").
     """
 
@@ -47,13 +56,16 @@ class PlaceLock:
         holder: dict,
         describe: Callable[[dict], str],
         refused: Callable[[str], Exception],
+        moved: Callable[[str | None], Exception],
         what: str,
     ):
         self.directory = places.absolute(directory)
         self.path = places.join(self.directory, name)
         self._holder, self._describe, self._refused, self._what = holder, describe, refused, what
+        self._moved = moved
         self._fds: list[int] = []
         self._record: int | None = None
+        self._locked: int | None = None  # the locked directory's descriptor (local), while held
         self._bucket_lock = None
 
     def __enter__(self) -> PlaceLock:
@@ -73,7 +85,7 @@ class PlaceLock:
             )
             self._bucket_lock.acquire()
             return
-        record = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        record = self._open_record()
         try:
             locked = self._lock_directory(record)
         except BaseException:
@@ -91,11 +103,44 @@ class PlaceLock:
         os.fsync(record)
         self._record = record
 
+    def _open_record(self) -> int:
+        """The record file's descriptor, created if absent; never through a link (a planted one would
+        have a user's file overwritten, then emptied at release), nor anything but a regular file (a FIFO
+        there does not block the open: O_NONBLOCK)."""
+        try:
+            record = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP and os.path.islink(self.path):  # O_NOFOLLOW met a link
+                raise OSError(
+                    f"{self.path} is a symbolic link (to {_target(self.path)}), not the lock file of "
+                    f"{self._what}: refusing to write through it; remove the link"
+                ) from None
+            raise type(e)(f"cannot open the lock file {self.path}: {e.strerror}") from None
+        if not stat.S_ISREG(os.fstat(record).st_mode):
+            os.close(record)
+            raise OSError(f"{self.path} is not a regular file, not the lock file of {self._what}: remove it")
+        return record
+
+    def check_in_place(self) -> None:
+        """Raises `moved(...)` when the path no longer names the directory this lock holds (renamed,
+        or deleted and made again): one `stat`. The held descriptor keeps the locked directory's inode
+        number from being reused, so a directory made at the path never passes for it. Nothing to check
+        in a bucket (no directories; the lock object's heartbeat watches it) or when not held."""
+        if self._locked is None:
+            return
+        try:
+            here = os.stat(self.directory)
+        except OSError:
+            here = None
+        if here is None or not os.path.samestat(here, os.fstat(self._locked)):
+            raise self._moved(_where(self._locked))
+
     def _lock_directory(self, record: int) -> bool:
         """flock on the directory (else on the record file); whether this process now holds it (False:
         the file system has no locks, said in a warning)."""
         directory = os.open(self.directory, os.O_RDONLY)
         self._fds.append(directory)
+        self._locked = directory  # kept open while held (`check_in_place`)
         for fd, fallback in ((directory, False), (record, True)):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -132,8 +177,25 @@ class PlaceLock:
             finally:
                 os.close(self._record)
                 self._record = None
+        self._locked = None
         while self._fds:
             os.close(self._fds.pop())  # releases the flock
+
+
+def _target(link: str) -> str:
+    try:
+        return os.readlink(link)
+    except OSError:  # gone since
+        return "?"
+
+
+def _where(directory: int) -> str | None:
+    """Where the directory open as `directory` is now (Linux's /proc), or None if unknown or deleted."""
+    try:
+        path = os.readlink(f"/proc/self/fd/{directory}")
+    except OSError:
+        return None
+    return None if path.endswith(" (deleted)") else path
 
 
 def _read(fd: int) -> dict:

@@ -69,6 +69,8 @@ class Run:
       signals: SIGTERM/SIGINT requests (`preemption.stop_signals`).
       report: reads, checks and logs each step's metrics.
       after_checkpoint: called in process 0 with the step once its checkpoint is complete, or None.
+      check_workdir: raises when the workdir's path no longer names the directory the run locked
+      (`WorkdirLock.check`); called before each write by that path.
     """
 
     config: ml_collections.ConfigDict
@@ -81,6 +83,7 @@ class Run:
     signals: StopSignals
     report: StepReport | None = None
     after_checkpoint: Callable[[int], object] | None = None
+    check_workdir: Callable[[], None] = lambda: None
 
 
 def train_and_evaluate(
@@ -98,17 +101,21 @@ def train_and_evaluate(
       CheckpointWriteError (an OSError): a checkpoint could not be written; the previous one is intact.
       CheckpointCorruptError (a ValueError): checkpoints exist but none restores.
       WorkdirInUseError (an OSError): another run holds the workdir.
+      WorkdirMovedError (an OSError): the workdir was moved or replaced while the run trained; it stopped
+        before its next write (a metrics record, a checkpoint, the export).
     """
     # A config, mesh or batch that cannot work is reported before anything is written or compiled.
     settings.check_config(config)
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
     sharding.check_training_mesh(mesh, config.batch_size, jax.process_count())
     make_workdir(workdir)
-    with WorkdirLock(workdir):  # one run per workdir; a second one stops here, naming the first
-        return _train(config, workdir, mesh, after_checkpoint)
+    with WorkdirLock(workdir) as lock:  # one run per workdir; a second one stops here, naming the first
+        return _train(config, workdir, mesh, after_checkpoint, lock.check)
 
 
-def _train(config: ml_collections.ConfigDict, workdir: str, mesh, after_checkpoint=None) -> dict[str, float]:
+def _train(
+    config: ml_collections.ConfigDict, workdir: str, mesh, after_checkpoint=None, check_workdir=lambda: None
+) -> dict[str, float]:
     """`train_and_evaluate` once the workdir is held: data, steps, resume, the loop, the end."""
     is_main = jax.process_index() == 0
     data = _open_data(config, workdir, is_main)
@@ -121,12 +128,12 @@ def _train(config: ml_collections.ConfigDict, workdir: str, mesh, after_checkpoi
     log = None
     with preemption.stop_signals() as signals, _closing(checkpoints, lambda: log):
         run = Run(config, cfg, steps, stream, checkpoints, run_meta(config, cfg, data.vocab), heldout, signals)
-        run.after_checkpoint = after_checkpoint
+        run.after_checkpoint, run.check_workdir = after_checkpoint, check_workdir
         state, data_state, skipped = resume_or_start(config, cfg, data.vocab, steps, checkpoints, run.meta)
         if data_state is not None:
             stream.set_state(data_state)
         _log_run(config, cfg, mesh)
-        log = MetricsLog(workdir, enabled=is_main)
+        log = MetricsLog(workdir, enabled=is_main, check_workdir=check_workdir)
         run.report = StepReport(config, log, int(state.step), skipped)
         if state.step > 0:
             _log_resumption(run, state, workdir, is_main)
@@ -210,6 +217,7 @@ def _train_loop(run: Run, state: TrainState) -> TrainState:
 
 def _checkpoint(run: Run, state: TrainState, step: int) -> None:
     """Saves the checkpoint of `step` (its metrics already reported) and calls `run.after_checkpoint`."""
+    run.check_workdir()
     _check_finite_state(run, state, step)  # nor parameters a finite step made non-finite
     run.report.log.flush()  # in a bucket, the records up to a checkpoint are there before it is
     run.checkpoints.save(
@@ -221,6 +229,7 @@ def _checkpoint(run: Run, state: TrainState, step: int) -> None:
     if run.after_checkpoint is not None:
         run.checkpoints.wait()  # every process: the step's checkpoint is complete before it is copied
         if jax.process_index() == 0:
+            run.check_workdir()  # it reads the workdir by its path
             run.after_checkpoint(step)
 
 
@@ -246,6 +255,7 @@ def _finish(run: Run, state: TrainState, vocab: Vocab, workdir: str, is_main: bo
     preemption.stop_if_requested(run.signals, step, run.checkpoints)
     weights = processes.fetch(model_params(state)["bilm"])  # every process takes part
     if is_main:
+        run.check_workdir()
         export = storage.join(workdir, "export")
         export_model(
             BiLMParams(weights=weights, config=run.cfg.model),

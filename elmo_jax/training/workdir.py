@@ -31,6 +31,11 @@ class WorkdirInUseError(OSError):
     """Another run holds the workdir; the message names it (pid, host, since when, its command)."""
 
 
+class WorkdirMovedError(OSError):
+    """The workdir's path no longer names the directory this run locked (renamed, or deleted and made
+    again, perhaps by another run): the run stops rather than write into what is there now."""
+
+
 def make_workdir(workdir: str) -> None:
     """Creates `workdir` (the config has passed `settings.check_config`); errors name --workdir."""
     if storage.isfile(workdir):
@@ -55,6 +60,10 @@ class WorkdirLock:
 
     With several processes only process 0 locks; the others learn the outcome from it (one host
     collective), so a refused multi-host run stops on every process at once.
+
+    `check()` before each write by the workdir's path (a metrics record, a checkpoint, the export): a
+    workdir renamed or replaced while the run trains (and perhaps now another run's) stops the run
+    with `WorkdirMovedError` instead of being written into.
     """
 
     def __init__(self, workdir: str):
@@ -68,6 +77,11 @@ class WorkdirLock:
             refused=lambda holder: WorkdirInUseError(
                 f"{directory} is in use by another training run ({holder}); wait for it to finish or stop it "
                 "(Ctrl-C or SIGTERM saves a checkpoint), or use another --workdir"
+            ),
+            moved=lambda where: WorkdirMovedError(
+                f"the workdir {directory} is no longer the directory this run locked (moved or replaced"
+                + (f"; it is now {where}" if where else "")
+                + "): stopping; nothing more is written"
             ),
             what="the workdir",
         )
@@ -89,6 +103,11 @@ class WorkdirLock:
 
     def __exit__(self, *exc) -> None:
         self._lock.release()
+
+    def check(self) -> None:
+        """Raises `WorkdirMovedError` when the workdir's path no longer names the directory this run
+        locked: one `stat` (nothing on the processes that do not hold the lock, nor in a bucket)."""
+        self._lock.check_in_place()
 
 
 def this_process() -> dict:
