@@ -160,7 +160,7 @@ def prepare_local_corpus(
     preparing at once each write their own staging directory and the second rename gives way to the first.
     """
     _check_options(name, max_line_chars, invalid_utf8, shard_bytes, writer_processes)
-    train, test = _split_files(train_files, heldout_files)
+    train, test = split_files(train_files, heldout_files)
     digest = fingerprint(train, test, max_line_chars, invalid_utf8)
     # A data_dir in a bucket: prepared (or downloaded) on this machine, in its workspace, and uploaded.
     workspace = storage.Workspace(os.fspath(data_dir), "corpora")
@@ -193,7 +193,7 @@ def _check_options(
         raise ValueError(f"writer_processes={writer_processes!r}: expected an int >= 0")
 
 
-def _split_files(
+def split_files(
     train_files: text_files.Files, heldout_files: text_files.Files | None
 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The absolute paths of the train and the heldout ("test") files; ValueError if a file is in both."""

@@ -52,9 +52,10 @@ _STRING_KEYS = ("train_files", "heldout_files", "vocab_file", "tfds_name", *_TFD
 def data_problems(data) -> Iterator[str]:
     """One line per problem of a config's `data` section that is cheap to see before anything is
     written, each naming its `--config.data.KEY`: keys that contradict each other or are set where
-    nothing reads them; globs that match nothing (or only empty files); a vocabulary file that is not
-    one; a TFDS dataset that is not prepared or lacks the training split; a cache_dir that is a file.
-    Lazy and in that order, so that a later check may assume the earlier keys are well typed."""
+    nothing reads them; globs that match nothing (or only empty files); heldout files that are training
+    files too; a vocabulary file that is not one; a TFDS dataset that is not prepared or lacks the
+    training split; a cache_dir that is a file or cannot be created. Lazy and in that order, so that a
+    later check may assume the earlier keys are well typed."""
     for key in _STRING_KEYS:
         if not isinstance(data[key], str):
             yield f"--config.data.{key}={data[key]!r}: expected a string"
@@ -69,12 +70,19 @@ def data_problems(data) -> Iterator[str]:
     for key, default in _TFDS_KEYS.items() if not data.tfds_name else ():
         if data[key] != default:
             yield f"--config.data.{key}={data[key]!r}: read only with --config.data.tfds_name; leave it {default!r}"
+    globs_match = True
     for key in ("train_files", "heldout_files"):
         if data[key]:
             try:
                 text_files.expand_glob(data[key])
             except (ValueError, OSError) as e:
+                globs_match = False
                 yield f"--config.data.{key}={data[key]!r}: {e}"
+    if globs_match and data.train_files and data.heldout_files:
+        try:
+            local_corpus.split_files(data.train_files, data.heldout_files)
+        except ValueError as e:
+            yield f"--config.data.heldout_files={data.heldout_files!r}: {e}"
     if data.vocab_file:
         try:
             Vocab.load(data.vocab_file)
@@ -82,8 +90,17 @@ def data_problems(data) -> Iterator[str]:
             yield f"--config.data.vocab_file={data.vocab_file!r}: {e}"
     if data.tfds_name:
         yield from _tfds_problems(data)
-    if data.cache_dir and storage.isfile(data.cache_dir):
-        yield f"--config.data.cache_dir={data.cache_dir!r}: is a file, expected a directory (created if absent)"
+    if data.cache_dir:
+        yield from _cache_dir_problems(data.cache_dir)
+
+
+def _cache_dir_problems(cache_dir: str) -> Iterator[str]:
+    """The cache_dir is a file, or is not there and cannot be created (its nearest existing ancestor is
+    not a writable directory; a bucket that does not exist)."""
+    if storage.isfile(cache_dir):
+        yield f"--config.data.cache_dir={cache_dir!r}: is a file, expected a directory (created if absent)"
+    elif not storage.isdir(cache_dir) and (problem := storage.creation_problem(cache_dir, parents=True)):
+        yield f"--config.data.cache_dir={cache_dir!r}: cannot be created ({problem})"
 
 
 def _tfds_problems(data) -> Iterator[str]:
