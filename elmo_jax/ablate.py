@@ -31,7 +31,15 @@ def define_flags() -> None:
         "The layer ablation's variants: baseline (no ELMo), token, top, average, learned (a learned scalar mix), "
         "learned_l2 (the same with the paper's L2 of 0.001 on its weights).",
     )
-    flags.DEFINE_integer("seeds", 3, "Seeds per variant and fraction (the initialisation, batches and sub-sample).")
+    # Seeds 0..N-1 go to NumPy's default_rng and jax.random.key (an int64): checked with the flags,
+    # before the model loads.
+    flags.DEFINE_integer(
+        "seeds",
+        3,
+        "Seeds per variant and fraction (the initialisation, batches and sub-sample).",
+        lower_bound=1,
+        upper_bound=2**63,
+    )
     flags.DEFINE_list("fractions", "0.01,0.1,0.3,1", "Shares of the training items for the sample-efficiency sweep.")
     flags.DEFINE_integer("max_updates", 3000, "Most updates of one training run (early stopping usually ends it).")
 

@@ -24,7 +24,15 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     cli.define_labelled_targets_flags()
     flags.DEFINE_string("plot", None, "Write a bar chart of the accuracies here (.png; needs matplotlib).")
-    flags.DEFINE_integer("seed", 0, "Seed of the linear classifiers (their initialisation and batches).")
+    # The seed goes to NumPy's default_rng (any integer >= 0) and jax.random.key (an int64): checked
+    # with the flags, before the model loads.
+    flags.DEFINE_integer(
+        "seed",
+        0,
+        "Seed of the linear classifiers (their initialisation and batches).",
+        lower_bound=0,
+        upper_bound=2**63 - 1,
+    )
 
 
 def run() -> dict:

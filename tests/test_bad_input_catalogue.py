@@ -143,6 +143,31 @@ CLI_CASES = {
         ],
         ["non_utf8.txt:2"],
     ),
+    # Issue #50: the seeds went to NumPy and JAX unchecked; -1 failed after the model loaded, in NumPy's
+    # words naming no flag. Truncated weights show the flag is checked before the model loads (both cases
+    # failed naming truncated_hdf5.txt).
+    "probe: negative seed": (
+        lambda f: [
+            "elmo_jax.probe",
+            f"--options={f['options']}",
+            f"--weights={f['truncated_hdf5']}",
+            f"--train={f['good']}",
+            f"--test={f['good']}",
+            "--seed=-1",
+        ],
+        ["--seed=-1", "[0, 9223372036854775807]"],
+    ),
+    "ablate: more seeds than a seed can number": (
+        lambda f: [
+            "elmo_jax.ablate",
+            f"--options={f['options']}",
+            f"--weights={f['truncated_hdf5']}",
+            f"--train={f['good']}",
+            f"--test={f['good']}",
+            f"--seeds={2**64}",
+        ],
+        [f"--seeds={2**64}", "[1, 9223372036854775808]"],
+    ),
     "serve: a host other machines reach, without a token": (
         lambda f: ["elmo_jax.serve", f"--model={f['model']}", "--host=0.0.0.0", "--port=0"],
         ["--host=0.0.0.0", "--auth_token_file", "ELMO_JAX_SERVE_TOKEN"],
