@@ -5,6 +5,7 @@ leaves out the lock and checkpoints being written. (The copy made from the train
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -21,12 +22,14 @@ def write(path, text: str) -> None:
 
 
 def tree(root) -> dict[str, str]:
-    """Every file under `root`: relative path -> content."""
+    """Every file under `root` but a copy's marker (each copy has its own): relative path -> content."""
     out = {}
     for directory, _, files in os.walk(root):
         for name in files:
             path = os.path.join(directory, name)
-            out[os.path.relpath(path, root).replace(os.sep, "/")] = open(path, encoding="utf-8").read()
+            relative = os.path.relpath(path, root).replace(os.sep, "/")
+            if relative != storage.sync.MARKER:
+                out[relative] = open(path, encoding="utf-8").read()
     return out
 
 
@@ -86,7 +89,8 @@ def test_copy_workdir_leaves_out_the_lock_and_checkpoints_being_written(tmp_path
     write(source / "checkpoints" / ".deleting" / "0" / "state", "being removed")
     write(source / "export" / "options.json", "{}")
     write(source / ".export.host.42.abc.tmp" / "options.json", "an export being built")
-    write(target / ".elmo_jax.lock", "the copy's own")
+    workdir_copy.copy_workdir(str(source), str(target))
+    write(target / ".elmo_jax.lock", "the copy's own")  # (a copy is made in an empty or marked folder only)
     workdir_copy.copy_workdir(str(source), str(target))
     assert tree(target) == {
         ".elmo_jax.lock": "the copy's own",  # neither copied nor removed
@@ -126,3 +130,38 @@ def test_workdir_copy_flushes_at_most_every_interval_and_restores_on_a_new_machi
     again = workdir_copy.WorkdirCopy(str(new_machine), str(drive))
     assert again.restore() and tree(new_machine) == tree(drive)
     assert not again.restore()  # a local workdir with checkpoints is newer than (or equal to) the copy
+
+
+def test_workdir_copy_refuses_a_folder_that_is_not_a_copy_before_training(tmp_path):
+    """The notebook calls `restore()` before training: a Drive folder that is not a copy (MyDrive, the
+    notebook's WORK_ROOT under an empty RUN_NAME) is refused there, in one line, before anything is
+    created or trained, rather than at the first checkpoint.
+    Before: `restore()` returned False (no checkpoints there) and training would have started; the first
+    checkpoint's copy then deleted the folder's files."""
+    local, work_root = tmp_path / "local" / "run", tmp_path / "MyDrive" / "elmo_runs"
+    write(work_root / "pretrained" / "small" / "weights.hdf5", "a downloaded model")
+    write(work_root / "other_run" / "checkpoints" / "9" / "state", "another run")
+    copy = workdir_copy.WorkdirCopy(str(local), str(work_root))
+    with pytest.raises(ValueError, match=f"^{work_root}: not a copy made by elmo_jax .* other_run, pretrained"):
+        copy.restore()
+    assert not os.path.exists(local) and sorted(tree(work_root)) == [
+        "other_run/checkpoints/9/state",
+        "pretrained/small/weights.hdf5",
+    ]
+
+
+def test_workdir_copy_goes_on_past_links_and_says_so(tmp_path, caplog):
+    """A dangling link and a link loop in the workdir neither stop the copy (nor, through
+    `after_checkpoint`, training) nor are copied; the step's line says how many were left out (FIFOs
+    and sockets: tests/test_sync_safety.py).
+    Before: the copy stopped with FileNotFoundError on the dangling link."""
+    local, drive = tmp_path / "local", tmp_path / "drive"
+    write(local / "checkpoints" / "5" / "state", "five")
+    os.symlink(tmp_path / "nowhere", local / "dangling")
+    os.symlink(local / "loop", local / "loop")
+    copy = workdir_copy.WorkdirCopy(str(local), str(drive))
+    with caplog.at_level(logging.INFO):
+        copy(5)
+    assert tree(drive) == {"checkpoints/5/state": "five"}
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step 5: copied 1 files")]
+    assert len(lines) == 1 and "not copied: 2 symbolic link(s) (e.g. dangling, loop)" in lines[0], lines

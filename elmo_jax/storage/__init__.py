@@ -13,8 +13,9 @@ the only place that tells a URL from a local path. Callers ask to
 - take a lock on a directory (`PlaceLock`, `lock`);
 - keep a log that only grows (`AppendLog`) and a directory of files in step with a place
   (`SyncedDirectory`) (`append_log`);
-- keep a local directory a copy of another, copying what changed, new directories whole
-  (`sync_directory`: a workdir copied to a mounted Google Drive) (`sync`).
+- keep a local directory a copy of another, copying what changed, new directories whole, touching
+  nothing that is not its own (`sync_directory`, `check_copy_target`: a workdir copied to a mounted
+  Google Drive) (`sync`).
 
 A Cloud Storage service that cannot be reached costs one retry cycle of its client, then every operation
 on a `gs://` place fails at once naming it (`StorageUnreachable`); a caller that hands a place to another
@@ -79,7 +80,7 @@ from elmo_jax.storage.publish import (
     write_file,
     write_text,
 )
-from elmo_jax.storage.sync import SyncStats, sync_directory
+from elmo_jax.storage.sync import SyncStats, check_copy_target, sync_directory
 
 __all__ = [
     "AppendLog",
@@ -92,6 +93,7 @@ __all__ = [
     "ancestors",
     "atomic",
     "basename",
+    "check_copy_target",
     "creation_problem",
     "dirname",
     "download_tree",

@@ -8,7 +8,12 @@ only by unmounting it, which a run holding files open there (its lock, its logs)
 What is copied: everything a resumed run or a reader needs (complete checkpoints, each appearing whole;
 metrics.jsonl; TensorBoard events; the vocabulary; prepared data; the export). What is not: the
 workdir lock (the copy is nobody's run), a checkpoint still being written and the old steps orbax is
-removing (`storage.sync_directory` does the copying).
+removing (`storage.sync_directory` does the copying), nor symbolic links, FIFOs and sockets (counted in
+the step's line).
+
+The copy only ever touches its own (`storage.sync_directory`): its place must be a new or empty folder
+or an earlier copy (marked by its first sync), never a folder of the user's, which a copy would empty;
+`restore`, which the notebook calls before training, refuses any other in one line.
 """
 
 from __future__ import annotations
@@ -56,12 +61,23 @@ class WorkdirCopy:
 
     def restore(self) -> bool:
         """Before training: when the local workdir has no checkpoint and the copy has, copies the copy back
-        (a new machine continues the run); returns whether it did."""
+        (a new machine continues the run); returns whether it did.
+
+        Raises:
+          ValueError: `target` cannot be the copy (a folder that is not a copy, or nested with the
+            workdir: `storage.check_copy_target`), before anything is written.
+        """
+        storage.check_copy_target(self.workdir, self.target)
         if _has_checkpoints(self.workdir) or not _has_checkpoints(self.target):
             return False
         stats = copy_workdir(self.target, self.workdir)
         logging.info(
-            "copied %s back to %s (%d files, %.1f MB)", self.target, self.workdir, stats.files, stats.bytes / 1e6
+            "copied %s back to %s (%d files, %.1f MB%s)",
+            self.target,
+            self.workdir,
+            stats.files,
+            stats.bytes / 1e6,
+            stats.skipped_note(),
         )
         return True
 
@@ -70,12 +86,13 @@ class WorkdirCopy:
         stats = copy_workdir(self.workdir, self.target)
         flush = self._flush is not None and self._clock() - self._flushed_at >= self._flush_every_s
         logging.info(
-            "step %d: copied %d files (%.1f MB) to %s%s",
+            "step %d: copied %d files (%.1f MB) to %s%s%s",
             step,
             stats.files,
             stats.bytes / 1e6,
             self.target,
-            ", flushing" if flush else "",
+            stats.skipped_note(),
+            "; flushing" if flush else "",
         )
         if flush:
             self.flush()
