@@ -91,6 +91,22 @@ def mesh_model(requested: int, n_devices: int) -> tuple[int, str]:
     return requested, ""
 
 
+def run_workdir(work_root: str, run_name: str) -> str:
+    """The training notebook's workdir: `run_name` (RUN_NAME) under `work_root` (WORK_ROOT).
+
+    Raises:
+      ValueError: `run_name` is not one folder name: empty or blank (joining "" gives WORK_ROOT itself,
+        which holds the other runs, the corpora and the models, and which the copy to Drive would empty),
+        "." or "..", or holding a "/" (an absolute one would replace WORK_ROOT).
+    """
+    if not run_name.strip() or run_name in (".", "..") or "/" in run_name or os.sep in run_name:
+        raise ValueError(
+            f"RUN_NAME={run_name!r}: expected the name of this run's folder under WORK_ROOT ({work_root}), e.g. "
+            '"train_bilm" (no "/"; "" would make WORK_ROOT itself the workdir); set it in the parameters cell'
+        )
+    return os.path.join(work_root, run_name)
+
+
 RUN_RECORD = "notebook_run.json"  # in a notebook's workdir: the backend and sizes it was started with
 _SIZE_KEYS = ("batch_size", "unroll_steps", "model.lstm_dim", "model.projection_dim", "model.filters", "model.n_layers")
 

@@ -253,3 +253,20 @@ def test_a_notebook_workdir_of_other_sizes_is_refused_with_the_way_out(tmp_path)
     with pytest.raises(ValueError, match="started on 1 tpu"):  # also a TPU slice of another size
         notebooks.check_same_run(workdir, notebooks.train_bilm("tpu", 8), "tpu", 8)
     assert os.listdir(workdir) == [notebooks.RUN_RECORD]
+
+
+def test_the_training_notebook_refuses_a_run_name_that_is_not_a_folder_name(tmp_path):
+    """RUN_NAME names the workdir under WORK_ROOT: an empty one (joining "" gives WORK_ROOT itself, which
+    the Drive copy would then empty of other runs and models), ".", "..", or one holding "/" (an absolute
+    one replaces WORK_ROOT) is refused with what to set; the notebook takes its workdir from this check.
+    Before: `configs.notebooks` had no `run_workdir` (AttributeError) and the notebook joined any name."""
+    from configs import notebooks
+
+    root = str(tmp_path / "elmo_runs")
+    for bad in ("", "  ", ".", "..", "runs/a", "/content"):
+        with pytest.raises(ValueError, match=rf"^RUN_NAME={re.escape(repr(bad))}: .*parameters cell") as refused:
+            notebooks.run_workdir(root, bad)
+        assert "\n" not in str(refused.value)
+    assert notebooks.run_workdir(root, "train_bilm") == os.path.join(root, "train_bilm")
+    setup = next(source for source in code_cells(ROOT / "notebooks" / "train_bilm.ipynb") if "WORKDIR =" in source)
+    assert 'WORKDIR = sizes.run_workdir(WORK_ROOT, "train_smoke" if SMOKE_TEST else RUN_NAME)' in setup
