@@ -10,6 +10,7 @@ Each test failed on the code before the fix; what it failed with is said in its 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import stat
@@ -78,9 +79,10 @@ def test_a_folder_that_is_not_a_copy_is_refused_and_left_as_it_was(tmp_path):
     assert tree(mydrive) == tree(source)
 
 
-def test_a_symlink_in_the_target_is_replaced_never_followed(tmp_path):
+def test_a_symlink_in_the_target_is_replaced_never_followed(tmp_path, caplog):
     """A link in the copy (`checkpoints -> /bigdisk/...`, a file linked to the user's file, a link the
-    source has nothing for) is replaced or removed as a link; what it points to is untouched.
+    source has nothing for) is replaced or removed as a link, a replaced one said in one line; what it
+    points to is untouched.
     Before: the sync wrote step 5 into the linked folder and deleted the user's `keep` there, and wrote
     the workdir's metrics into the user's linked file."""
     source, copy, elsewhere = tmp_path / "local", tmp_path / "drive", tmp_path / "bigdisk"
@@ -94,7 +96,11 @@ def test_a_symlink_in_the_target_is_replaced_never_followed(tmp_path):
     os.symlink(tmp_path / "mine.txt", copy / "metrics.jsonl")
     os.symlink(elsewhere, copy / "gone")
     write(source / "metrics.jsonl", '{"step": 5}\n{"step": 10}\n')
-    storage.sync_directory(str(source), str(copy))
+    with caplog.at_level(logging.WARNING):
+        storage.sync_directory(str(source), str(copy))
+    said = [r.getMessage() for r in caplog.records if "a symbolic link (to " in r.getMessage()]
+    linked = os.path.join(os.path.realpath(copy), "checkpoints")  # the copy's path as resolved
+    assert len(said) == 2 and f"{linked}: a symbolic link (to {elsewhere}) in the copy" in said[0], said
     assert tree(elsewhere) == {"keep": "the user's"}
     assert (tmp_path / "mine.txt").read_text() == "the user's file"
     assert not any(os.path.islink(copy / name) for name in os.listdir(copy)), os.listdir(copy)
