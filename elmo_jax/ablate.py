@@ -32,12 +32,11 @@ def define_flags() -> None:
         "learned_l2 (the same with the paper's L2 of 0.001 on its weights).",
     )
     # Seeds 0..N-1 go to NumPy's default_rng and jax.random.key (an int64): checked with the flags,
-    # before the model loads.
+    # before the model loads (at least 1: `ablation.Settings`, for callers of the library too).
     flags.DEFINE_integer(
         "seeds",
         3,
         "Seeds per variant and fraction (the initialisation, batches and sub-sample).",
-        lower_bound=1,
         upper_bound=2**63,
     )
     flags.DEFINE_list("fractions", "0.01,0.1,0.3,1", "Shares of the training items for the sample-efficiency sweep.")

@@ -166,7 +166,7 @@ CLI_CASES = {
             f"--test={f['good']}",
             f"--seeds={2**64}",
         ],
-        [f"--seeds={2**64}", "[1, 9223372036854775808]"],
+        [f"--seeds={2**64}", "<= 9223372036854775808"],
     ),
     "serve: a host other machines reach, without a token": (
         lambda f: ["elmo_jax.serve", f"--model={f['model']}", "--host=0.0.0.0", "--port=0"],
