@@ -9,6 +9,7 @@ import tracemalloc
 
 import pytest
 
+from elmo_jax import storage
 from elmo_jax.data import text_blocks, text_files
 from elmo_jax.data.text_files import ReadStats, expand_glob, iter_sentences
 from elmo_jax.storage import atomic
@@ -199,6 +200,18 @@ def test_write_text_atomic_replaces_whole_files_only(tmp_path):
 def test_write_text_atomic_names_a_missing_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"cannot write .*out\.txt: directory .*nowhere does not exist"):
         atomic.write_text(tmp_path / "nowhere" / "out.txt", "x")
+
+
+def test_nothing_can_be_created_under_a_file_and_the_reason_says_so(tmp_path):
+    """A path whose directory is a file: the reason names that file as not a directory (it said the
+    directory "does not exist", which sent users looking for a missing folder)."""
+    (tmp_path / "train.txt").write_text("a\n", encoding="utf-8")
+    for path, parents in ((tmp_path / "train.txt" / "x", False), (tmp_path / "train.txt" / "cache" / "x", True)):
+        problem = storage.creation_problem(path, parents=parents)
+        assert isinstance(problem, NotADirectoryError), (path, problem)
+        assert str(problem) == f"{tmp_path / 'train.txt'} is not a directory", path
+    missing = storage.creation_problem(tmp_path / "nowhere" / "x")
+    assert isinstance(missing, FileNotFoundError) and "does not exist" in str(missing)
 
 
 def _umask() -> int:

@@ -98,6 +98,8 @@ def creation_problem(path: str | os.PathLike, parents: bool = False) -> OSError 
         parent = os.path.dirname(os.path.abspath(path))
         while parents and not os.path.lexists(parent) and os.path.dirname(parent) != parent:
             parent = os.path.dirname(parent)
+        if os.path.lexists(parent) and not os.path.isdir(parent):
+            return NotADirectoryError(f"{parent} is not a directory")
         if not os.path.isdir(parent):
             return FileNotFoundError(f"directory {parent} does not exist")
         if not os.access(parent, os.W_OK | os.X_OK):
