@@ -40,15 +40,17 @@ from elmo_jax.training.batch_feed import device_batch, distinct_bucket, gather_s
 from elmo_jax.training.checkpoint import Checkpoints
 from elmo_jax.training.heldout import (
     heldout_perplexity,
+    heldout_windows,
     unigram_counts,
     unigram_perplexity,
+    unigram_seconds,
     warn_if_worse_than_uniform,
 )
 from elmo_jax.training.jitted_steps import Steps, jit_steps
 from elmo_jax.training.metrics_log import MetricsLog
 from elmo_jax.training.softmax import padded_vocab_size
 from elmo_jax.training.start import resume_or_start, run_meta
-from elmo_jax.training.step_report import StepReport, TrainingError, log_resume
+from elmo_jax.training.step_report import RunEnd, StepReport, TrainingError, log_resume
 from elmo_jax.training.train_step import StepConfig, TrainState
 from elmo_jax.training.weight_average import model_params
 from elmo_jax.training.workdir import WorkdirLock, make_workdir
@@ -65,7 +67,8 @@ class Run:
       stream: this process's share of the training batch stream.
       checkpoints: the workdir's checkpoint manager (writer).
       meta: what each checkpoint is saved with (`start.run_meta`).
-      heldout: params -> heldout metrics, or None without heldout data.
+      heldout: (params, on_window) -> heldout metrics (`heldout_perplexity`'s on_window), or None without
+        heldout data.
       signals: SIGTERM/SIGINT requests (`preemption.stop_signals`).
       report: reads, checks and logs each step's metrics.
       after_checkpoint: called in process 0 with the step once its checkpoint is complete, or None.
@@ -134,25 +137,52 @@ def _train(
             stream.set_state(data_state)
         _log_run(config, cfg, mesh)
         log = MetricsLog(workdir, enabled=is_main, check_workdir=check_workdir)
-        run.report = StepReport(config, log, int(state.step), skipped)
+        run.report = StepReport(config, log, int(state.step), skipped, _run_end(config, cfg, data))
         if state.step > 0:
             _log_resumption(run, state, workdir, is_main)
         state = _train_loop(run, state)
         return _finish(run, state, data.vocab, workdir, is_main)
 
 
+def _run_end(config, cfg: StepConfig, data: TrainingData) -> RunEnd:
+    """What the run does after its steps, as the ETA estimates it before measuring: the evaluations'
+    windows and the unigram model's pass (none without heldout data), and the export."""
+    windows, extra = 0, 0.0
+    if data.heldout is not None:
+        windows = heldout_windows(data.heldout, config.batch_size, config.unroll_steps, config.eval_max_batches)
+        extra = unigram_seconds(data.train, data.heldout)
+    return RunEnd(config.eval_every_steps, windows, extra, _export_seconds(cfg))
+
+
+# The export's seconds: writing the model directory and lowering the extractor (0.6 s for the demo's
+# 0.75M parameters on a 2-core CPU), and its weights at disk speed.
+EXPORT_BASE_S, EXPORT_BYTES_PER_S = 1.0, 100e6
+
+
+def _export_seconds(cfg: StepConfig) -> float:
+    """About the seconds `export_model` takes for this run's biLM."""
+    return EXPORT_BASE_S + 4 * count_parameters(cfg.model) / EXPORT_BYTES_PER_S
+
+
 def _heldout_evaluation(config, cfg: StepConfig, data: TrainingData, steps: Steps):
-    """params -> heldout metrics (warning when a direction does worse than a uniform guess), or None
-    without heldout data."""
+    """(params, on_window=None) -> heldout metrics (warning when a direction does worse than a uniform
+    guess), or None without heldout data."""
     if data.heldout is None:
         return None
     # The unigram model's perplexity depends on the targets scored only, the same at every evaluation of
     # a run: computed at the first one (a pass over the training sample and the heldout text), then reused.
     unigram = {}  # tokens scored -> the unigram model's perplexity on them
 
-    def evaluate(params) -> dict[str, float]:
+    def evaluate(params, on_window=None) -> dict[str, float]:
         result = heldout_perplexity(
-            params, cfg, data.heldout, data.vocab, config.batch_size, config.eval_max_batches, steps=steps
+            params,
+            cfg,
+            data.heldout,
+            data.vocab,
+            config.batch_size,
+            config.eval_max_batches,
+            steps=steps,
+            on_window=on_window,
         )
         warn_if_worse_than_uniform(result, len(data.vocab))
         capped = int(result["tokens"]) if config.eval_max_batches else 0
@@ -186,16 +216,15 @@ def _train_loop(run: Run, state: TrainState) -> TrainState:
     the final state. After SIGTERM/SIGINT it finishes the step, checkpoints it and raises `Stopped`."""
     config, report = run.config, run.report
     pending = None  # (step, metrics on device) of the previous step, read one step late
-    buckets = set()  # the char CNN buckets (positions, distinct tokens) the training step has run with
     for step in range(int(state.step), config.num_train_steps):
         local, positions = device_batch(next(run.stream), run.cfg.model.max_characters_per_token)
         distinct = distinct_bucket(local, run.steps.local_token_shards) if config.distinct_tokens else None
         positions, distinct, stop = preemption.agree(positions, distinct, run.signals.requested is not None)
         batch = processes.global_batch(local, run.steps.batch, config.batch_size)
+        new = report.progress.count_shape((positions, distinct))  # its char CNN buckets
         started = time.perf_counter()
         state, metrics = run.steps.train(state, batch, positions, distinct)
-        if (positions, distinct) not in buckets:  # the call returned once the step for it was compiled
-            buckets.add((positions, distinct))
+        if new:  # the call returned once the step for it was compiled
             _log_compile(run, positions, distinct, time.perf_counter() - started)
         if pending is not None:
             report(*pending)
@@ -308,15 +337,16 @@ def _log_resumption(run: Run, state: TrainState, workdir: str, is_main: bool) ->
 def _log_compile(run: Run, positions: int, distinct: int | None, seconds: float) -> None:
     """The first step with a new pair of char CNN buckets compiles the training step for it (at most C/8
     character-width buckets, times at most 8 distinct-token buckets, each met when a batch first needs
-    it; a stream of text meets a few); that time is left out of the rates and the ETA. Compiling every
+    it; a stream of text meets a few); that time is left out of the rates, and is the ETA's cost of the
+    compiles it expects (`step_report.StepLine`). Compiling every
     bucket up front would make each run pay for buckets its text may never reach (a compile is seconds
     on CPU, tens of seconds for the large model), so they are compiled when met."""
-    run.report.progress.exclude(seconds)
+    run.report.progress.compiled(seconds)
     blocks = run.steps.local_token_shards * jax.process_count()  # the batch axis's devices
     per_device = run.config.batch_size * run.config.unroll_steps * 2 // blocks
     logging.info(
         "compiling the training step for tokens of up to %d characters (%d positions, %d rows x %d tokens, "
-        "%s of each device's %d tokens distinct): %.1f s, not counted in tokens/s or the ETA",
+        "%s of each device's %d tokens distinct): %.1f s, not counted in tokens/s or steps/s",
         positions - 2,  # a token's positions hold its begin and end markers too
         positions,
         run.config.batch_size,
@@ -332,9 +362,9 @@ def _evaluate(run: Run, step: int, params) -> dict[str, float]:
     perplexities for scale, and its duration, which the training rates leave out) and written to
     metrics.jsonl; returns it."""
     started = time.perf_counter()
-    result = run.heldout(params)
+    result = run.heldout(params, run.report.progress.eval_window)
     seconds = time.perf_counter() - started
-    run.report.progress.evaluated(seconds)
+    run.report.progress.evaluated(step, seconds)
     run.report.log.write(step, result, kind="eval")
     logging.info(
         "heldout after step %d: perplexity %.2f (forward %.2f, backward %.2f) on %d tokens, against %.2f for a "

@@ -11,6 +11,8 @@ metrics record), the N+1-th stops training as above. The count is saved with eac
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import json
 import math
 
@@ -26,45 +28,153 @@ class TrainingError(RuntimeError):
     """Training cannot go on (e.g. a non-finite loss); the message says why and what is kept."""
 
 
+# Before a run has measured an evaluation, its costs are estimated from training's: the eval step is a
+# forward pass with the full softmax, no backward pass and no optimiser. Measured on the demo (2-core CPU,
+# bilm's demo config): a window 0.049 s against a training step's 0.074 s; the eval step compiled in
+# 1.2-1.5 s per character width against 7.2-7.9 s for the training step.
+EVAL_WINDOW_PER_STEP = 0.66
+EVAL_COMPILE_PER_STEP_COMPILE = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class RunEnd:
+    """What a run does beyond its training steps, as known before it starts: the ETA's estimates, each
+    replaced by what the run measures once it has.
+
+    Attributes:
+      eval_every: eval_every_steps (0: the final evaluation only).
+      eval_windows: the windows an evaluation reads (`heldout.heldout_windows`; 0: no heldout data, so
+        no evaluations).
+      eval_extra_s: an evaluation's seconds beyond its windows (the unigram model's pass, at the first).
+      export_s: the export's seconds.
+    """
+
+    eval_every: int = 0
+    eval_windows: int = 0
+    eval_extra_s: float = 0.0
+    export_s: float = 0.0
+
+
 class StepLine:
     """The console line: step, loss, perplexity, tokens/s, steps/s, ETA, written to absl's log by
     `runtime.progress.Progress` (measured in steps, rates over the time since the last line).
 
     Time that is not training (compiling the step, evaluations) is taken out of the rates (`exclude`),
-    so tokens/s and steps/s are the training speed; the ETA is the steps left at that speed plus the
-    evaluations still due, each as long as the last one (`evaluated`).
+    so tokens/s and steps/s are the training speed now. The ETA counts what is still to come
+    (`still_due`): the steps left at the run's training speed (since it started, not since the last
+    line: a window holding a checkpoint's write reads half as fast as the next), the training step's
+    compiles still expected, every evaluation still due (the final one included) and the export.
     """
 
-    def __init__(self, start_step: int, total_steps: int, sampled: bool, eval_every: int = 0):
-        self.total, self.eval_every = total_steps, eval_every
+    def __init__(self, start_step: int, total_steps: int, sampled: bool, end: RunEnd = RunEnd()):
+        self.total, self.end = total_steps, end
         # exp(sampled-softmax loss) is what bilm-tf logs as train perplexity; it is not the model's
         # perplexity (the sampled loss underestimates the full one), so the line says which it is.
         self.ppl_label = "ppl(sampled)" if sampled else "ppl"
-        self.eval_seconds = 0.0
         self.progress = Progress(
             {"steps": total_steps, "tokens": None}, start={"steps": start_step}, every_s=0, log=True, window=True
         )
+        # The ETA's rate: over the whole run, written nowhere.
+        self.run = Progress({"steps": total_steps}, start={"steps": start_step}, enabled=False)
+        self.shapes: collections.Counter = collections.Counter()  # training step shape -> steps run with it
+        self.compiles: list[float] = []  # seconds of each training step compile
+        self.eval_compiles: dict[int, float] = {}  # an eval window's width -> its first window's seconds
+        self.eval_windows: list[float] = []  # seconds of the other eval windows
+        self.last_eval: tuple[int, float] | None = None  # (step, seconds less its compiles) of the last one
 
     def exclude(self, seconds: float) -> None:
         """`seconds` of the current window were not training (a compile, an evaluation)."""
         self.progress.exclude(seconds)
+        self.run.exclude(seconds)
 
-    def evaluated(self, seconds: float) -> None:
-        """An evaluation took `seconds`: out of the rates, and the ETA's cost of each one still due."""
+    def count_shape(self, shape: tuple) -> bool:
+        """Counts a training step run with `shape` (its char CNN buckets); True when it is new: the step
+        compiles for it."""
+        self.shapes[shape] += 1
+        return self.shapes[shape] == 1
+
+    def compiled(self, seconds: float) -> None:
+        """The training step compiled for a new shape in `seconds`: out of the rates, the cost of those to come."""
         self.exclude(seconds)
-        self.eval_seconds = seconds
+        self.compiles.append(seconds)
+
+    def eval_window(self, width: int, seconds: float) -> None:
+        """A heldout window of char CNN width `width` took `seconds`; the first of its width compiled the
+        eval step for it (`heldout.heldout_perplexity`'s `on_window`)."""
+        if width in self.eval_compiles:
+            self.eval_windows.append(seconds)
+        else:
+            self.eval_compiles[width] = seconds
+
+    def evaluated(self, step: int, seconds: float) -> None:
+        """The evaluation after `step` took `seconds` (its windows reported): out of the rates; what each
+        still due costs is what it took less its compiles, which are not done again."""
+        self.exclude(seconds)
+        window = sum(self.eval_windows) / len(self.eval_windows) if self.eval_windows else 0.0
+        compiling = sum(max(s - window, 0.0) for s in self.eval_compiles.values())
+        if self.last_eval is not None:
+            compiling = 0.0  # its widths were compiled by the first
+        self.last_eval = (step, max(seconds - compiling, 0.0))
 
     def add_tokens(self, tokens: float) -> None:
         """`tokens` more were trained on (a step's)."""
         self.progress.add(tokens=tokens)
 
+    def still_due(self, step: int) -> float:
+        """Seconds still to come after `step` beyond its steps: compiles, evaluations, the export."""
+        return self._compiles_due(step) + self._evaluations_due(step) * self._evaluation_s() + self.end.export_s
+
+    def _compiles_due(self, step: int) -> float:
+        """The training step's compiles expected in the steps left, at their measured mean cost.
+
+        Shapes are met as the text needs them: most in the first steps, rare ones (a batch of short words
+        only, one with a word of 48 characters) any time. As Good-Turing estimates, a step meets a shape
+        not met yet with the chance of the shapes met once among the steps run; the steps left meet one
+        with the chance 1 - (1 - p)^left, counted as one compile: a run met by a burst of new ones
+        has met most of them by then, and forecasting each at p would count several times the
+        compiles that come.
+        """
+        steps = sum(self.shapes.values())
+        if not steps or not self.compiles:
+            return 0.0
+        once = sum(1 for n in self.shapes.values() if n == 1)
+        chance = 1.0 - (1.0 - once / steps) ** max(self.total - step, 0)
+        return chance * sum(self.compiles) / len(self.compiles)
+
+    def _evaluations_due(self, step: int) -> int:
+        """The evaluations still due after the line of `step`: the periodic ones not yet run (the one
+        after `step` may run before or after its line) and the final one."""
+        if not self.end.eval_windows:
+            return 0
+        every, done = self.end.eval_every, self.last_eval[0] if self.last_eval else -1
+        if not every:
+            return 1
+        first = max(step, done + 1, 1)
+        return len(range(-(-first // every) * every, self.total, every)) + 1
+
+    def _evaluation_s(self) -> float:
+        """One evaluation still due: the last one's seconds less its compiles, or, before one ran, its
+        windows at a share of the training step's time, a compile per character width training met at a
+        share of the training step's compile, and its seconds beside the windows."""
+        if self.last_eval is not None:
+            return self.last_eval[1]
+        rate = self.run.rate()
+        step_s = 1.0 / rate if rate > 0 else 0.0
+        compile_s = sum(self.compiles) / len(self.compiles) if self.compiles else 0.0
+        widths = {shape[0] for shape in self.shapes}
+        return (
+            self.end.eval_windows * step_s * EVAL_WINDOW_PER_STEP
+            + len(widths) * compile_s * EVAL_COMPILE_PER_STEP_COMPILE
+            + self.end.eval_extra_s
+        )
+
     def line(self, step: int, metrics: dict[str, float]) -> str:
         """Writes (and returns) the line of `step`; adds its rates to `metrics`; starts the next window."""
         progress = self.progress
         progress.add(steps=step - progress.done["steps"])
+        self.run.add(steps=step - self.run.done["steps"])
         steps_per_s, tokens_per_s = progress.rate("steps"), progress.rate("tokens")
-        evals_left = (self.total // self.eval_every - step // self.eval_every) if self.eval_every else 0
-        eta = progress.eta(still_due_s=evals_left * self.eval_seconds)
+        eta = self.run.eta(still_due_s=self.still_due(step))
         metrics.update(tokens_per_s=tokens_per_s, steps_per_s=steps_per_s)
         line = (
             f"step {step}/{self.total}  loss {metrics['loss']:.4f}  "
@@ -83,13 +193,12 @@ class StepReport:
       log: where records go (disabled on processes other than 0).
       start_step: the step training starts or resumes from.
       skipped: non-finite steps skipped before `start_step` (from the checkpoint).
+      end: what the run does beyond its steps, for the ETA (evaluations, the export).
     """
 
-    def __init__(self, config, log: MetricsLog, start_step: int, skipped: int = 0):
+    def __init__(self, config, log: MetricsLog, start_step: int, skipped: int = 0, end: RunEnd = RunEnd()):
         self.config, self.log, self.skipped = config, log, skipped
-        self.progress = StepLine(
-            start_step, config.num_train_steps, sampled=not config.full_softmax, eval_every=config.eval_every_steps
-        )
+        self.progress = StepLine(start_step, config.num_train_steps, sampled=not config.full_softmax, end=end)
 
     def __call__(self, step: int, metrics) -> None:
         """`metrics` of step `step` (device arrays): raises TrainingError for a non-finite step beyond
