@@ -46,7 +46,8 @@ class RunEnd:
       eval_windows: the windows an evaluation reads (`heldout.heldout_windows`; 0: no heldout data, so
         no evaluations).
       eval_extra_s: an evaluation's seconds beyond its windows (the unigram model's pass, at the first).
-      export_s: the export's seconds.
+      export_s: the seconds of the run's end beside its final evaluation: the export, mostly (with
+        waiting for the last checkpoint and the process's exit).
     """
 
     eval_every: int = 0
