@@ -84,7 +84,7 @@ def test_the_final_evaluation_is_due_with_eval_every_steps_0_and_estimated_befor
     """eval_every_steps 0: the final evaluation alone, estimated from training's figures before one ran:
     30 windows at 0.66 of a 0.5 s step (9.9 s), one compile for the one character width met (a fifth of
     the 10 s training compile: 2 s), 2 s beside the windows; then the export's 3 s. 80 steps at 2/s (40
-    s) + 13.9 s + 3 s = 56.9 s. Failed before: StepLine took no `end` (TypeError), and the ETA counted
+    s) + 13.9 s + 3 s = 56.9 s. Failed before: there was no `RunEnd` (AttributeError), and the ETA counted
     no evaluation with eval_every_steps 0 and no export: "ETA 40 s"."""
     end = step_report.RunEnd(eval_every=0, eval_windows=30, eval_extra_s=2.0, export_s=3.0)
     progress = step_report.StepLine(0, 100, sampled=True, end=end)
@@ -99,11 +99,12 @@ def test_the_final_evaluation_is_due_with_eval_every_steps_0_and_estimated_befor
 def test_evaluations_still_due_cost_what_the_last_one_took_less_its_compiles(clock):
     """eval_every_steps 25 of 60: evaluations after steps 25 and 50, and the final one. The one after
     step 25 took 8 s: windows of width 24 and 32 took 3.0 s and 2.5 s the first time (compiling) and 1.0 s
-    after, so 2.0 + 1.5 s of it were compiles, not again: each still due costs 4.5 s. At step 30: 30
-    steps at 2/s (15 s) + 2 x 4.5 s = 24 s. Failed before: the final one was not counted when 60 is not a
-    multiple of 25, and each cost the whole 8 s ("ETA 23 s"; here a TypeError first, for `evaluated`'s
-    step)."""
-    progress = step_report.StepLine(0, 60, sampled=True, end=step_report.RunEnd(eval_every=25, eval_windows=4))
+    after, so 2.0 + 1.5 s of it were compiles, and 1 s the unigram model's pass (as estimated), neither
+    done again: each still due costs 3.5 s. At step 30: 30 steps at 2/s (15 s) + 2 x 3.5 s = 22 s. Failed
+    before: the final one was not counted when 60 is not a multiple of 25, and each cost the whole 8 s
+    ("ETA 23 s"; here an AttributeError first, for `RunEnd`)."""
+    end = step_report.RunEnd(eval_every=25, eval_windows=4, eval_extra_s=1.0)
+    progress = step_report.StepLine(0, 60, sampled=True, end=end)
     _steps(progress, clock, 1, 25, 0.5)
     progress.line(25, {"loss": 2.0})
     for width, seconds in ((24, 3.0), (24, 1.0), (32, 2.5), (32, 1.0)):
@@ -111,7 +112,7 @@ def test_evaluations_still_due_cost_what_the_last_one_took_less_its_compiles(clo
     progress.evaluated(25, 8.0)
     clock[0] += 8.0
     _steps(progress, clock, 26, 30, 0.5)
-    assert "ETA 24 s" in progress.line(30, {"loss": 2.0})
+    assert "ETA 22 s" in progress.line(30, {"loss": 2.0})
 
 
 def test_training_compiles_still_to_come_are_expected_from_the_shapes_met_once(clock):

@@ -109,13 +109,14 @@ class StepLine:
 
     def evaluated(self, step: int, seconds: float) -> None:
         """The evaluation after `step` took `seconds` (its windows reported): out of the rates; what each
-        still due costs is what it took less its compiles, which are not done again."""
+        still due costs is what it took less what is not done again: the first one's compiles and its
+        unigram model's pass (as estimated: `RunEnd.eval_extra_s`)."""
         self.exclude(seconds)
-        window = sum(self.eval_windows) / len(self.eval_windows) if self.eval_windows else 0.0
-        compiling = sum(max(s - window, 0.0) for s in self.eval_compiles.values())
-        if self.last_eval is not None:
-            compiling = 0.0  # its widths were compiled by the first
-        self.last_eval = (step, max(seconds - compiling, 0.0))
+        once = 0.0
+        if self.last_eval is None:
+            window = sum(self.eval_windows) / len(self.eval_windows) if self.eval_windows else 0.0
+            once = sum(max(s - window, 0.0) for s in self.eval_compiles.values()) + self.end.eval_extra_s
+        self.last_eval = (step, max(seconds - once, 0.0))
 
     def add_tokens(self, tokens: float) -> None:
         """`tokens` more were trained on (a step's)."""
@@ -154,7 +155,7 @@ class StepLine:
         return len(range(-(-first // every) * every, self.total, every)) + 1
 
     def _evaluation_s(self) -> float:
-        """One evaluation still due: the last one's seconds less its compiles, or, before one ran, its
+        """One evaluation still due: the last one's seconds less what is not done again, or, before one ran, its
         windows at a share of the training step's time, a compile per character width training met at a
         share of the training step's compile, and its seconds beside the windows."""
         if self.last_eval is not None:
