@@ -117,7 +117,8 @@ class Client:
         self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
 
     def _post(self, body: bytes) -> http.client.HTTPResponse:
-        self.connection.request("POST", "/v1/embed", body=body, headers={"Accept": "application/x-npy"})
+        headers = {"Accept": "application/x-npy", "Content-Type": "application/json"}
+        self.connection.request("POST", "/v1/embed", body=body, headers=headers)
         return self.connection.getresponse()
 
     def embed(self, sentences: list[list[str]]) -> tuple[int, float, int]:

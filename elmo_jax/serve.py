@@ -2,14 +2,17 @@
 
     pip install 'elmo-jax[serve]'
     python -m elmo_jax.serve --model=small                       # http://127.0.0.1:8080
-    curl -s localhost:8080/v1/embed -d '{"sentences": [["The", "bank", "."]], "layers": "average"}'
+    curl -s localhost:8080/v1/embed -H 'Content-Type: application/json' -d '{"texts": ["The bank ."]}'
     ELMO_JAX_SERVE_TOKEN=... python -m elmo_jax.serve --model=original --host=0.0.0.0 --port=8080
 
 The model is any --model the other commands take (a published name, a model directory), or --options
 and --weights; no request can name a file or a model. The service listens on 127.0.0.1; binding to any
 other address needs a token (--auth_token_file, or the ELMO_JAX_SERVE_TOKEN environment variable) that
 every request to /v1/embed and /metrics must carry as `Authorization: Bearer TOKEN`, and is refused at
-start-up without one. It is ready (GET /readyz) once the warm-up has compiled the common shapes.
+start-up without one; on loopback, only requests to its loopback names are answered (the Host header).
+Only JSON bodies (Content-Type: application/json) are read; connections are bounded (--max_connections,
+--header_timeout_s, --body_timeout_s). It is ready (GET /readyz) once the warm-up has compiled the common
+shapes.
 SIGTERM or Ctrl-C stop it gracefully: no new connections, every accepted request answered, exit 0.
 
 The API, the limits, the figures and deployment notes: docs/SERVING.md.
@@ -42,6 +45,21 @@ def define_flags() -> None:
     flags.DEFINE_integer("max_tokens", 16384, "Tokens per request at most (413 beyond).")
     flags.DEFINE_integer("max_sentence_tokens", 512, "Tokens per sentence at most (413 beyond).")
     flags.DEFINE_integer("max_body_bytes", 8 << 20, "Bytes per request body at most (413 beyond).")
+    flags.DEFINE_integer(
+        "max_json_answer_bytes",
+        32 << 20,
+        "Bytes of a JSON answer at most, estimated at 24 a number before anything runs (413 beyond: ask .npy).",
+    )
+    flags.DEFINE_integer(
+        "max_connections",
+        1024,
+        "Open connections at most: one more pushes out the one waiting longest for a request head (503 to it).",
+    )
+    flags.DEFINE_float("header_timeout_s", 10.0, "A request head must arrive within this (408 beyond).")
+    flags.DEFINE_float(
+        "body_timeout_s", 60.0, "A request body must arrive within this after its head, an answer be read (408)."
+    )
+    flags.DEFINE_float("keep_alive_s", 5.0, "An idle connection is closed after this since its last answer.")
     flags.DEFINE_integer(
         "workers", 2, "Batches in flight: one is formed and dispatched while another's results are awaited."
     )

@@ -42,11 +42,13 @@ WORDS = ["the", "bank", "of", "a", "river", "ran", "dry", "Überschwemmungsgebie
 
 
 def request(port: int, method: str, path: str, body=None, headers=None):
-    """(status, headers, body bytes) of one request on a new connection."""
+    """(status, headers, body bytes) of one request on a new connection; a body is sent as JSON (the
+    service reads no other Content-Type)."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-        connection.request(method, path, body=data, headers=headers or {})
+        headers = {"Content-Type": "application/json", **(headers or {})} if data is not None else headers or {}
+        connection.request(method, path, body=data, headers=headers)
         response = connection.getresponse()
         return response.status, dict(response.getheaders()), response.read()
     finally:
@@ -426,7 +428,7 @@ def test_the_settings_are_checked_before_anything_loads(tmp_path):
     for settings, message in [
         (dict(workers=0), "--workers=0: expected a positive integer"),
         (dict(tail_steps=-1), "--tail_steps=-1: expected a positive integer"),
-        (dict(max_body_bytes=0), "--max_sentence_tokens and --max_body_bytes must be positive"),
+        (dict(max_body_bytes=0), "--max_body_bytes=0: expected a positive integer"),
         (dict(max_wait_ms=-1.0), "--max_wait_ms=-1.0: expected >= 0"),
         (dict(port=65536), "--port=65536: expected 0 to 65535"),
         (dict(host="0.0.0.0"), "--host=0.0.0.0 is reachable from other machines"),
