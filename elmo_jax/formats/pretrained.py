@@ -41,24 +41,15 @@ from elmo_jax.formats.published_models import (
 )
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.params import BiLMParams
+from elmo_jax.storage.cache_home import CACHE_VARIABLE, cache_dir  # where published models are kept
 from elmo_jax.storage import atomic
 
-CACHE_VARIABLE = "ELMO_JAX_CACHE"
 KNOWN_FILES = "known_files.json"
 
 
 class PretrainedError(download.DownloadError):
     """A published model could not be made available; one line naming the address, the cache path and
     how to place the files by hand."""
-
-
-def cache_dir() -> str:
-    """Where published models are kept: $ELMO_JAX_CACHE, else $XDG_CACHE_HOME/elmo_jax, else
-    ~/.cache/elmo_jax (created when the first model is fetched)."""
-    if os.environ.get(CACHE_VARIABLE):
-        return os.path.abspath(os.path.expanduser(os.environ[CACHE_VARIABLE]))
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.abspath(os.path.join(base, "elmo_jax"))
 
 
 def model_path(name: str, cache: str | None = None) -> str:
