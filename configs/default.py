@@ -110,6 +110,11 @@ def get_config() -> ml_collections.ConfigDict:
     # state). N > 0 instead skips up to N such steps in all (parameters and optimiser state unchanged,
     # a warning and `nonfinite_skipped` in metrics.jsonl for each) and stops at the N+1-th.
     config.max_nonfinite_steps = 0
+    # The persistent compilation cache (docs/COMPILATION_CACHE.md): the run's programs are kept on disk, so a
+    # resumed run (or the next one of the same shapes) reads them instead of compiling them again. "" = the
+    # default ($ELMO_JAX_COMPILATION_CACHE, else compilation_cache in ~/.cache/elmo_jax), or a directory,
+    # gs://BUCKET/PATH, or "none" (off). A cache that cannot be used is a warning, never an error.
+    config.compilation_cache = ""
 
     # Checkpoints, evaluation and logging.
     config.checkpoint_every_steps = 1000

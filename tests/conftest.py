@@ -44,6 +44,10 @@ if _CACHE_VARIABLE not in os.environ:
     os.environ[_CACHE_VARIABLE] = tempfile.mkdtemp(prefix="elmo_jax_test_xla_cache_")
     atexit.register(shutil.rmtree, os.environ[_CACHE_VARIABLE], True)
 _COMPILATION_CACHE = os.environ[_CACHE_VARIABLE]
+# The package's own setting too (elmo_jax/storage/compile_cache.py), for a process that does not inherit
+# JAX's variables below (a test that builds an environment of its own): the session's cache, never the
+# user's ~/.cache/elmo_jax/compilation_cache.
+os.environ["ELMO_JAX_COMPILATION_CACHE"] = _COMPILATION_CACHE
 jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

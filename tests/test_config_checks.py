@@ -68,6 +68,7 @@ BAD_VALUES: dict[str, tuple[str, dict[str, str]]] = {
     "scan_unroll": ("0", {}),
     "distinct_tokens": ("maybe", {}),
     "max_nonfinite_steps": ("-1", {}),
+    "compilation_cache": ("off", {}),  # "none" turns it off: "off" would be taken for a directory
     "checkpoint_every_steps": ("0", {}),
     "keep_checkpoints": ("0", {}),
     "eval_every_steps": ("-1", {}),

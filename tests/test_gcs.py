@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -447,3 +448,36 @@ def test_a_missing_object_or_bucket_is_named_in_one_line(bucket, tmp_path, fixtu
     line = error_line(result, "--workdir=gs://no-such-bucket/run: bucket gs://no-such-bucket does not exist")
     assert "404" not in line and "http" not in line  # no raw HTTP exchange
     assert sorted(os.listdir(tmp_path)) == []
+
+
+_CACHE_IN_A_BUCKET = """
+import sys, jax, jax.numpy as jnp
+from elmo_jax.storage import compile_cache
+print(compile_cache.use(sys.argv[1]))
+print(jax.jit(lambda x: x * 3 + 1)(jnp.ones(3)))
+"""
+
+
+@pytest.mark.slow
+def test_a_compilation_cache_in_a_bucket_is_written_and_read_back(bucket):
+    """Issue #51: a gs:// compilation cache (JAX reads and writes a non-local cache through etils.epath
+    and gcsfs, as the package does): the first process's programs become objects in the bucket, and a
+    second process reads them (JAX logs a cache hit) instead of compiling. Two processes: the cache is
+    between processes."""
+    place = f"{bucket}/xla"
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", _CACHE_IN_A_BUCKET, place],
+            cwd=REPO,
+            env=command_env(JAX_LOG_COMPILES="1"),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        for _ in range(2)
+    ]
+    for run in runs:
+        assert run.returncode == 0 and run.stdout.split("\n")[0] == place, run.stderr[-3000:]
+    assert any(name.startswith("jit__lambda-") for name in storage.listdir(place))
+    assert "Persistent compilation cache hit for 'jit__lambda'" not in runs[0].stderr
+    assert "Persistent compilation cache hit for 'jit__lambda'" in runs[1].stderr, runs[1].stderr[-3000:]

@@ -32,12 +32,25 @@ OWNERS = [
         # graceful shutdown have both signals
         {"runtime/signals.py", "cli.py", "serving/service.py"},
     ),
+    (
+        # issue #51: where compiled programs are kept, and which are kept, is set in one place
+        "the persistent compilation cache's settings",
+        {
+            "jax_compilation_cache_dir",
+            "jax_enable_compilation_cache",
+            "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes",
+            "set_cache_dir",
+            "JAX_COMPILATION_CACHE_DIR",
+        },
+        {"storage/compile_cache.py"},
+    ),
 ]
 
 
 def uses(tree: ast.AST, names: set[str]) -> list[int]:
     """Lines of `tree` that name one of `names`: an attribute (`x.process_allgather`, `signal.signal`), a
-    bare name, or an imported name."""
+    bare name, an imported name, or a string (a JAX setting: `jax.config.update("jax_...", value)`)."""
     lines = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
@@ -45,6 +58,8 @@ def uses(tree: ast.AST, names: set[str]) -> list[int]:
             if node.attr in names or dotted in names:
                 lines.append(node.lineno)
         elif isinstance(node, ast.Name) and node.id in names:
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
             lines.append(node.lineno)
         elif isinstance(node, ast.ImportFrom | ast.Import):
             lines += [node.lineno for a in node.names if a.name in names or a.name.split(".")[-1] in names]
@@ -79,3 +94,16 @@ def test_a_second_owner_is_caught(tmp_path):
     )
     names, allowed = OWNERS[1][1], OWNERS[1][2]
     assert owner_problems(tmp_path, names, allowed) == ["training/feed.py:2", "training/feed.py:4"]
+
+
+def test_a_second_compilation_cache_setting_is_caught(tmp_path):
+    """A module that sets JAX's cache itself, by the setting's name in a string (how jax.config.update
+    takes it), is reported; the owner's use is not. (Before strings were read, the check missed it.)"""
+    (tmp_path / "storage").mkdir()
+    (tmp_path / "features").mkdir()
+    (tmp_path / "storage" / "compile_cache.py").write_text('jax.config.update("jax_compilation_cache_dir", d)\n')
+    (tmp_path / "features" / "embed.py").write_text(
+        'import jax\n\njax.config.update("jax_persistent_cache_min_compile_time_secs", 0)\n'
+    )
+    what, names, allowed = next(row for row in OWNERS if row[0] == "the persistent compilation cache's settings")
+    assert owner_problems(tmp_path, names, allowed) == ["features/embed.py:3"]

@@ -14,7 +14,9 @@ laid one after another in rows of a few fixed lengths (`packing`: 32, 64, 128...
 sentence read from a zero LSTM state, so its vectors do not depend on its neighbours), so the padding is
 a few percent and the programs are a handful whatever the number of sentences; every batch is split
 over all local devices (`batch_runner`). Programs live at module level: a second call, or a new
-`SentenceEmbedder` of the same model, compiles nothing for shapes already run. With the token cache, or
+`SentenceEmbedder` of the same model, compiles nothing for shapes already run; a later process reads
+them from the persistent compilation cache (`storage.compile_cache`, turned on by every `SentenceEmbedder`:
+~/.cache/elmo_jax/compilation_cache, moved or turned off with $ELMO_JAX_COMPILATION_CACHE). With the token cache, or
 batches too small for a row of 32 steps per device, sentences go one per row into the length x width
 buckets of `embed_file` (`length_buckets`) instead. `stats["padded_tokens"]` counts the token
 positions run (rows x length, the sentences' `<S>`/`</S>` excluded): divided by `stats["tokens"]`, the
@@ -43,6 +45,7 @@ from elmo_jax.features.packing import TAIL_STEPS, PackedBatch, RowPacker, can_pa
 from elmo_jax.features.token_ids import CharIdTable, width_bucket
 from elmo_jax.model.chars import check_sentence
 from elmo_jax.model.params import BiLMParams
+from elmo_jax.storage import compile_cache
 
 DEFAULT_WINDOW = 1024  # sentences `stream` holds at most
 IN_FLIGHT = 2  # batches dispatched and not yet fetched: the devices always have the next one queued
@@ -89,6 +92,7 @@ class SentenceEmbedder:
         for name, value in (("batch_tokens", batch_tokens), ("tail_steps", tail_steps)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, found {value!r}")
+        compile_cache.use()  # programs an earlier process compiled are read back (a user's own JAX cache kept)
         config = params.config
         output = output_mode(layers, config.n_output_layers, config.output_dim, mix_scalars, gamma, float16)
         self.runner = BatchRunner(params, output, devices=devices, compute_dtype=compute_dtype, cache=token_cache)

@@ -15,7 +15,9 @@ the only place that tells a URL from a local path. Callers ask to
   (`SyncedDirectory`) (`append_log`);
 - keep a local directory a copy of another, copying what changed, new directories whole, touching
   nothing that is not its own (`sync_directory`, `check_copy_target`: a workdir copied to a mounted
-  Google Drive) (`sync`).
+  Google Drive) (`sync`);
+- find the package's cache on this machine (`cache_home.cache_dir`) and keep the programs JAX compiled
+  for the next process (`compile_cache.use`: the persistent compilation cache, local or gs://).
 
 A Cloud Storage service that cannot be reached costs one retry cycle of its client, then every operation
 on a `gs://` place fails at once naming it (`StorageUnreachable`); a caller that hands a place to another

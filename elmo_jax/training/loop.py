@@ -34,6 +34,7 @@ from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.flops import char_cnn_flops_per_token, lstm_flops_per_token
 from elmo_jax.model.params import BiLMParams, count_parameters
 from elmo_jax.runtime import processes
+from elmo_jax.storage import compile_cache
 from elmo_jax.runtime.signals import StopSignals
 from elmo_jax.training import preemption, settings, sharding
 from elmo_jax.training.batch_feed import device_batch, distinct_bucket, gather_stream_state
@@ -109,6 +110,7 @@ def train_and_evaluate(
     """
     # A config, mesh or batch that cannot work is reported before anything is written or compiled.
     settings.check_config(config)
+    compile_cache.use(config.get("compilation_cache"))  # before the first compile (a resumed run reads them)
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
     sharding.check_training_mesh(mesh, config.batch_size, jax.process_count())
     make_workdir(workdir)

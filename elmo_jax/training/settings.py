@@ -17,6 +17,7 @@ from elmo_jax.formats.published_models import MODELS
 from elmo_jax.formats.vocab_file import SPECIALS
 from elmo_jax.model.config import BiLMConfig, InvalidBiLMConfig
 from elmo_jax.model.precision import COMPUTE_DTYPES, ComputeOptions
+from elmo_jax.storage import compile_cache
 from elmo_jax.training.optimizers import ADAGRAD, OPTIMIZERS, Optimizer
 from elmo_jax.training.train_step import StepConfig
 
@@ -169,6 +170,8 @@ def _choice_problems(config) -> Iterator[str]:
             yield _bad(config, key, "True or False")
     if config.optimizer not in OPTIMIZERS:
         yield _bad(config, "optimizer", f"one of {', '.join(OPTIMIZERS)}")
+    if expected := compile_cache.setting_problem(config.get("compilation_cache")):
+        yield _bad(config, "compilation_cache", expected)
     if config.compute_dtype not in COMPUTE_DTYPES:
         yield _bad(config, "compute_dtype", f"one of {', '.join(COMPUTE_DTYPES)}")
     if config.data.invalid_utf8 not in INVALID_UTF8_POLICIES:
