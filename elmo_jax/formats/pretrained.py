@@ -41,8 +41,8 @@ from elmo_jax.formats.published_models import (
 )
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.params import BiLMParams
-from elmo_jax.storage.cache_home import CACHE_VARIABLE, cache_dir  # where published models are kept
 from elmo_jax.storage import atomic
+from elmo_jax.storage.cache_home import CACHE_VARIABLE, cache_dir  # where published models are kept
 
 KNOWN_FILES = "known_files.json"
 

@@ -34,8 +34,8 @@ from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.flops import char_cnn_flops_per_token, lstm_flops_per_token
 from elmo_jax.model.params import BiLMParams, count_parameters
 from elmo_jax.runtime import processes
-from elmo_jax.storage import compile_cache
 from elmo_jax.runtime.signals import StopSignals
+from elmo_jax.storage import compile_cache
 from elmo_jax.training import preemption, settings, sharding
 from elmo_jax.training.batch_feed import device_batch, distinct_bucket, gather_stream_state
 from elmo_jax.training.checkpoint import Checkpoints
