@@ -17,7 +17,9 @@ gs://BUCKET/PATH, which every host of a pod slice sees (pip install 'elmo-jax[gc
 """
 
 import logging as std_logging
+import os
 import sys
+import traceback
 
 from absl import flags, logging
 from ml_collections import config_flags
@@ -30,12 +32,58 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     """train.py's flags (defined when it runs as a program; the tests run `main` in-process too)."""
     config_flags.DEFINE_config_file("config", None, "Training config file (see configs/default.py).", lock_config=True)
+    flags.FLAGS["config"].parser = _CheckedConfigFile(flags.FLAGS["config"].parser)
     flags.DEFINE_string(
         "workdir", None, "Directory (or gs://BUCKET/PATH) for checkpoints, metrics, the vocabulary and the export."
     )
     flags.mark_flags_as_required(["config", "workdir"])
     cli.define_distributed_flags()
     flags.DEFINE_list("local_device_ids", None, "Devices this process uses (default: all it sees).")
+
+
+class _CheckedConfigFile:
+    """ml_collections' parser of --config (`parser`, whose other attributes it passes on), with a config
+    file that cannot be loaded refused as it is parsed, in one line naming the file (and the line at
+    fault): ml_collections says a missing one only once the config is used, naming a module of its own
+    ("Failed loading config file config_config"), and lets a file that is no Python, or whose
+    get_config() fails, end in a traceback."""
+
+    def __init__(self, parser):
+        self.parser = parser
+
+    def __getattr__(self, name):
+        return getattr(self.parser, name)
+
+    def parse(self, path):
+        file = path.split(":", 1)[0]  # "FILE:ARGUMENT" passes ARGUMENT to get_config
+        if not os.path.exists(file):
+            raise ValueError("no such file")
+        if os.path.isdir(file):
+            raise ValueError("is a directory, expected a config file (configs/*.py)")
+        try:
+            config = self.parser.parse(path)
+            getattr(config, "lock", None)  # a config that failed to load raises OSError on any attribute
+        except SyntaxError as e:
+            raise ValueError(f"line {e.lineno}: not Python ({e.msg})") from None
+        except OSError as e:
+            cause = e.__cause__ or e
+            raise ValueError(f"cannot load it: {' '.join(str(cause).split())}") from None
+        except Exception as e:
+            raise ValueError(_get_config_failure(file, e)) from None
+        return config
+
+
+def _get_config_failure(file: str, error: Exception) -> str:
+    """What went wrong in the config file's code (the flag's value names the file): the exception and the
+    file's line it came from."""
+    original = error.__context__ if str(error).startswith("Error whilst parsing config file") else error
+    lines = [
+        f.lineno
+        for f in traceback.extract_tb(original.__traceback__)
+        if os.path.abspath(f.filename) == os.path.abspath(file)
+    ]
+    where = f" at line {lines[-1]}" if lines else ""
+    return f"get_config() failed{where}: {type(original).__name__}: {' '.join(str(original).split())}"
 
 
 class _QuietLibraries:
@@ -68,7 +116,6 @@ def main(argv):
         # Before the training loop installs its own handlers (after start-up), or after it.
         interrupted=" outside the training loop; no step was lost (re-run the same command to resume from the "
         "newest checkpoint)",
-        log=True,
     )
 
 

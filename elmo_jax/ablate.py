@@ -24,7 +24,9 @@ FLAGS = flags.FLAGS
 
 def define_flags() -> None:
     cli.define_labelled_targets_flags()
-    flags.DEFINE_string("plot", None, "Write the sample-efficiency plot here (.png; needs matplotlib).")
+    flags.DEFINE_string(
+        "plot", None, "Write the sample-efficiency plot here (.png; needs matplotlib: pip install 'elmo-jax[plot]')."
+    )
     flags.DEFINE_list(
         "variants",
         "baseline,token,top,average,learned,learned_l2",
@@ -41,6 +43,13 @@ def define_flags() -> None:
     )
     flags.DEFINE_list("fractions", "0.01,0.1,0.3,1", "Shares of the training items for the sample-efficiency sweep.")
     flags.DEFINE_integer("max_updates", 3000, "Most updates of one training run (early stopping usually ends it).")
+
+
+def check_flags() -> None:
+    """The flags' mistakes that need no library: refused before the model loads."""
+    cli.require("train", "test")
+    _fractions(FLAGS.fractions)
+    cli.check_installed("plot", "matplotlib", extra="plot")
 
 
 def run() -> dict:
@@ -76,7 +85,7 @@ def _fractions(values: list[str]) -> tuple[float, ...]:
 
 
 def main(argv) -> None:
-    cli.run_main(run, argv)
+    cli.run_main(run, argv, check=check_flags)
 
 
 if __name__ == "__main__":

@@ -10,22 +10,31 @@
     if __name__ == "__main__":
         cli.start(main, define_flags)
 
+Before its work, `run_main` checks the flags that need no library (the shared ones' rules, then the
+command's own `check`: a required flag, two flags that go together, --plot without matplotlib), so such a
+mistake is refused before JAX is imported, and turns on the persistent compilation cache
+(`storage.compile_cache`) for a command that defines --compilation_cache.
+
 A person's mistake or a broken file (ValueError, OSError) prints `error: ...` and exits 1. SIGTERM
 (`timeout`, Slurm, `docker stop`) is turned into an exception like Ctrl-C, so the tool's cleanup runs
 (temporary outputs are removed) before it exits 143 (SIGTERM) or 130 (SIGINT) with a one-line note. A
 command with more kinds of ending (train.py: a stop that saved a checkpoint, a failed checkpoint write)
 says so in `run_main`'s arguments. `--help` prints the command's usage (its module docstring) and its
-own flags, shared ones included, and exits 0.
+own flags, shared ones included, and exits 0. Output into a pipe whose reader has gone (`--help | head`)
+ends the command quietly, with the status of a process SIGPIPE ended (141).
 
-This module imports absl alone: every command imports it before its flags are parsed, and `--help`
+This module imports absl and the standard library alone (the modules of the checks and of the cache
+inside the functions that use them): every command imports it before its flags are parsed, and `--help`
 must answer without importing JAX.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging as std_logging
 import os
+import select
 import signal
 import sys
 from collections.abc import Callable
@@ -70,56 +79,149 @@ def run_main(
     argv: list[str] | None = None,
     hint: str = "",
     *,
+    check: Callable[[], object] | None = None,
     errors: tuple[type[BaseException], ...] = (ValueError, OSError),
-    fatal: tuple[type[BaseException], ...] = (),
+    fatal: tuple[type[BaseException], ...] | Callable[[], tuple[type[BaseException], ...]] = (),
     stops: tuple[type[BaseException], ...] = (),
     interrupted: str = INTERRUPTED,
-    log: bool = False,
 ) -> None:
-    """Calls `run()` and turns its failures and interruptions into one line and an exit code.
+    """Checks the flags, then calls `run()`, and turns its failures and interruptions into one line and an
+    exit code.
 
     Args:
       run: the tool's work.
       argv: absl's remaining arguments, which must be only the program name; None when the tool takes
         positional arguments itself.
       hint: appended to the "unexpected arguments" error (e.g. which flag takes them).
+      check: the command's checks of its flags that need no library (`require`, `check_installed`, flags
+        that go together), raising ValueError or OSError; run before anything is imported, after the shared flags'
+        (`check_shared_flags`).
       errors: exceptions that are a person's mistake or a broken file: `error: MESSAGE`, exit 1.
       fatal: errors after which the process ends at once, skipping interpreter teardown (threads of the
-        failed work could print after the error line or keep the process alive): `error: MESSAGE`, exit 1.
+        failed work could print after the error line or keep the process alive): `error: MESSAGE`, exit 1;
+        or a function that returns them (classes of a module that imports JAX: called once `run` failed).
       stops: a clean stop the work reports itself (its message is the last line), exit 0.
       interrupted: what follows "stopped by SIGTERM" (or SIGINT) when a signal interrupts `run`; exit
         143 (130), at once.
-      log: errors and stops are logged too (absl's log, e.g. a training run's log file).
     """
     if argv is not None and len(argv) > 1:
         print(f"error: unexpected arguments {argv[1:]}{hint}", file=sys.stderr)
         sys.exit(1)
-    quiet_library_chatter()
+    try:
+        check_shared_flags()
+        if check is not None:
+            check()
+    except errors as e:
+        _error_line(e)
+        sys.exit(1)
     try:
         with sigterm_raises():
+            _use_compilation_cache()
+            quiet_library_chatter()
             run()
-    except fatal as e:
-        _error_line(e, log)
+    except BaseException as e:
+        _end(e, fatal() if callable(fatal) else fatal, stops, errors, interrupted)
+
+
+def _end(error, fatal, stops, errors, interrupted: str) -> None:
+    """How `run_main` ends once `run` raised `error` (the arguments are its); re-raised when it is none of
+    the kinds the command named (a bug: its traceback is what helps)."""
+    if isinstance(error, fatal):
+        _error_line(error)
         exit_now(1)
-    except stops as e:
-        if log:
-            logging.warning("%s", e)
-        print(str(e), file=sys.stderr)
-    except errors as e:
-        _error_line(e, log)
+    elif isinstance(error, stops):
+        print(str(error), file=sys.stderr)
+    elif isinstance(error, BrokenPipeError):  # an OSError: before `errors`
+        end_if_output_closed()
+        _error_line(error)  # not standard output's: a connection's
         sys.exit(1)
-    except (KeyboardInterrupt, Terminated) as e:
-        notes = "".join(f"; {note}" for note in getattr(e, "__notes__", ()))  # e.g. where the progress is kept
-        print(f"stopped by {signal_name(e)}{interrupted}{notes}", file=sys.stderr)
+    elif isinstance(error, errors):
+        _error_line(error)
+        sys.exit(1)
+    elif isinstance(error, (KeyboardInterrupt, Terminated)):
+        notes = "".join(f"; {note}" for note in getattr(error, "__notes__", ()))  # e.g. where the progress is kept
+        print(f"stopped by {signal_name(error)}{interrupted}{notes}", file=sys.stderr)
         # The cleanup has run; skip interpreter teardown, which can crash while XLA still runs the batch
         # that was in flight (observed: a segfault after the message).
-        exit_now(interrupted_exit_code(e))
+        exit_now(interrupted_exit_code(error))
+    else:
+        raise error
 
 
-def _error_line(error: BaseException, log: bool) -> None:
-    if log:
-        logging.error("%s", error)
+def _error_line(error: BaseException) -> None:
+    """The one line of a refused command (a log line of the same error would say it twice: absl's log
+    goes to standard error too)."""
     print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+
+
+def end_if_output_closed() -> None:
+    """Ends the process quietly, with the status of a process SIGPIPE ended (141), when standard output
+    is a pipe whose reader has gone (`cmd | head` once head has exited: Python ignores SIGPIPE, so each
+    write fails with BrokenPipeError); returns otherwise."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture)
+        return
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        if not any(events & select.POLLERR for _, events in poller.poll(0)):
+            return  # its reader is still there: the broken pipe was another's
+    # The interpreter's last flush of standard output would fail again ("Exception ignored ..."): what is
+    # still buffered goes nowhere.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    sys.exit(141)
+
+
+def check_shared_flags() -> None:
+    """The rules of the flags this module defines, for a command that defined them: --model, or
+    --options and --weights together (`formats.model_source.check_model_flags`); --compilation_cache
+    (`storage.compile_cache.setting_problem`). Neither module imports JAX."""
+    if "model" in flags.FLAGS:
+        from elmo_jax.formats.model_source import check_model_flags
+
+        check_model_flags(flags.FLAGS.model, flags.FLAGS.options, flags.FLAGS.weights)
+    if "compilation_cache" in flags.FLAGS:
+        from elmo_jax.storage.compile_cache import setting_problem
+
+        if problem := setting_problem(flags.FLAGS.compilation_cache):
+            raise ValueError(f"--compilation_cache={flags.FLAGS.compilation_cache}: expected {problem}")
+
+
+def require(*names: str) -> None:
+    """Raises ValueError naming those of the flags `names` that were not given ("--input and --output are
+    required"), for a command's `check`."""
+    missing = [f"--{name}" for name in names if flags.FLAGS[name].value in (None, "", [])]
+    if missing:
+        raise ValueError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required")
+
+
+def check_installed(flag: str, module: str, extra: str) -> None:
+    """Raises ValueError when the flag `flag` was given and needs `module`, which is not installed,
+    naming the package's extra that installs it (for a command's `check`: before any work is done)."""
+    if flags.FLAGS[flag].value and importlib.util.find_spec(module) is None:
+        raise ValueError(f"--{flag} needs {module}, which is not installed: pip install 'elmo-jax[{extra}]'")
+
+
+def define_compilation_cache_flag() -> None:
+    """--compilation_cache, of every command that compiles (`run_main` turns the cache on with it)."""
+    flags.DEFINE_string(
+        "compilation_cache",
+        None,
+        "Directory (or gs://BUCKET/PATH) of the persistent compilation cache, or 'none' (default: "
+        "$ELMO_JAX_COMPILATION_CACHE, else compilation_cache in $ELMO_JAX_CACHE or ~/.cache/elmo_jax).",
+    )
+
+
+def _use_compilation_cache() -> None:
+    """Turns the persistent compilation cache on, for a command that defines --compilation_cache (one that
+    compiles; `storage.compile_cache`, which imports JAX: after the checks)."""
+    if "compilation_cache" in flags.FLAGS:
+        from elmo_jax.storage import compile_cache
+
+        compile_cache.use(flags.FLAGS.compilation_cache)
 
 
 def signal_name(interruption: BaseException) -> str:
@@ -156,7 +258,8 @@ def cluster(local_device_ids: tuple[int, ...] | None = None):
 
 
 def define_model_flags() -> None:
-    """--model, or --options and --weights: the biLM a command reads (`formats.model_source.ModelSource`)."""
+    """--model, or --options and --weights: the biLM a command reads (`formats.model_source.ModelSource`);
+    and --compilation_cache, where the programs of the model it compiles are kept."""
     flags.DEFINE_string(
         "model",
         None,
@@ -165,6 +268,7 @@ def define_model_flags() -> None:
         "and --weights instead.",
     )
     define_hdf5_flags()
+    define_compilation_cache_flag()
 
 
 def define_labelled_targets_flags() -> None:
@@ -248,7 +352,11 @@ def parse_flags(
     """
     arguments = argv[1 : argv.index("--") if "--" in argv else len(argv)]
     if any(a in HELP_ARGUMENTS or a in FULL_HELP_ARGUMENTS for a in arguments):
-        print(command_help(argv[0], full=not any(a in HELP_ARGUMENTS for a in arguments)))
+        try:
+            print(command_help(argv[0], full=not any(a in HELP_ARGUMENTS for a in arguments)), flush=True)
+        except BrokenPipeError:  # `--help | head`
+            end_if_output_closed()
+            raise
         sys.exit(0)
     try:
         return flags.FLAGS(argv)

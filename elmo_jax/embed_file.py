@@ -86,6 +86,12 @@ def define_flags() -> None:
     cli.define_distributed_flags()
 
 
+def check_flags() -> None:
+    """The flags' mistakes that need no library: refused before anything is imported or read."""
+    cli.require("input", "output")
+    _options()
+
+
 def run() -> dict:
     from elmo_jax.files.file_embedding import embed_model_file
     from elmo_jax.formats.model_source import ModelSource
@@ -142,11 +148,15 @@ def _options():
 
 
 def main(argv) -> None:
-    from elmo_jax.runtime.processes import ProcessLost
-
     # Another process of the run died: after the error line the process ends at once (JAX's shutdown
     # would wait 100 s for the dead process's heartbeat, then abort with a C++ stack trace).
-    cli.run_main(run, argv, fatal=(ProcessLost,))
+    cli.run_main(run, argv, check=check_flags, fatal=_process_lost)
+
+
+def _process_lost() -> tuple[type[BaseException], ...]:
+    from elmo_jax.runtime.processes import ProcessLost  # imports JAX: only once the run has failed
+
+    return (ProcessLost,)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ def define_flags() -> None:
     flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir with --tfds_name.")
     flags.DEFINE_integer("batch_size", 0, "Rows per window (0: the training batch size).")
     flags.DEFINE_integer("max_batches", 0, "Stop after this many windows (0: all).")
+    cli.define_compilation_cache_flag()
 
 
 def run() -> dict:
@@ -37,8 +38,6 @@ def run() -> dict:
     from elmo_jax.training.heldout import heldout_perplexity
     from elmo_jax.training.start import load_trained
 
-    if not FLAGS.workdir:
-        raise ValueError("--workdir is required")
     params, cfg, config, vocab_file, step = load_trained(FLAGS.workdir)
     vocab = Vocab.load(vocab_file)  # training.start gives the run's vocabulary as a path
     sentences = heldout_sentences(
@@ -56,7 +55,7 @@ def run() -> dict:
 
 
 def main(argv) -> None:
-    cli.run_main(run, argv)
+    cli.run_main(run, argv, check=lambda: cli.require("workdir"))
 
 
 if __name__ == "__main__":

@@ -40,15 +40,25 @@ def define_flags() -> None:
         "faster and holds the weights and parameters only, which elmo_jax.load and every command read.",
     )
     flags.DEFINE_bool("overwrite", False, "Replace an existing --output directory.")
+    cli.define_compilation_cache_flag()
+
+
+def check_flags() -> None:
+    """The flags' mistakes that need no library: refused before anything is imported or read."""
+    cli.require("output")
+    if bool(FLAGS.workdir) == bool(FLAGS.options or FLAGS.weights):
+        raise ValueError("pass either --workdir=DIR or --options=FILE --weights=FILE")
+    if FLAGS.workdir and FLAGS.vocab:
+        raise ValueError("--vocab goes with --options/--weights; a workdir's own vocabulary is exported")
+    if not FLAGS.workdir and not (FLAGS.options and FLAGS.weights):
+        raise ValueError("--options and --weights go together")
+    if not FLAGS.workdir and FLAGS.step is not None:
+        raise ValueError("--step goes with --workdir")
 
 
 def run() -> dict:
     from elmo_jax.formats import model_dir
 
-    if not FLAGS.output:
-        raise ValueError("--output is required: the model directory to write")
-    if bool(FLAGS.workdir) == bool(FLAGS.options or FLAGS.weights):
-        raise ValueError("pass either --workdir=DIR or --options=FILE --weights=FILE")
     inputs = [p for p in (FLAGS.workdir, FLAGS.options, FLAGS.weights, FLAGS.vocab) if p]
     # Fail on an unwritable target before loading anything (a large model takes a while to load).
     model_dir.check_target(FLAGS.output, FLAGS.overwrite, inputs=inputs)
@@ -72,8 +82,6 @@ def _from_workdir():
     from elmo_jax.model.params import BiLMParams
     from elmo_jax.training.start import load_trained
 
-    if FLAGS.vocab:
-        raise ValueError("--vocab goes with --options/--weights; a workdir's own vocabulary is exported")
     params, cfg, config, vocab_file, step = load_trained(FLAGS.workdir, FLAGS.step)
     return BiLMParams(weights=params["bilm"], config=cfg.model), vocab_file, f"{FLAGS.workdir} step {step}"
 
@@ -82,10 +90,6 @@ def _from_hdf5():
     from elmo_jax.formats.vocab_file import Vocab
     from elmo_jax.formats.weights_hdf5 import load_hdf5
 
-    if not (FLAGS.options and FLAGS.weights):
-        raise ValueError("--options and --weights go together")
-    if FLAGS.step is not None:
-        raise ValueError("--step goes with --workdir")
     if FLAGS.vocab:
         Vocab.load(FLAGS.vocab)  # checked before it is copied in
     return load_hdf5(FLAGS.options, FLAGS.weights), FLAGS.vocab, f"{FLAGS.options} + {FLAGS.weights}"
@@ -93,7 +97,7 @@ def _from_hdf5():
 
 def main(argv) -> None:
     logging.set_verbosity(logging.WARNING)
-    cli.run_main(run, argv)
+    cli.run_main(run, argv, check=check_flags)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from elmo_jax import cli
+from elmo_jax import cli, storage
 from elmo_jax.data import lm1b, text_files
 
 FLAGS = flags.FLAGS
@@ -39,9 +39,17 @@ def define_flags() -> None:
     )
 
 
+def check_flags() -> None:
+    """--data_dir is given, and is (or can become) a directory: refused before anything is downloaded."""
+    cli.require("data_dir")
+    data_dir = FLAGS.data_dir
+    if storage.lexists(data_dir) and not storage.isdir(data_dir):
+        raise NotADirectoryError(f"--data_dir={data_dir}: a file, not a directory")
+    if not storage.lexists(data_dir) and (problem := storage.creation_problem(data_dir, parents=True)):
+        raise type(problem)(f"--data_dir={data_dir}: cannot create it: {problem}")
+
+
 def run() -> None:
-    if not FLAGS.data_dir:
-        raise ValueError("--data_dir is required")
     corpus = lm1b.prepare_lm1b(
         FLAGS.data_dir,
         source=FLAGS.source,
@@ -52,7 +60,7 @@ def run() -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    cli.run_main(run, list(argv))
+    cli.run_main(run, list(argv), check=check_flags)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ FLAGS = flags.FLAGS
 
 def define_flags() -> None:
     cli.define_labelled_targets_flags()
-    flags.DEFINE_string("plot", None, "Write a bar chart of the accuracies here (.png; needs matplotlib).")
+    flags.DEFINE_string(
+        "plot", None, "Write a bar chart of the accuracies here (.png; needs matplotlib: pip install 'elmo-jax[plot]')."
+    )
     # The seed goes to NumPy's default_rng (any integer >= 0) and jax.random.key (an int64): checked
     # with the flags, before the model loads.
     flags.DEFINE_integer(
@@ -33,6 +35,12 @@ def define_flags() -> None:
         lower_bound=0,
         upper_bound=2**63 - 1,
     )
+
+
+def check_flags() -> None:
+    """The flags' mistakes that need no library: refused before the model loads."""
+    cli.require("train", "test")
+    cli.check_installed("plot", "matplotlib", extra="plot")
 
 
 def run() -> dict:
@@ -55,7 +63,7 @@ def run() -> dict:
 
 
 def main(argv) -> None:
-    cli.run_main(run, argv)
+    cli.run_main(run, argv, check=check_flags)
 
 
 if __name__ == "__main__":

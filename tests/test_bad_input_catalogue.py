@@ -14,6 +14,7 @@ test_evaluate_cli, test_export, test_embed_file, test_faults).
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -48,6 +49,9 @@ def files(tmp_path_factory, fixture_dir, tiny_params):
     for name, data in contents.items():
         paths[name] = root / f"{name}.txt"
         paths[name].write_bytes(data)
+    # Outside the root, whose every byte the cases check: loading a config writes its bytecode beside it.
+    paths["failing_config"] = tmp_path_factory.mktemp("configs") / "failing_config.py"
+    paths["failing_config"].write_text("def get_config():\n    return 1 / 0\n", encoding="utf-8")
     paths["options"], paths["weights"] = fixture_dir / "options.json", fixture_dir / "weights.hdf5"
     paths["model"] = root / "model"
     write_model_dir(tiny_params, paths["model"])
@@ -60,7 +64,29 @@ CLI_CASES = {
     # name: (argv built from the files fixture, expected parts of the error line)
     "train: missing config file": (
         lambda f: ["train.py", "--config=configs/no_such_config.py", f"--workdir={f['root'] / 'w0'}"],
-        ["configs/no_such_config.py"],
+        ["--config=configs/no_such_config.py: no such file"],
+    ),
+    # Issue #51: ml_collections' message ("Failed loading config file config_config ...") said twice, once as
+    # a log line; a file that is no Python or whose get_config fails ended in a traceback.
+    "train: config path is a directory": (
+        lambda f: ["train.py", f"--config={f['dir']}", f"--workdir={f['root'] / 'w0'}"],
+        ["--config=", "a_directory: is a directory, expected a config file"],
+    ),
+    "train: config is not Python": (
+        lambda f: ["train.py", f"--config={f['good']}", f"--workdir={f['root'] / 'w0'}"],
+        ["--config=", "good.txt: line 1: not Python (invalid syntax)"],
+    ),
+    "train: config's get_config fails": (
+        lambda f: ["train.py", f"--config={f['failing_config']}", f"--workdir={f['root'] / 'w0'}"],
+        ["--config=", "failing_config.py: get_config() failed at line 2: ZeroDivisionError: division by zero"],
+    ),
+    "prepare_lm1b: data_dir is a file": (
+        lambda f: ["elmo_jax.prepare_lm1b", f"--data_dir={f['good']}", f"--source={f['good']}"],
+        ["--data_dir=", "good.txt", "not a directory"],
+    ),
+    "prepare_lm1b: data_dir under a file": (
+        lambda f: ["elmo_jax.prepare_lm1b", f"--data_dir={f['good'] / 'lm1b'}", f"--source={f['good']}"],
+        ["--data_dir=", "good.txt is not a directory"],
     ),
     "train: corpus is a directory": (
         lambda f: [
@@ -353,6 +379,23 @@ def test_cli_bad_input_is_one_line_and_touches_nothing(files, case):
 def test_cli_bad_input_in_a_real_process(files, case):
     argv, expected = CLI_CASES[case]
     check_refusal(files, expected, lambda: run_command(*argv(files)))
+
+
+@pytest.mark.parametrize("command", ["elmo_jax.probe", "elmo_jax.ablate"])
+def test_plot_without_matplotlib_is_refused_before_the_model_loads(files, monkeypatch, command):
+    """Issue #51: --plot without matplotlib ran the whole job (20 s and more), then failed with a
+    traceback. Now it is refused first, naming the extra that installs it; the truncated weights show the
+    model was not read yet (the old code's error named truncated_hdf5.txt)."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import matplotlib` meets where it is missing
+    argv = [
+        command,
+        f"--options={files['options']}",
+        f"--weights={files['truncated_hdf5']}",
+        f"--train={files['good']}",
+        f"--test={files['good']}",
+        f"--plot={files['root'] / 'plot.png'}",
+    ]
+    check_refusal(files, ["--plot", "matplotlib", "pip install 'elmo-jax[plot]'"], lambda: run_in_process(*argv))
 
 
 def test_a_million_character_token_is_cut_as_allennlp_cuts_it(files, tiny_params, tmp_path):

@@ -18,7 +18,7 @@ from absl import flags
 
 import elmo_jax
 from elmo_jax import cli
-from tests.support.commands import REPO, command_env
+from tests.support.commands import REPO, command_env, error_line
 from tests.support.inprocess import run_in_process
 
 COMMANDS = (
@@ -103,14 +103,19 @@ print(sorted({"jax", "flax", "orbax", "tensorflow", "h5py"} & set(sys.modules)),
 def test_every_command_answers_help_at_once_in_its_own_process():
     """A real process per command: exit status 0, the in-process text, and no heavy library imported
     before the help is printed (what answering at once takes; a wall-time bound would fail on a loaded
-    machine); the package face alone imports neither JAX nor Flax."""
+    machine); the package face alone imports neither JAX nor Flax, nor do the modules a command checks its
+    flags with before it imports its libraries (the shared model flags' rule, the compilation cache's
+    settings: on the old code formats/model_source imported JAX)."""
     for command in COMMANDS:
         result = subprocess.run(
             [sys.executable, "-c", _HELP_IMPORTS, command], cwd=REPO, env=command_env(), capture_output=True, text=True
         )
         assert result.stderr.splitlines()[-1:] == ["[] 0"], (command, result.stderr[-2000:])
         assert result.stdout.rstrip("\n") == run_in_process(command, "--help").stdout.rstrip("\n"), command
-    check = "import sys, elmo_jax, elmo_jax.cli; print(sorted({'jax', 'flax'} & set(sys.modules)))"
+    check = (
+        "import sys, elmo_jax, elmo_jax.cli, elmo_jax.formats.model_source, elmo_jax.storage.compile_cache; "
+        "print(sorted({'jax', 'flax', 'h5py'} & set(sys.modules)))"
+    )
     imported = subprocess.run(
         [sys.executable, "-c", check], cwd=REPO, env=command_env(), capture_output=True, text=True
     )
@@ -220,3 +225,185 @@ def test_library_chatter_is_left_out_unless_asked_for():
             std_logging.getLogger(name).removeFilter(chatter)
         for logger, chatter in installed:
             logger.addFilter(chatter)
+
+
+# ----------------------------------------------------------------------------- refused before the libraries
+
+# What a command may import before its flags are checked: the package face, the shared entry (cli, with
+# the shared flags' rules in formats/model_source and storage/compile_cache) and storage, which import no JAX
+# (`test_every_command_answers_help_at_once_in_its_own_process` checks that in a fresh interpreter).
+_CHECKS_IMPORT = (
+    "elmo_jax",
+    "elmo_jax.cli",
+    "elmo_jax.formats.model_source",
+    "elmo_jax.storage.compile_cache",
+    "elmo_jax.storage",
+)
+_HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "h5py", "tensorflow")
+
+
+class _LibraryImported(BaseException):
+    """The command imported a library before it refused its flags (a BaseException: nothing catches it)."""
+
+
+@pytest.fixture
+def no_libraries(monkeypatch):
+    """Every `import` of JAX (and the like) or of an elmo_jax library module raises `_LibraryImported`:
+    the command's flags must be refused before it reaches for one (a real process would import JAX there,
+    seconds before the error line)."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def guarded(name, globals=None, locals=None, fromlist=(), level=0):
+        top = name.split(".")[0]
+        allowed = name in _CHECKS_IMPORT or name.startswith("elmo_jax.storage.")
+        if top in _HEAVY or (top == "elmo_jax" and not allowed):
+            raise _LibraryImported(name)
+        return real_import(name, globals, locals, fromlist, level)
+
+    monkeypatch.setattr(builtins, "__import__", guarded)
+
+
+# (argv, standard input, parts of the error line): required flags and combinations of flags, which need
+# no library to check. Each of these was refused only after the command imported JAX (1.5-3 s).
+BEFORE_LIBRARIES = {
+    "evaluate: no workdir": (["elmo_jax.evaluate"], None, ["--workdir is required"]),
+    "export: no output": (["elmo_jax.export", "--workdir=w"], None, ["--output is required"]),
+    "export: workdir and weights": (
+        ["elmo_jax.export", "--output=o", "--workdir=w", "--options=x.json", "--weights=x.hdf5"],
+        None,
+        ["either --workdir", "or --options"],
+    ),
+    "export: options without weights": (
+        ["elmo_jax.export", "--output=o", "--options=x.json"],
+        None,
+        ["--options and --weights go together"],
+    ),
+    "export: step with weights": (
+        ["elmo_jax.export", "--output=o", "--options=x.json", "--weights=x.hdf5", "--step=3"],
+        None,
+        ["--step goes with --workdir"],
+    ),
+    "export: vocab with a workdir": (
+        ["elmo_jax.export", "--output=o", "--workdir=w", "--vocab=v.txt"],
+        None,
+        ["--vocab goes with --options/--weights"],
+    ),
+    "embed_text: no model": (["elmo_jax.embed_text"], "a b\n", ["pass either --model"]),
+    "embed_text: options without weights": (
+        ["elmo_jax.embed_text", "--options=x.json"],
+        "a b\n",
+        ["--options and --weights go together"],
+    ),
+    "embed_file: no input, no output": (["elmo_jax.embed_file", "--model=m"], None, ["--input and --output"]),
+    "embed_file: model and weights": (
+        ["elmo_jax.embed_file", "--model=m", "--weights=x.hdf5", "--input=i", "--output=o"],
+        None,
+        ["pass either --model"],
+    ),
+    "embed_file: devices not numbers": (
+        ["elmo_jax.embed_file", "--model=m", "--input=i", "--output=o", "--devices=0,x"],
+        None,
+        ["--devices", "0,x"],
+    ),
+    "embed_file: mix scalars not numbers": (
+        ["elmo_jax.embed_file", "--model=m", "--input=i", "--output=o", "--layers=mix", "--mix_scalars=1,a"],
+        None,
+        ["--mix_scalars", "1,a"],
+    ),
+    "probe: no test": (["elmo_jax.probe", "--model=m", "--train=t"], None, ["--test is required"]),
+    "probe: no model": (["elmo_jax.probe", "--train=t", "--test=t"], None, ["pass either --model"]),
+    "ablate: no train, no test": (["elmo_jax.ablate", "--model=m"], None, ["--train and --test are required"]),
+    "ablate: fractions not numbers": (
+        ["elmo_jax.ablate", "--model=m", "--train=t", "--test=t", "--fractions=0.1,half"],
+        None,
+        ["--fractions", "0.1,half"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BEFORE_LIBRARIES))
+def test_flag_mistakes_are_refused_before_any_library_is_imported(case, no_libraries):
+    """Issue #51: `evaluate` without --workdir said so after 2-5 s of importing JAX and the training
+    code; now every such mistake is the error line before the command imports a library. (On the old code
+    each case raised _LibraryImported: the command imported jax or an elmo_jax library first.)"""
+    argv, stdin, expected = BEFORE_LIBRARIES[case]
+    error_line(run_in_process(*argv, input=stdin), *expected)
+
+
+def test_the_import_guard_itself_can_fail(no_libraries):
+    """The guard stops a command that reaches its libraries (a complete set of flags gets that far)."""
+    with pytest.raises(_LibraryImported):
+        run_in_process("elmo_jax.evaluate", "--workdir=/nonexistent")
+
+
+# ----------------------------------------------------------------------------- a reader that goes away
+
+
+def _closed_pipe():
+    """A writable file whose reader has gone (`cmd | head` once head has exited): every write fails with
+    EPIPE, as it does in a real pipeline (Python ignores SIGPIPE)."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    return open(write_end, "w", buffering=1, encoding="utf-8")  # noqa: SIM115
+
+
+def test_help_into_a_closed_pipe_ends_quietly(monkeypatch, capsys):
+    """`--help | head`: the help's write fails with EPIPE once `head` has gone; the command ends at once
+    with the status of a process SIGPIPE killed (141) and nothing on standard error. (Old code: the
+    BrokenPipeError propagated with its traceback.)"""
+    pipe = _closed_pipe()
+    monkeypatch.setattr(sys, "stdout", pipe)
+    with pytest.raises(SystemExit) as ended:
+        cli.parse_flags(["elmo_jax.embed_file", "--helpfull"])
+    pipe.close()
+    assert ended.value.code == 141
+    assert capsys.readouterr().err == ""
+
+
+def test_output_into_a_closed_pipe_ends_quietly_and_another_broken_pipe_is_an_error(monkeypatch, capsys):
+    """A command's printed results into a closed pipe (`embed_text ... | head -1`): ends quietly with
+    141, not `error: [Errno 32] Broken pipe` (the old code's line). A broken pipe that is not standard
+    output's (a connection) stays an error line."""
+
+    def run():
+        print("x" * 100_000)
+
+    pipe = _closed_pipe()
+    monkeypatch.setattr(sys, "stdout", pipe)
+    with pytest.raises(SystemExit) as ended:
+        cli.run_main(run, ["program"])
+    pipe.close()
+    assert ended.value.code == 141 and capsys.readouterr().err == ""
+    monkeypatch.undo()
+
+    def upload():
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(SystemExit) as ended:
+        cli.run_main(upload, ["program"])
+    assert ended.value.code == 1 and capsys.readouterr().err == "error: [Errno 32] Broken pipe\n"
+
+
+def test_help_into_a_closed_pipe_in_a_real_process():
+    """What only a process shows: no traceback and no 'Exception ignored' at interpreter exit (its last
+    flush of standard output), exit status 141; --help imports no JAX, so this costs ~0.2 CPU-s."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "elmo_jax.embed_file", "--helpfull"],
+            cwd=REPO,
+            env=command_env(),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (141, "")

@@ -10,15 +10,20 @@ of real processes.
 
 from __future__ import annotations
 
+import importlib
 import logging as std_logging
 import os
+import re
 import warnings
 from pathlib import Path
 
 import jax
 import pytest
+from absl import flags
 
 from elmo_jax.storage import cache_home, compile_cache
+from tests.support.commands import command_env, run_command
+from tests.support.inprocess import run_in_process
 
 FIXTURE = Path(__file__).parent / "fixtures" / "allennlp_tiny"
 UNWRITABLE = "/sys/elmo_jax_compilation_cache"  # sysfs refuses new directories even to root
@@ -142,6 +147,33 @@ def test_entries_jax_cannot_read_or_write_are_said_once(jax_cache_settings, warn
     assert all("later errors of the cache are not shown" in line for line in warnings_logged)
 
 
+def defined_flags(command: str) -> set[str]:
+    """The flags the command module's `define_flags` defines, removed again."""
+    module = importlib.import_module(command)
+    before = set(flags.FLAGS)
+    try:
+        module.define_flags()
+        return set(flags.FLAGS) - before
+    finally:
+        for name in set(flags.FLAGS) - before:
+            delattr(flags.FLAGS, name)
+
+
+def test_every_command_that_compiles_takes_the_flag_and_uses_it(monkeypatch):
+    """--compilation_cache is defined by each command that compiles (those that read a model, evaluate,
+    export), and the shared entry turns the cache on with it before the command's work."""
+    compiling = ("evaluate", "export", "embed_text", "embed_file", "probe", "ablate", "serve")
+    for command in compiling:
+        assert "compilation_cache" in defined_flags(f"elmo_jax.{command}"), command
+    for command in ("vocab", "prepare_lm1b"):  # these compile nothing and import no JAX
+        assert "compilation_cache" not in defined_flags(f"elmo_jax.{command}"), command
+    used = []
+    monkeypatch.setattr(compile_cache, "use", lambda setting=None: used.append(setting))
+    run_in_process("elmo_jax.evaluate", "--workdir=/nonexistent", "--compilation_cache=/tmp/elsewhere")
+    run_in_process("elmo_jax.embed_text", "--model=/nonexistent", input="a b\n")
+    assert used == ["/tmp/elsewhere", None]
+
+
 def test_training_and_the_library_turn_it_on(monkeypatch, tiny_params, corpus, tmp_path):
     """train_and_evaluate with config.compilation_cache (configs/default.py declares it), embed_sentences
     and Embedder (through it) before they compile."""
@@ -167,3 +199,29 @@ def test_training_and_the_library_turn_it_on(monkeypatch, tiny_params, corpus, t
         train_and_evaluate(tiny_config(corpus, compilation_cache="none"), str(tmp_path / "run"))
     assert used == [None, None, "none"]
     assert not os.path.exists(tmp_path / "run")  # before the run writes anything
+
+
+@pytest.mark.slow
+def test_a_second_process_reads_what_the_first_compiled(tmp_path, fixture_dir):
+    """The round trip in one pair of real processes: embed_text with --compilation_cache in tmp_path
+    writes its programs there; run again, it compiles none of them: JAX logs a cache hit for each of them,
+    the biLM's own program among them, and writes nothing new."""
+    cache = tmp_path / "xla"
+    args = (
+        "elmo_jax.embed_text",
+        f"--options={fixture_dir / 'options.json'}",
+        f"--weights={fixture_dir / 'weights.hdf5'}",
+        f"--compilation_cache={cache}",
+        "the bank of the river .",
+    )
+    first = run_command(*args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    written = sorted(os.listdir(cache))
+    assert any(name.startswith("jit__embed_jit-") for name in written), written
+    second = run_command(*args, env=command_env(JAX_LOG_COMPILES="1"))
+    assert second.returncode == 0, second.stderr[-3000:]
+    hits = set(re.findall(r"Persistent compilation cache hit for '([^']+)'", second.stderr))
+    assert "jit__embed_jit" in hits, second.stderr[-3000:]
+    assert len(hits) == len({name.split("-")[0] for name in written}), (hits, written)
+    assert sorted(os.listdir(cache)) == written
+    assert second.stdout == first.stdout

@@ -4,16 +4,21 @@ takes --model, and `ModelSource`, the three flags as one value that the library'
 
 A path that exists is always a path: `--model=small` is the published small model unless a file or
 directory called `small` is where the command runs.
+
+Importing this module imports no JAX (the model's modules are imported where a model is read): a command
+checks its model flags with `check_model_flags` before it imports its libraries (`cli.run_main`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from elmo_jax import storage
-from elmo_jax.formats import model_dir, pretrained
 from elmo_jax.formats.published_models import MODELS, is_published_name
-from elmo_jax.model.params import BiLMParams
+
+if TYPE_CHECKING:
+    from elmo_jax.model.params import BiLMParams
 
 
 def names_published_model(source: str) -> bool:
@@ -33,6 +38,8 @@ def model_directory(model: str, *, flag: str = "--model") -> str:
       OSError, ValueError: the published model cannot be downloaded or checked (`pretrained.fetch`).
     """
     if names_published_model(model):
+        from elmo_jax.formats import pretrained
+
         return pretrained.fetch(model)
     if not storage.is_location(model):
         raise FileNotFoundError(
@@ -41,6 +48,18 @@ def model_directory(model: str, *, flag: str = "--model") -> str:
     if not storage.exists(model):  # a URL with nothing under it, a dangling link
         raise FileNotFoundError(f"{flag}={model}: no such model directory")
     return model
+
+
+def check_model_flags(model: str | None, options_file: str | None, weight_file: str | None) -> None:
+    """Raises ValueError unless exactly one model is named: --model, or --options and --weights together
+    (the flags' values; nothing is read)."""
+    if bool(model) == bool(options_file or weight_file):
+        raise ValueError(
+            f"pass either --model=MODEL_DIR (or a published model: {', '.join(MODELS)}), or --options=FILE "
+            "--weights=FILE"
+        )
+    if not model and not (options_file and weight_file):
+        raise ValueError("--options and --weights go together")
 
 
 def load_model(
@@ -54,17 +73,13 @@ def load_model(
       ValueError: both or neither given, or only one of --options/--weights; a model that is not valid.
       FileNotFoundError, OSError: as `model_directory` and `model_dir.load`.
     """
-    if bool(model) == bool(options_file or weight_file):
-        raise ValueError(
-            f"pass either --model=MODEL_DIR (or a published model: {', '.join(MODELS)}), or --options=FILE "
-            "--weights=FILE"
-        )
+    check_model_flags(model, options_file, weight_file)
+    from elmo_jax.formats import model_dir, pretrained
+
     if model:
         if names_published_model(model):
             return pretrained.load(model)  # says how to remove a damaged cached copy
         return model_dir.load(model_directory(model, flag=flag))
-    if not (options_file and weight_file):
-        raise ValueError("--options and --weights go together")
     from elmo_jax.formats.weights_hdf5 import load_hdf5
 
     return load_hdf5(options_file, weight_file)
@@ -92,5 +107,7 @@ class ModelSource:
         run's export, `model_dir.VOCAB`); None for a published name or an HDF5 pair."""
         if not self.model:
             return None
+        from elmo_jax.formats import model_dir
+
         path = storage.join(self.model, model_dir.VOCAB)
         return path if storage.isfile(path) else None

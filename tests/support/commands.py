@@ -78,12 +78,16 @@ def run_command(
 
 def error_line(result: subprocess.CompletedProcess, *expected: str) -> str:
     """Checks a refused command — exit 1, no traceback, exactly one `error:` line and it ends the
-    output, containing each of `expected` — and returns that line."""
+    output, its text said nowhere before it (no log line of the same error), containing each of
+    `expected` — and returns that line."""
     assert result.returncode == 1, f"exit code {result.returncode}\n{result.stderr[-3000:]}"
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr[-3000:]
     assert result.stderr.rstrip().splitlines()[-1] == errors[0], "the error line must end the output"
+    # Said once: not also as a log line before it (issue #51: train.py logged each error, then printed it).
+    before = " ".join(result.stderr.rstrip().rsplit("\n", 1)[0].split()) if "\n" in result.stderr.strip() else ""
+    assert errors[0][len("error: ") :] not in before, f"the error is said twice:\n{result.stderr[-3000:]}"
     for part in expected:
         assert part in errors[0], (part, errors[0])
     return errors[0]
