@@ -17,6 +17,12 @@ layers' average (a request cannot give sentence_mean a mix; zeros for an empty s
 `Accept: application/x-npz`: one array per sentence, named by its index ("0", "1", ...);
 `Accept: application/x-npy`: one array of all sentences, padded with zeros to the longest
 ((S, L+1, T, 2P), (S, T, 2P) or (S, 2P)), the lengths in the `X-Sentence-Lengths` header.
+
+Whatever the body, parsing raises RequestError alone: nesting is bounded before `json.loads` recurses
+(`MAX_NESTING`), an integer longer than float64 can hold is never built (Python refuses to parse more than
+`sys.get_int_max_str_digits()` digits, and NumPy cannot test a Python int beyond int64), and an answer
+that would hold a non-finite value (a gamma that overflows float32, a float16 answer past 65504) is
+refused naming its field: JSON (RFC 8259) has no literal for one.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -34,6 +42,17 @@ JSON, NPY, NPZ = "application/json", "application/x-npy", "application/x-npz"
 MEDIA_TYPES = (JSON, NPY, NPZ)
 NAMED_LAYERS = tuple(name for name in NAMES if name != "mix")  # a request's mix is an object with its scalars
 REQUEST_KEYS = ("sentences", "texts", "layers", "float16")
+# Arrays and objects nested in a body at most: a request needs 3 ({"sentences": [["a"]]}); json.loads
+# recurses once per level, and past the interpreter's recursion limit it raises RecursionError.
+MAX_NESTING = 16
+# Digits of a JSON integer that may stand for a float64 (whose largest is 1.8e308, 309 digits); longer
+# ones are kept as `_LongInteger`, so their digits are never parsed.
+MAX_INTEGER_DIGITS = 309
+FLOAT16_MAX = float(np.finfo(np.float16).max)  # 65504
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # a JSON string, escapes included
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_NESTING_STEP = np.zeros(256, np.int8)
+_NESTING_STEP[list(b"[{")], _NESTING_STEP[list(b"]}")] = 1, -1
 
 
 class RequestError(Exception):
@@ -45,6 +64,17 @@ class RequestError(Exception):
 
     def body(self) -> dict:
         return {"error": {"field": self.field, "message": self.message}}
+
+
+@dataclasses.dataclass(frozen=True)
+class _LongInteger:
+    """A JSON integer of more than MAX_INTEGER_DIGITS digits, held by its length alone: no float64 can
+    hold it, so no field can take it."""
+
+    digits: int
+
+    def __repr__(self) -> str:
+        return f"a {self.digits}-digit integer"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,10 +105,36 @@ class Output:
         return output_mode(self.layers, n_layers, dim, self.scalars, self.gamma, self.float16)
 
     def vectors(self, layers: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Each sentence's answer from its float32 (L+1, n, 2P) layers (the batcher's), through the mode."""
+        """Each sentence's answer from its float32 (L+1, n, 2P) layers (the batcher's), through the mode.
+        Raises RequestError when an answer holds a value that is not finite: 422 naming `float16` (past
+        65504) or `layers.gamma` (past float32's 3.4e38), 500 when the model's layers themselves are not."""
         n_layers, _, dim = layers[0].shape
-        mode = self.mode(n_layers, dim)
-        return [mode.from_layers(sentence) for sentence in layers]
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, by its field
+            mode = self.mode(n_layers, dim)
+            answers = [mode.from_layers(sentence) for sentence in layers]
+        for i, (sentence, answer) in enumerate(zip(layers, answers)):
+            if not np.isfinite(answer).all():
+                raise self._not_finite(i, sentence)
+        return answers
+
+    def _not_finite(self, i: int, layers: np.ndarray) -> RequestError:
+        """Why sentence i's answer, from its (L+1, n, 2P) `layers`, holds a value that is not finite."""
+        if not np.isfinite(layers).all():
+            return RequestError(500, "", f"the model's layers for sentence {i} are not finite (NaN or infinity)")
+        with np.errstate(over="ignore", invalid="ignore"):
+            wide = dataclasses.replace(self, float16=False).mode(*layers.shape[::2]).from_layers(layers)
+        if np.isfinite(wide).all():
+            return RequestError(
+                422,
+                "float16",
+                f"sentence {i}'s vectors reach {np.abs(wide).max():.6g}, past float16's largest value, "
+                f"{FLOAT16_MAX:g}: ask for float32 (float16 false)",
+            )
+        if self.layers == "mix":
+            return RequestError(
+                422, "layers.gamma", f"gamma {self.gamma:g} takes sentence {i}'s vectors past float32's range (3.4e38)"
+            )
+        return RequestError(500, "", f"the vectors of sentence {i} are not finite")
 
     def describe(self):
         """The "layers" value as the answer repeats it."""
@@ -117,10 +173,7 @@ def parse_request(body: bytes, accept: str | None, limits: Limits, n_layers: int
     answer_type = media_type(accept)
     if len(body) > limits.max_body_bytes:
         raise RequestError(413, "", f"the body has {len(body)} bytes; at most {limits.max_body_bytes}")
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RequestError(400, "", f"the body is not JSON ({e})") from None
+    data = _json(body)
     if not isinstance(data, dict):
         raise RequestError(400, "", f"the body must be a JSON object, found {_json_type(data)}")
     unknown = sorted(set(data) - set(REQUEST_KEYS))
@@ -132,6 +185,33 @@ def parse_request(body: bytes, accept: str | None, limits: Limits, n_layers: int
         raise RequestError(400, "float16", f"expected true or false, found {_json_type(float16)}")
     output = _output(data.get("layers", "all"), n_layers, float16)
     return EmbedRequest(sentences, output, answer_type)
+
+
+def _json(body: bytes):
+    """The body's JSON value, its nesting checked first (400 beyond MAX_NESTING), integers longer than
+    MAX_INTEGER_DIGITS held as `_LongInteger`."""
+    depth = _nesting(body)
+    if depth > MAX_NESTING:
+        raise RequestError(400, "", f"arrays and objects nested {depth} deep; at most {MAX_NESTING}")
+    try:
+        return json.loads(body, parse_int=_integer)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise RequestError(400, "", f"the body is not JSON ({e})"[:300]) from None
+
+
+def _nesting(body: bytes) -> int:
+    """How deep arrays and objects nest in a JSON body (brackets inside its strings left out); a scan of
+    the bytes, which does not recurse. Of a body that is not JSON, a count that json.loads then refuses."""
+    brackets = _STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    if not brackets:
+        return 0
+    return int(np.cumsum(_NESTING_STEP[np.frombuffer(brackets, np.uint8)], dtype=np.int64).max())
+
+
+def _integer(text: str):
+    """json.loads' integers: an int, or a `_LongInteger` past MAX_INTEGER_DIGITS (never parsed)."""
+    digits = len(text) - text.startswith("-")
+    return int(text) if digits <= MAX_INTEGER_DIGITS else _LongInteger(digits)
 
 
 def _sentences(data: dict, limits: Limits) -> list[list[str]]:
@@ -193,6 +273,8 @@ def _output(layers, n_layers: int, float16: bool) -> Output:
         return Output(layers, float16=float16)
     if isinstance(layers, dict):
         return _mix(layers, n_layers, float16)
+    if isinstance(layers, _LongInteger):
+        raise RequestError(400, "layers", f"{layers!r}: the model has layers 0 to {n_layers - 1}")
     raise RequestError(400, "layers", f"expected one of {NAMED_LAYERS}, an index or a mix, found {_json_type(layers)}")
 
 
@@ -201,15 +283,21 @@ def _mix(layers: dict, n_layers: int, float16: bool) -> Output:
     if unknown:
         raise RequestError(400, f"layers.{unknown[0]}", "unknown field; a mix has scalars and gamma")
     scalars, gamma = layers.get("scalars"), layers.get("gamma", 1.0)
-    if not isinstance(scalars, list) or len(scalars) != n_layers or not all(_finite_number(s) for s in scalars):
+    if not isinstance(scalars, list) or len(scalars) != n_layers:
         raise RequestError(400, "layers.scalars", f"expected {n_layers} finite numbers, found {scalars!r}"[:200])
-    if not _finite_number(gamma):
-        raise RequestError(400, "layers.gamma", f"expected a finite number, found {gamma!r}"[:200])
-    return Output("mix", tuple(float(s) for s in scalars), float(gamma), float16)
+    scalars = tuple(_finite_number(s, f"layers.scalars[{i}]") for i, s in enumerate(scalars))
+    return Output("mix", scalars, _finite_number(gamma, "layers.gamma"), float16)
 
 
-def _finite_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and bool(np.isfinite(value))
+def _finite_number(value, field: str) -> float:
+    """A mix's number as a float: 400 for what is not a number, 422 for a number no float64 holds (NaN,
+    an infinity, a `_LongInteger`, an integer past 1.8e308), each naming `field`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, _LongInteger)):
+        raise RequestError(400, field, f"expected a finite number, found {_json_type(value)}")
+    largest = sys.float_info.max
+    if isinstance(value, _LongInteger) or not -largest <= value <= largest:  # NaN compares false
+        raise RequestError(422, field, f"{value!r} is not a finite number float64 can hold (|x| <= {largest:.4g})")
+    return float(value)
 
 
 def _json_type(value) -> str:
