@@ -11,12 +11,19 @@ receives.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import re
+import signal
+import subprocess
+import threading
+import time
 
 import pytest
 
 from elmo_jax.serving import DynamicBatcher, Limits, make_app
 from elmo_jax.serving.embed_requests import RequestError, parse_request
+from tests.support.commands import command_argv, command_env
 from tests.support.service_client import ConstantEmbedder, request, running
 
 LIMITS = Limits(max_sentences=6, max_tokens=60, max_sentence_tokens=24, max_token_bytes=48, max_body_bytes=1 << 20)
@@ -105,3 +112,133 @@ def test_answers_are_finite_json_or_a_refusal_naming_the_field():
     with running(app_of(float("nan"))) as port:
         got, _, data = request(port, "POST", "/v1/embed", {"sentences": [["a"]], "layers": "top"})
         assert got == 500 and "not finite" in strict_json(data)["error"]["message"], data
+
+
+def test_a_batch_that_fails_in_the_batcher_is_answered_and_the_worker_goes_on(caplog):
+    """Errors outside the embedding itself: the metrics' callback raising (it killed the worker before:
+    its requests were never answered) and an embedder that gives back fewer arrays than sentences (before:
+    the requests got too few vectors, silently). The batch's requests get the error, it is logged once
+    with its traceback, and the next request is answered."""
+    calls = []
+
+    def on_batch(requests, sentences, tokens):
+        calls.append(sentences)
+        if len(calls) == 1:
+            raise RuntimeError("a metrics bug")
+
+    batcher = DynamicBatcher(ConstantEmbedder(), max_wait_s=0, on_batch=on_batch)
+    batcher.start()
+    with pytest.raises(RuntimeError, match="a metrics bug"):
+        batcher.submit([["a"]]).result(10)
+    assert [v.shape for v in batcher.submit([["a", "b"]]).result(10)] == [(3, 2, 4)]
+    batcher.close(10)
+    failures = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failures) == 1 and failures[0].exc_info is not None, [r.getMessage() for r in caplog.records]
+
+    short = ConstantEmbedder(count=lambda n: n - 1 if n > 1 else n)
+    batcher = DynamicBatcher(short, max_wait_s=0)
+    batcher.start()
+    with pytest.raises(RuntimeError, match="1 arrays for 2 sentences"):
+        batcher.submit([["a"], ["b"]]).result(10)
+    assert len(batcher.submit([["a"]]).result(10)) == 1 and batcher.stats.failures == 1
+    batcher.close(10)
+
+
+def test_a_worker_that_cannot_go_on_turns_the_service_not_ready_and_says_why():
+    """A fault in the batcher's own loop (a batching window past what `Condition.wait` takes, set after
+    the constructor's check: before, worker 0 died of OverflowError, the request was never answered and
+    /readyz said ready): the waiting request is answered 503, later ones too, /readyz and elmo_ready say
+    the service is not ready and why."""
+    batcher = DynamicBatcher(ConstantEmbedder(), max_wait_s=0)
+    app = make_app(batcher, limits=LIMITS, n_layers=3)
+    with running(app) as port:
+        assert batcher.ready.wait(10)
+        batcher.max_wait_s = float("inf")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(request, port, "POST", "/v1/embed", {"sentences": [["a"]]})
+            status, headers, data = waiting.result(30)
+        assert status == 503 and "worker 0 stopped: OverflowError" in strict_json(data)["error"]["message"], data
+        status, _, data = request(port, "POST", "/v1/embed", {"sentences": [["a"]]})
+        assert status == 503 and "worker 0 stopped" in strict_json(data)["error"]["message"]
+        status, _, data = request(port, "GET", "/readyz")
+        assert status == 503 and "not serving: worker 0 stopped: OverflowError" in strict_json(data)["status"]
+        assert "elmo_ready 0.0" in request(port, "GET", "/metrics")[2].decode()
+
+
+@pytest.mark.parametrize("max_wait_s", [float("inf"), 1e300, float("nan"), -0.5, "5"])
+def test_the_batching_window_must_be_a_finite_wait(max_wait_s):
+    """inf and 1e300 were accepted and killed the first worker that waited (OverflowError)."""
+    with pytest.raises(ValueError, match="max_wait_s"):
+        DynamicBatcher(ConstantEmbedder(), max_wait_s=max_wait_s)
+
+
+def test_a_stop_during_the_warm_up_ends_it_between_batches_and_refuses_what_waits():
+    """`close` (SIGTERM starts its first half, `stop`) while the first of 6 warm-up batches runs: the
+    request that waited for the warm-up is refused at once with 503 JSON "shutting down" (before, the
+    batcher ran every remaining warm-up batch and then embedded it), the warm-up ends after the batch that
+    runs, and the batcher says what happened."""
+    gate = threading.Event()
+    embedder = ConstantEmbedder(gate=gate)
+    batcher = DynamicBatcher(embedder, max_wait_s=0, warmup=[[["w"]]] * 6)
+    app = make_app(batcher, limits=LIMITS, n_layers=3)
+    with running(app) as port, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        assert embedder.running.wait(10)
+        waiting = pool.submit(request, port, "POST", "/v1/embed", {"sentences": [["a"]]})
+        while batcher.queued_requests < 1:
+            time.sleep(0.01)
+        closing = pool.submit(batcher.close, 30)
+        status, headers, data = waiting.result(30)  # the warm-up batch is still running
+        gate.set()
+        closing.result(30)
+    assert status == 503 and "shutting down" in strict_json(data)["error"]["message"], data
+    assert headers["retry-after"] == "1"
+    assert embedder.batches == 1, f"{embedder.batches} warm-up batches ran after the stop"
+    assert batcher.outcome() == (
+        "stopped during the warm-up (1 of 6 warm-up batches run): 1 accepted request was refused (503, shutting down)"
+    )
+
+
+def test_sigterm_during_the_warm_up_stops_within_the_shutdown_timeout(fixture_dir):
+    """A real process warming up 177 programs (rows of up to 128 steps in 8,192-token batches): SIGTERM
+    once it serves (the warm-up runs from then on: /readyz says so), with a request waiting for the
+    warm-up. Before: the process ran every remaining warm-up compile, the request got a plain-text 500
+    once the shutdown timeout (20 s here) had passed, and the last line said every accepted request was
+    answered. Now: the request is refused at once with 503 JSON, the warm-up stops after the compile that
+    runs, the process exits 0 within the shutdown timeout and its log says what happened."""
+    shutdown_timeout_s = 20
+    argv = command_argv(
+        "elmo_jax.serve",
+        f"--options={fixture_dir / 'options.json'}",
+        f"--weights={fixture_dir / 'weights.hdf5'}",
+        "--port=0",
+        "--workers=1",
+        "--batch_tokens=8192",
+        "--max_batch_tokens=8192",
+        f"--shutdown_timeout_s={shutdown_timeout_s}",
+    )
+    process = subprocess.Popen(argv, env=command_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()  # printed once the batcher has started its warm-up
+        assert line.startswith("serving on http://127.0.0.1:"), line + process.stderr.read()
+        port = int(line.split(":")[2].split(" ")[0])
+        status, _, data = request(port, "GET", "/readyz")
+        assert status == 503 and strict_json(data)["status"] == "warming up (compiling)", data
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(request, port, "POST", "/v1/embed", {"sentences": [["the", "bank"]]})
+            while "elmo_queue_requests 1.0" not in request(port, "GET", "/metrics")[2].decode():
+                time.sleep(0.05)  # synchronised on the service's own count, not on time
+            process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            status, _, data = waiting.result(shutdown_timeout_s + 60)
+        assert status == 503 and "shutting down" in strict_json(data)["error"]["message"], (status, data)
+        process.wait(timeout=shutdown_timeout_s)
+        exited = time.monotonic() - signalled
+        out, err = process.communicate(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err[-2000:]
+    assert exited < shutdown_timeout_s, f"exited {exited:.0f} s after SIGTERM"
+    outcome = r"stopped during the warm-up \(\d+ of 177 warm-up batches run\): 1 accepted request was refused"
+    assert re.search(outcome, err) and "warm-up: 177 batches" in err, err[-2000:]
+    assert "Traceback" not in err

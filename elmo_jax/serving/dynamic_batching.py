@@ -17,6 +17,13 @@ batched with.
 
 What waits is bounded in tokens (`max_queue_tokens`): `submit` refuses more at once (the service answers
 503), so memory stays bounded under any overload. Counts for the service's metrics are kept in `stats`.
+
+Every accepted request gets an answer or an error, never silence: a batch that fails anywhere in a worker
+(the embedding, splitting the answers, the metrics' callback) gives its requests the error, is logged
+once with its traceback, and the worker goes on; a fault of the worker's own loop, or a failed warm-up,
+stops the batcher serving (`ready` cleared, `status` says why, what waits and what comes refused with
+`NotServing`). `stop` (the service calls it on SIGTERM) ends a warm-up at its next batch and refuses what
+waits for it; after the warm-up, what was accepted is still embedded.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ from elmo_jax.features.sentences import SentenceEmbedder
 _COUNTING: weakref.WeakSet = weakref.WeakSet()
 _COUNTING_LOCK = threading.Lock()
 _listening = False
+# The longest batching window: what `Condition.wait` takes (beyond, it raises OverflowError).
+WAIT_MAX = threading.TIMEOUT_MAX
 
 
 def _on_event(name: str, seconds: float, **kwargs) -> None:
@@ -62,7 +71,13 @@ def _watch_compiles(batcher: DynamicBatcher) -> None:
 
 
 class QueueFull(Exception):
-    """The batcher holds `max_queue_tokens` already (or is closing): try again later."""
+    """The batcher takes no request now: it holds `max_queue_tokens` already (or it stops, `NotServing`).
+    The service answers 503 with Retry-After."""
+
+
+class NotServing(QueueFull):
+    """The batcher stops (`stop`, `close`) or cannot serve (a worker stopped, the warm-up failed): a
+    request is refused, also one accepted before that could not run. The message says which."""
 
 
 @dataclasses.dataclass
@@ -81,7 +96,10 @@ class BatchStats:
       batches: merged batches run; sentences, tokens: in them.
       padded_tokens: token positions the devices ran (padding included).
       compiles: XLA programs compiled in the process while the batcher was open (warm-up included).
-      failures: batches whose embedding raised (their requests got the error).
+      failures: batches that failed (their requests got the error).
+      warmup_batches: warm-up batches run.
+      refused: accepted requests refused before they ran (the batcher stopped during its warm-up, or
+        could not serve).
     """
 
     batches: int = 0
@@ -90,6 +108,8 @@ class BatchStats:
     padded_tokens: int = 0
     compiles: int = 0
     failures: int = 0
+    warmup_batches: int = 0
+    refused: int = 0
 
 
 class DynamicBatcher:
@@ -102,7 +122,8 @@ class DynamicBatcher:
         the devices' (their programs are shared: more workers compile nothing more).
       max_batch_tokens: a batch closes once it holds this many tokens (it may hold more: requests are
         never split).
-      max_wait_s: ... or once its oldest request has waited this long.
+      max_wait_s: ... or once its oldest request has waited this long (finite, 0 to
+        `threading.TIMEOUT_MAX`, what a wait can take).
       max_queue_tokens: tokens waiting (not yet in a batch) at most; `submit` refuses beyond.
       warmup: lists of sentences embedded by `start` before serving, so that the common shapes are
         compiled before the first request (the service is ready after them).
@@ -122,19 +143,20 @@ class DynamicBatcher:
         for name, value in (("max_batch_tokens", max_batch_tokens), ("max_queue_tokens", max_queue_tokens)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, found {value!r}")
-        if not max_wait_s >= 0:
-            raise ValueError(f"max_wait_s must be >= 0 seconds, found {max_wait_s!r}")
+        if isinstance(max_wait_s, bool) or not isinstance(max_wait_s, (int, float)) or not 0 <= max_wait_s <= WAIT_MAX:
+            raise ValueError(f"max_wait_s must be a finite number of seconds, 0 to {WAIT_MAX:g}, found {max_wait_s!r}")
         self.embedders = list(embedder) if isinstance(embedder, Sequence) else [embedder]
         if not self.embedders:
             raise ValueError("at least one embedder is needed")
         self.max_batch_tokens, self.max_wait_s, self.max_queue_tokens = max_batch_tokens, max_wait_s, max_queue_tokens
         self._warmup, self.on_batch = list(warmup), on_batch
         self.stats = BatchStats()
-        self.ready = threading.Event()  # set once the warm-up batches have run
+        self.ready = threading.Event()  # set once the warm-up batches have run; cleared if it cannot serve
         self._waiting: collections.deque[_Request] = collections.deque()
         self._queued_tokens = 0
         self._closing = False
-        self._warming, self._warm_up_failed = len(self.embedders), False  # workers still warming up; one failed
+        self._failure: str | None = None  # why the batcher cannot serve (a worker stopped, the warm-up failed)
+        self._warming = len(self.embedders)  # workers still warming up
         self._cond = threading.Condition()
         self._stats_lock = threading.Lock()
         self._threads = [
@@ -156,20 +178,53 @@ class DynamicBatcher:
     def queued_requests(self) -> int:
         return len(self._waiting)
 
+    @property
+    def status(self) -> str:
+        """Whether it serves, as /readyz says it: "ready", or "warming up (compiling)", "shutting down",
+        "not serving: <why>" (a worker stopped, the warm-up failed)."""
+        if self._failure is not None:
+            return f"not serving: {self._failure}"
+        if self._closing:
+            return "shutting down"
+        return "ready" if self.ready.is_set() else "warming up (compiling)"
+
+    def outcome(self) -> str:
+        """What became of the accepted requests, for the service's last line once the batcher is closed."""
+        refused, run, total = self.stats.refused, self.stats.warmup_batches, len(self._warmup)
+        counted = {0: "no accepted request was", 1: "1 accepted request was"}
+        requests = counted.get(refused, f"{refused} accepted requests were") + " refused"
+        if self._failure is not None:
+            return f"stopped after the service stopped serving ({self._failure}): {requests}" + " (503)" * bool(refused)
+        if not self.ready.is_set() and total:
+            happened = f"stopped during the warm-up ({run} of {total} warm-up batches run)"
+            return f"{happened}: {requests}" + " (503, shutting down)" * bool(refused)
+        return "stopped: every accepted request was answered"
+
     def start(self) -> None:
         """Starts the worker threads: they share the warm-up batches (`ready` is set after them all), then
         every worker takes requests."""
+        if self._warmup:
+            workers = len(self.embedders)
+            logging.info(
+                "warm-up: %d batches (one per common program shape) on %d worker%s; ready after them",
+                len(self._warmup),
+                workers,
+                "s" * (workers > 1),
+            )
         for thread in self._threads:
             thread.start()
 
     def submit(self, sentences: Sequence[Sequence[str]]) -> concurrent.futures.Future:
         """Queues one request's sentences (lists of str tokens, already checked); returns a future of their
-        vectors in order. Raises QueueFull when `max_queue_tokens` would be exceeded or the batcher closes."""
+        vectors in order. Raises QueueFull when `max_queue_tokens` would be exceeded, NotServing when the
+        batcher stops or cannot serve."""
         tokens = sum(len(s) for s in sentences)
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
+            if self._failure is not None:
+                raise NotServing(f"the service cannot serve: {self._failure}")
             if self._closing:
-                raise QueueFull("the service is shutting down")
+                raise NotServing("the service is shutting down")
             # One request larger than the whole bound is still taken when nothing waits (the request caps
             # bound it), so it cannot be refused forever.
             if self._waiting and self._queued_tokens + tokens > self.max_queue_tokens:
@@ -179,61 +234,103 @@ class DynamicBatcher:
             self._cond.notify_all()
         return future
 
-    def close(self, timeout: float | None = None) -> None:
-        """Stops taking requests, answers every one already accepted, and stops the workers."""
+    def stop(self) -> None:
+        """Stops taking requests, at once (what the service does on SIGTERM; it does not wait). After the
+        warm-up, the workers still embed every request already accepted; during it, the warm-up ends at
+        its next batch and the requests waiting for it are refused (NotServing: "shutting down")."""
         with self._cond:
             self._closing = True
+            refused = [] if self.ready.is_set() else self._take_waiting()
             self._cond.notify_all()
+        self._refuse(refused, "the service is shutting down: it stopped during its warm-up, before this request ran")
+
+    def close(self, timeout: float | None = None) -> None:
+        """`stop`, then waits for the workers (those that still run a batch finish it: an XLA compile
+        cannot be cut short) and stops counting compiles."""
+        self.stop()
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(timeout)
         with _COUNTING_LOCK:
             _COUNTING.discard(self)
 
+    def _take_waiting(self) -> list[_Request]:
+        """Empties the queue (the caller holds `_cond`); returns what waited."""
+        waiting = list(self._waiting)
+        self._waiting.clear()
+        self._queued_tokens = 0
+        return waiting
+
+    def _refuse(self, requests: list[_Request], why: str) -> None:
+        """Gives accepted requests that will not run a NotServing error (`why`) and counts them."""
+        for r in requests:
+            if r.future.set_running_or_notify_cancel():
+                r.future.set_exception(NotServing(why))
+        with self._stats_lock:
+            self.stats.refused += len(requests)
+
+    def _fail(self, why: str) -> None:
+        """The batcher cannot serve (`why` names the cause): not ready, what waits is refused, the other
+        workers stop, and `submit` refuses from now on."""
+        with self._cond:
+            self._failure = self._failure or why
+            self.ready.clear()
+            refused = self._take_waiting()
+            self._cond.notify_all()
+        self._refuse(refused, f"the service cannot serve: {self._failure}")
+
     def _work(self, worker: int) -> None:
+        """A worker thread: its share of the warm-up, then batches until the batcher stops. A fault of this
+        loop itself (a batch's own errors go to its requests, `_run`) stops the batcher serving: no request
+        is left waiting for a worker that is gone."""
         embedder = self.embedders[worker]
-        if not self._warm_up(worker, embedder):
-            return
-        while True:
-            batch = self._next_batch(worker)
-            if batch is None:
+        try:
+            if not self._warm_up(worker, embedder):
                 return
-            self._run(embedder, batch)
+            while (batch := self._next_batch(worker)) is not None:
+                self._run(embedder, batch)
+        except Exception as e:
+            logging.exception("worker %d stopped; the service stops serving (not ready)", worker)
+            self._fail(f"worker {worker} stopped: {type(e).__name__}: {e}")
 
     def _warm_up(self, worker: int, embedder: SentenceEmbedder) -> bool:
         """Runs this worker's share of the warm-up batches (every n-th of n workers: their shapes differ,
         so the workers compile side by side on the host's cores), then waits for the others' (`ready`
-        is set once all are done). False: a warm-up failed or the batcher closed first."""
-        try:
-            for sentences in self._warmup[worker :: len(self.embedders)]:
+        is set once all are done). Stops between batches once the batcher stops. False: a warm-up failed
+        or the batcher stopped first."""
+        for sentences in self._warmup[worker :: len(self.embedders)]:
+            if self._closing or self._failure is not None:
+                return False
+            try:
                 self._embed(embedder, sentences)
-        except Exception as e:  # the service stays up, not ready, and says why
-            logging.error("warm-up failed: %s", e)
-            with self._cond:
-                self._warm_up_failed = True
-            return False
+            except Exception as e:  # the service stays up, not ready, and says why
+                logging.exception("warm-up failed")
+                self._fail(f"the warm-up failed: {type(e).__name__}: {e}")
+                return False
+            with self._stats_lock:
+                self.stats.warmup_batches += 1
         with self._cond:
             self._warming -= 1
-            if self._warming == 0 and not self._warm_up_failed:
+            if self._warming == 0 and self._failure is None and not self._closing:
                 logging.info("warm-up done: %d programs compiled", self.stats.compiles)
                 self.ready.set()
         while not self.ready.wait(0.5):
-            if self._closing or self._warm_up_failed:
+            if self._closing or self._failure is not None:
                 return False
         return True
 
     def _next_batch(self, worker: int) -> list[_Request] | None:
-        """The oldest request and those after it, once full or its wait is over; None once closed and empty.
-        Workers after the first take a batch only while half a batch or more waits: under a light load
-        one worker runs one batch at a time and the requests that arrive meanwhile form the next (small
-        batches run on the devices side by side cost nearly as much as one each: an LSTM step's time
-        hardly depends on its rows), under a heavy load they overlap."""
+        """The oldest request and those after it, once full or its wait is over; None once closed and empty
+        (or the batcher cannot serve). Workers after the first take a batch only while half a batch or
+        more waits: under a light load one worker runs one batch at a time and the requests that arrive
+        meanwhile form the next (small batches run on the devices side by side cost nearly as much as one
+        each: an LSTM step's time hardly depends on its rows), under a heavy load they overlap."""
         with self._cond:
             while True:
                 busy = worker == 0 or self._closing or self._queued_tokens >= self.max_batch_tokens // 2
                 if self._waiting and busy:
                     break
-                if self._closing:
+                if self._closing or self._failure is not None:
                     return None
                 self._cond.wait()
             deadline = self._waiting[0].arrived + self.max_wait_s
@@ -257,19 +354,29 @@ class DynamicBatcher:
         return list(embedder.stream(sentences, window=max(len(sentences), 1)))
 
     def _run(self, embedder: SentenceEmbedder, batch: list[_Request]) -> None:
-        """Embeds a batch and hands each request its own vectors (or the error)."""
+        """Embeds a batch and hands each request its own vectors; whatever fails on the way (the embedding,
+        e.g. device memory; the split; the metrics' callback) is logged once, with its traceback, and each
+        request of the batch gets the error (the service answers 500)."""
         live = [r for r in batch if r.future.set_running_or_notify_cancel()]
         sentences = [s for r in live for s in r.sentences]
-        before = embedder.stats["padded_tokens"]
         try:
-            vectors = self._embed(embedder, sentences)
-        except Exception as e:  # e.g. device memory: every request of the batch is told
+            answers = self._embed_batch(embedder, live, sentences)
+        except Exception as e:
             with self._stats_lock:
                 self.stats.failures += 1
-            logging.error("a batch of %d sentences failed: %s", len(sentences), e)
+            logging.exception("a batch of %d requests (%d sentences) failed", len(live), len(sentences))
             for r in live:
                 r.future.set_exception(e)
             return
+        for r, vectors in zip(live, answers):
+            r.future.set_result(vectors)
+
+    def _embed_batch(self, embedder: SentenceEmbedder, live: list[_Request], sentences: list) -> list[list]:
+        """The batch's vectors split per request (float32 (L+1, n, 2P) per sentence), its counts in `stats`."""
+        before = embedder.stats["padded_tokens"]
+        vectors = self._embed(embedder, sentences)
+        if len(vectors) != len(sentences):
+            raise RuntimeError(f"the embedder gave {len(vectors)} arrays for {len(sentences)} sentences")
         tokens = sum(r.tokens for r in live)
         with self._stats_lock:
             stats = self.stats
@@ -279,10 +386,11 @@ class DynamicBatcher:
             stats.padded_tokens += embedder.stats["padded_tokens"] - before
             if self.on_batch is not None:
                 self.on_batch(len(live), len(sentences), tokens)
-        start = 0
+        answers, start = [], 0
         for r in live:
-            r.future.set_result(vectors[start : start + len(r.sentences)])
+            answers.append(vectors[start : start + len(r.sentences)])
             start += len(r.sentences)
+        return answers
 
 
 def warmup_sentences(

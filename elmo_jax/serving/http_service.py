@@ -34,6 +34,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from elmo_jax.runtime.signals import StopSignals
 from elmo_jax.serving.dynamic_batching import DynamicBatcher, QueueFull
 from elmo_jax.serving.embed_requests import JSON, NPY, EmbedRequest, Limits, RequestError, encode, parse_request
 from elmo_jax.serving.http_headers import answer_type, check_content_type, head_too_large, misdirected, quoted
@@ -299,8 +300,8 @@ class _Service:
         return JSONResponse({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        ready = self.batcher.ready.is_set() and not self.draining
-        reason = "ready" if ready else "shutting down" if self.draining else "warming up (compiling)"
+        reason = "shutting down" if self.draining else self.batcher.status  # "not serving: why" when broken
+        ready = reason == "ready"
         return JSONResponse({"ready": ready, "status": reason}, status_code=200 if ready else 503)
 
     async def metrics_page(self, request: Request) -> Response:
@@ -310,14 +311,37 @@ class _Service:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app):
+        """Starts the batcher; stops it as soon as SIGTERM or SIGINT comes (`_stop_on_signal`), closes it
+        once uvicorn has answered the open requests, and leaves what became of the accepted requests in
+        `app.state.outcome` (the service's last line; logged as a warning when some were refused)."""
         self.batcher.start()
-        if self.on_start is not None:
-            self.on_start()
-        try:
-            yield
-        finally:  # uvicorn has stopped accepting and waited for the open requests: answer what is queued
-            self.draining = True
-            await run_in_threadpool(self.batcher.close)
+        with StopSignals() as signals:
+            watcher = asyncio.ensure_future(self._stop_on_signal(signals))
+            if self.on_start is not None:
+                self.on_start()
+            try:
+                yield
+            finally:  # uvicorn has stopped accepting and waited for the open requests: answer what is queued
+                watcher.cancel()
+                self.draining = True
+                await run_in_threadpool(self.batcher.close)
+        app.state.outcome = self.batcher.outcome()
+        if app.state.outcome != "stopped: every accepted request was answered":
+            logging.warning("%s", app.state.outcome)
+
+    async def _stop_on_signal(self, signals: StopSignals) -> None:
+        """The first SIGTERM or SIGINT (recorded by `signals` in the main thread, where the server runs):
+        the batcher stops at once (during the warm-up: the warm-up ends at its next batch, the requests
+        waiting for it are answered 503; after it: what was accepted is still embedded), /readyz says
+        "shutting down", then the signal goes on to uvicorn's handler, which stops taking connections
+        and waits for the open requests (`--shutdown_timeout_s`). Without this the stop would reach the
+        batcher only after that wait, which the requests waiting for the warm-up made last until the
+        timeout, the whole warm-up still to run."""
+        while not signals.stopped:
+            await asyncio.sleep(0.05)
+        self.draining = True
+        self.batcher.stop()
+        signals.check()
 
 
 def _answer_numbers(parsed: EmbedRequest, n_layers: int, dim: int) -> int:
