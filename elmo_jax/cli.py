@@ -94,8 +94,8 @@ def run_main(
         positional arguments itself.
       hint: appended to the "unexpected arguments" error (e.g. which flag takes them).
       check: the command's checks of its flags that need no library (`require`, `check_installed`, flags
-        that go together), raising ValueError or OSError; run before anything is imported, after the shared flags'
-        (`check_shared_flags`).
+        that go together), raising ValueError or OSError; run before anything is imported, after those of
+        the shared flags (`check_shared_flags`).
       errors: exceptions that are a person's mistake or a broken file: `error: MESSAGE`, exit 1.
       fatal: errors after which the process ends at once, skipping interpreter teardown (threads of the
         failed work could print after the error line or keep the process alive): `error: MESSAGE`, exit 1;
