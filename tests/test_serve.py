@@ -10,10 +10,8 @@ order, so the float32 bound is derived from rounding (tests/support/tolerance.py
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import gc
-import http.client
 import io
 import json
 import re
@@ -26,7 +24,6 @@ import weakref
 import jax
 import numpy as np
 import pytest
-import uvicorn
 from absl import flags
 
 import elmo_jax
@@ -35,40 +32,11 @@ from elmo_jax.features.sentences import SentenceEmbedder
 from elmo_jax.serving import DynamicBatcher, Limits, make_app, warmup_sentences
 from tests.reference.elmo_equations import np_scalar_mix, np_sentence_mean
 from tests.support.commands import command_argv, command_env
+from tests.support.service_client import request, running
 from tests.support.tolerance import assert_close_up_to_order, char_cnn_terms, lstm_terms, order_tolerance
 
 LIMITS = Limits(max_sentences=6, max_tokens=60, max_sentence_tokens=24, max_token_bytes=48, max_body_bytes=4000)
 WORDS = ["the", "bank", "of", "a", "river", "ran", "dry", "Überschwemmungsgebiet", ".", "x" * 48]
-
-
-def request(port: int, method: str, path: str, body=None, headers=None):
-    """(status, headers, body bytes) of one request on a new connection; a body is sent as JSON (the
-    service reads no other Content-Type)."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    try:
-        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json", **(headers or {})} if data is not None else headers or {}
-        connection.request(method, path, body=data, headers=headers)
-        response = connection.getresponse()
-        return response.status, dict(response.getheaders()), response.read()
-    finally:
-        connection.close()
-
-
-@contextlib.contextmanager
-def running(app):
-    """The app on a free loopback port, in a thread; yields the port."""
-    sock = serving.listening_socket("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.01)
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(60)
 
 
 def service(embedder, *, token=None, **batcher_options):

@@ -26,15 +26,14 @@ import time
 
 import numpy as np
 import pytest
-import uvicorn
 
 from elmo_jax import serving
 from elmo_jax.serving import DynamicBatcher, Limits, ServiceConfig, make_app
 from tests.support.commands import error_line
 from tests.support.inprocess import run_in_process
+from tests.support.service_client import request, running
 
 LIMITS = Limits(max_sentences=6, max_tokens=60, max_sentence_tokens=24, max_token_bytes=48, max_body_bytes=1 << 20)
-JSON_TYPE = {"Content-Type": "application/json"}
 DIM = 32
 
 
@@ -68,43 +67,6 @@ def guarded_app_of(embedder, config: ServiceConfig, **options):
     connections = serving.ConnectionGuard(config.max_connections, config.header_timeout_s, config.body_timeout_s)
     app, _ = app_of(embedder, connections=connections, **options)
     return app, connections
-
-
-@contextlib.contextmanager
-def running(app, config: ServiceConfig | None = None, connections=None, sock=None):
-    """`app` on a free loopback port in a thread (or on `sock`); yields the port. With a `config` and the
-    app's `connections`, on the server the command runs (`serving.http_server`: its protocol, timeouts
-    and connection cap); without, on uvicorn's defaults."""
-    sock = sock or serving.listening_socket("127.0.0.1", 0)
-    if config is None:
-        server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
-    else:
-        server = serving.http_server(app, config, connections)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.01)
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(60)
-
-
-def request(port, method, path, body=None, headers=None, timeout=30):
-    """(status, headers, body bytes) of one request on a new connection; a dict body is sent as JSON
-    with its Content-Type unless `headers` names one."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        headers = dict(headers or {})
-        if isinstance(body, dict):
-            body = json.dumps(body).encode()
-            headers = {**JSON_TYPE, **headers}
-        connection.request(method, path, body=body, headers={k: v for k, v in headers.items() if v is not None})
-        response = connection.getresponse()
-        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-    finally:
-        connection.close()
 
 
 def error_of(data: bytes) -> dict:

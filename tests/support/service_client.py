@@ -16,17 +16,17 @@ import uvicorn
 from elmo_jax import serving
 
 
-def request(port: int, method: str, path: str, body=None, headers=None):
+def request(port: int, method: str, path: str, body=None, headers=None, timeout: float = 120):
     """(status, headers with lower-case names, body bytes) of one request on a new connection; `body` is
-    bytes as they are, or a value sent as JSON (with `Content-Type: application/json` unless `headers`
-    name another)."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    bytes as they are, or a value sent as JSON. A body goes with `Content-Type: application/json` unless
+    `headers` name one; a header whose value is None is not sent (a body with no Content-Type at all)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
         headers = dict(headers or {})
         if data is not None and not any(name.lower() == "content-type" for name in headers):
             headers["Content-Type"] = "application/json"
-        connection.request(method, path, body=data, headers=headers)
+        connection.request(method, path, body=data, headers={k: v for k, v in headers.items() if v is not None})
         response = connection.getresponse()
         return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
     finally:
@@ -34,10 +34,15 @@ def request(port: int, method: str, path: str, body=None, headers=None):
 
 
 @contextlib.contextmanager
-def running(app):
-    """The app on a free loopback port, in a thread; yields the port."""
-    sock = serving.listening_socket("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
+def running(app, config=None, connections=None, sock=None):
+    """`app` on a free loopback port in a thread (or on `sock`); yields the port. With a `ServiceConfig`
+    and the app's `connections`, on the server the command runs (`serving.http_server`: its protocol,
+    timeouts and connection cap); without, on uvicorn's defaults."""
+    sock = sock or serving.listening_socket("127.0.0.1", 0)
+    if config is None:
+        server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
+    else:
+        server = serving.http_server(app, config, connections)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
