@@ -13,35 +13,22 @@ import json
 import logging
 import os
 import socket
-import stat
 import threading
 
 import pytest
 
 from elmo_jax import storage
 from elmo_jax.storage import atomic, sync
+from tests.support import file_trees
 from tests.support.coarse_timestamps import SECOND_NS, loop_mounted_ext2, truncating_utime
 from tests.support.embed_files import as_left_by, as_left_by_a_dead_process
+from tests.support.file_trees import write
 
 MARKER = ".elmo_jax_copy.json"  # the copy's marker, by the name its documentation gives users
 
 
-def write(path, text: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
 def tree(root) -> dict[str, str]:
-    """Every regular file under `root` (links not followed), but the copy's marker: relative path -> content."""
-    out = {}
-    for directory, _, files in os.walk(root):
-        for name in files:
-            path = os.path.join(directory, name)
-            relative = os.path.relpath(path, root).replace(os.sep, "/")
-            if relative != MARKER and stat.S_ISREG(os.lstat(path).st_mode):
-                out[relative] = open(path, encoding="utf-8").read()
-    return out
+    return file_trees.tree(root, leave_out=MARKER)
 
 
 def a_workdir(root) -> None:

@@ -13,24 +13,12 @@ import pytest
 from elmo_jax import storage
 from elmo_jax.storage import atomic
 from elmo_jax.training import workdir_copy
-
-
-def write(path, text: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+from tests.support import file_trees
+from tests.support.file_trees import write
 
 
 def tree(root) -> dict[str, str]:
-    """Every file under `root` but a copy's marker (each copy has its own): relative path -> content."""
-    out = {}
-    for directory, _, files in os.walk(root):
-        for name in files:
-            path = os.path.join(directory, name)
-            relative = os.path.relpath(path, root).replace(os.sep, "/")
-            if relative != storage.sync.MARKER:
-                out[relative] = open(path, encoding="utf-8").read()
-    return out
+    return file_trees.tree(root, leave_out=storage.sync.MARKER)
 
 
 def test_sync_copies_what_changed_and_removes_what_is_gone(tmp_path):
