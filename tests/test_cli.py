@@ -14,11 +14,10 @@ import subprocess
 import sys
 
 import pytest
-from absl import flags
 
 import elmo_jax
 from elmo_jax import cli
-from tests.support.commands import REPO, command_env, error_line
+from tests.support.commands import REPO, command_env, command_module, defined_flags, error_line
 from tests.support.inprocess import run_in_process
 
 COMMANDS = (
@@ -34,24 +33,6 @@ COMMANDS = (
     "elmo_jax.serve",
     "elmo_jax.prepare_lm1b",
 )
-
-
-def command_module(command: str):
-    return importlib.import_module(command[: -len(".py")] if command.endswith(".py") else command)
-
-
-def defined_flags(command: str) -> set[str]:
-    """The flags the command's `define_flags` defines (its own and the shared ones of cli), removed again."""
-    module = command_module(command)
-    if not hasattr(module, "define_flags"):
-        return set()
-    before = set(flags.FLAGS)
-    try:
-        module.define_flags()
-        return set(flags.FLAGS) - before
-    finally:
-        for name in set(flags.FLAGS) - before:
-            delattr(flags.FLAGS, name)
 
 
 def listed_flags(help_text: str) -> set[str]:

@@ -10,7 +10,6 @@ of real processes.
 
 from __future__ import annotations
 
-import importlib
 import logging as std_logging
 import os
 import re
@@ -19,10 +18,9 @@ from pathlib import Path
 
 import jax
 import pytest
-from absl import flags
 
 from elmo_jax.storage import cache_home, compile_cache
-from tests.support.commands import command_env, run_command
+from tests.support.commands import command_env, defined_flags, run_command
 from tests.support.inprocess import run_in_process
 
 FIXTURE = Path(__file__).parent / "fixtures" / "allennlp_tiny"
@@ -145,18 +143,6 @@ def test_entries_jax_cannot_read_or_write_are_said_once(jax_cache_settings, warn
     assert [str(w.message) for w in shown] == ["something else"]
     assert len(warnings_logged) <= 1  # one for the whole process: it may have been said before this test
     assert all("later errors of the cache are not shown" in line for line in warnings_logged)
-
-
-def defined_flags(command: str) -> set[str]:
-    """The flags the command module's `define_flags` defines, removed again."""
-    module = importlib.import_module(command)
-    before = set(flags.FLAGS)
-    try:
-        module.define_flags()
-        return set(flags.FLAGS) - before
-    finally:
-        for name in set(flags.FLAGS) - before:
-            delattr(flags.FLAGS, name)
 
 
 def test_every_command_that_compiles_takes_the_flag_and_uses_it(monkeypatch):

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from absl import flags
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -91,3 +94,22 @@ def error_line(result: subprocess.CompletedProcess, *expected: str) -> str:
     for part in expected:
         assert part in errors[0], (part, errors[0])
     return errors[0]
+
+
+def command_module(command: str):
+    """The module of a command named as `elmo_jax.NAME` or as a script (`train.py`)."""
+    return importlib.import_module(command[: -len(".py")] if command.endswith(".py") else command)
+
+
+def defined_flags(command: str) -> set[str]:
+    """The flags the command's `define_flags` defines (its own and the shared ones of cli), removed again."""
+    module = command_module(command)
+    if not hasattr(module, "define_flags"):
+        return set()
+    before = set(flags.FLAGS)
+    try:
+        module.define_flags()
+        return set(flags.FLAGS) - before
+    finally:
+        for name in set(flags.FLAGS) - before:
+            delattr(flags.FLAGS, name)
