@@ -246,4 +246,6 @@ def test_sigterm_during_the_warm_up_stops_within_the_shutdown_timeout(fixture_di
     assert exited < shutdown_timeout_s, f"exited {exited:.0f} s after SIGTERM"
     outcome = r"stopped during the warm-up \(\d+ of 177 warm-up batches run\): 1 accepted request was refused"
     assert re.search(outcome, err) and "warm-up: 177 batches" in err, err[-2000:]
+    assert re.search(outcome, out.splitlines()[-1]), out[-2000:]  # the last line says so too
+    assert "every accepted request was answered" not in out + err, (out[-2000:], err[-2000:])
     assert "Traceback" not in err

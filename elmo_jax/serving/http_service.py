@@ -186,6 +186,11 @@ class _Answered:
     def __init__(self, app: Starlette, metrics: Metrics, allowed_hosts=None):
         self.app, self.metrics, self.allowed_hosts = app, metrics, allowed_hosts
 
+    @property
+    def outcome(self) -> str:
+        """What became of the accepted requests: the service's last line, once its lifespan has ended."""
+        return self.app.state.outcome
+
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":  # the lifespan
             await self.app(scope, receive, send)

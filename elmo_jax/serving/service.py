@@ -274,7 +274,8 @@ def http_server(app, config: ServiceConfig, connections):
 
 def serve(config: ServiceConfig) -> None:
     """Runs the service (see the module doc): the settings checked, the socket bound, the model loaded,
-    the app served until SIGTERM or Ctrl-C; returns once every accepted request has its answer. Raises
+    the app served until SIGTERM or Ctrl-C; returns once every accepted request has its answer (a 503
+    for those still waiting for a warm-up that a signal ended), printing what became of them. Raises
     ValueError or OSError, naming the flag, for what cannot be served."""
     from elmo_jax.formats.model_source import ModelSource
     from elmo_jax.serving.connections import ConnectionGuard
@@ -302,5 +303,5 @@ def serve(config: ServiceConfig) -> None:
     server.run(sockets=[sock])
     if not server.started:
         raise OSError("the server did not start (see the lines above)")
-    logging.info("stopped: every accepted request was answered")
-    print("stopped: every accepted request was answered", flush=True)
+    logging.info("%s", app.outcome)  # the lifespan has logged it as a warning when some were refused
+    print(app.outcome, flush=True)
