@@ -158,23 +158,13 @@ class EmbedRequest:
         return sum(len(s) for s in self.sentences)
 
 
-def media_type(accept: str | None) -> str:
-    """The answer's media type from an Accept header (JSON when absent or */*); 406 when none is offered."""
-    if not accept:
-        return JSON
-    for part in accept.split(","):
-        name = part.split(";")[0].strip().lower()
-        if name in MEDIA_TYPES:
-            return name
-        if name in ("*/*", "application/*"):
-            return JSON
-    raise RequestError(406, "Accept", f"{accept!r}: this service answers {', '.join(MEDIA_TYPES)}")
-
-
-def parse_request(body: bytes, accept: str | None, limits: Limits, n_layers: int) -> EmbedRequest:
+def parse_request(body: bytes, answer_type: str | None, limits: Limits, n_layers: int) -> EmbedRequest:
     """Checks a request body (see the module doc) against `limits`; raises RequestError naming the field:
-    400 for what is malformed, 413 for what is over a limit, 406 for an Accept header it cannot answer."""
-    answer_type = media_type(accept)
+    400 for what is malformed, 413 for what is over a limit. `answer_type` is the answer's media type,
+    already chosen from the Accept header (`http_headers.answer_type`); None: JSON."""
+    answer_type = answer_type or JSON
+    if answer_type not in MEDIA_TYPES:
+        raise ValueError(f"answer_type: expected one of {', '.join(MEDIA_TYPES)}, found {answer_type!r}")
     if len(body) > limits.max_body_bytes:
         raise RequestError(413, "", f"the body has {len(body)} bytes; at most {limits.max_body_bytes}")
     data = _json(body)
