@@ -116,3 +116,21 @@ def test_a_download_counts_the_bytes_of_this_run_and_says_when_the_server_is_sil
 
 def test_durations_not_known_are_said_so():
     assert [progress.duration(s) for s in (89.4, 5399, float("nan"))] == ["89 s", "90.0 min", "--"]
+
+
+def test_with_both_intervals_a_line_once_both_are_past(clock, monkeypatch):
+    """`every` units and `every_s` seconds together (the service's warm-up: every 10% and 15 s): a line
+    only once both have passed since the last, so a fast run writes few lines and a slow one no more
+    than one per `every` units."""
+    lines = []
+    monkeypatch.setattr(progress.logging, "info", lambda fmt, *args: lines.append(fmt % args))
+    programs = Progress({"programs": 100}, every=10, every_s=15, log=True)
+    for seconds, amount in ((1, 30), (15, 1), (1, 10), (20, 0), (20, 5)):
+        clock[0] += seconds
+        programs.add(programs=amount)
+        if programs.due():
+            programs.write(f"{programs.done['programs']:.0f}")
+    # 30 in 1 s: not 15 s yet; 31 at 16 s: both past (the next mark 40); 41 at 17 s: the mark passed,
+    # 1 s after the last line; at 37 s, both; 46 at 57 s: 20 s since, under the next mark (50).
+    assert lines == ["31", "41"]
+    assert not programs.due()

@@ -36,7 +36,8 @@ class Progress:
       by: the counter the share done and the ETA are measured in (default: the first).
       start: counter -> units done before this run started: counted as done, never in a rate.
       every_s: the least seconds between two lines (default 0.5 on a terminal, else 30; 0: every call).
-      every: instead of `every_s`, a line each time another `every` units of `by` are done.
+      every: instead of `every_s`, a line each time another `every` units of `by` are done; given with
+        `every_s`, a line once both are past (the rarer of the two: a run that goes fast writes few lines).
       log: lines go to absl's log (INFO) instead of standard error.
       window: rates over the time since the last line instead of since the start.
       enabled: False writes nothing (the counts, rates and ETA still work).
@@ -63,6 +64,7 @@ class Progress:
         # In place on a terminal only: a log file, a CI log or a notebook cell would keep every redraw.
         self.tty = not log and sys.stderr.isatty()
         self.every = every
+        self._both = every is not None and every_s is not None
         self.every_s = (0.5 if self.tty else 30.0) if every_s is None else every_s
         self._mark = self.done.get(self.by, 0.0) + every if every else math.inf
         self._since = self._last_line = self._now()
@@ -108,10 +110,12 @@ class Progress:
         return left / rate + still_due_s if rate > 0 else math.nan
 
     def due(self) -> bool:
-        """Whether a line is due: `every_s` since the last one, or the next `every` units passed."""
+        """Whether a line is due: `every_s` since the last one, or the next `every` units passed (both,
+        when both were given)."""
+        timely = self._now() - self._last_line >= self.every_s
         if self.every:
-            return self.done.get(self.by, 0.0) >= self._mark
-        return self._now() - self._last_line >= self.every_s
+            return self.done.get(self.by, 0.0) >= self._mark and (timely or not self._both)
+        return timely
 
     def write(self, text: str, *, final: bool = False) -> None:
         """Writes `text` as the progress line (a `final` one is never overwritten) and starts the next
