@@ -341,7 +341,8 @@ def parse_flags(
     describe: Callable[[BaseException, list[str]], str] = lambda error, argv: str(error),
 ) -> list[str]:
     """absl's parsing, with a bad flag reported like any other input error: one line, exit code 1
-    (`app.run(main, flags_parser=cli.parse_flags)`). --help (or --helpshort, -?) prints the command's
+    (`app.run(main, flags_parser=cli.parse_flags)`); a boolean's negation spelt `--no-X` names absl's
+    `--noX` (`boolean_spelling`). --help (or --helpshort, -?) prints the command's
     usage and its flags (`command_help`), --helpfull every flag; both exit 0 (absl's exit 1).
 
     Args:
@@ -360,9 +361,29 @@ def parse_flags(
         sys.exit(0)
     try:
         return flags.FLAGS(argv)
-    except errors as e:
-        print(f"error: {describe(e, argv)}", file=sys.stderr)
+    except (*errors, ValueError) as e:  # absl raises ValueError for `--noX=value`
+        line = boolean_spelling(e)
+        if line is None and not isinstance(e, errors):
+            raise
+        print(f"error: {line or describe(e, argv)}", file=sys.stderr)
         sys.exit(1)
+
+
+def boolean_spelling(error: BaseException) -> str | None:
+    """The error line of a boolean flag X spelt the way absl does not take it: `--no-X` or `--no_X`
+    (absl's negation is `--noX`; it said "Unknown command line flag 'no-X'. Did you mean: X ?") and
+    `--noX=value` (absl raised a bare ValueError: a traceback); None for any other error."""
+    name = getattr(error, "flagname", None)
+    if isinstance(error, flags.UnrecognizedFlagError) and name and name[:3] in ("no-", "no_"):
+        flag = name[3:].replace("-", "_")
+        if flag in flags.FLAGS and flags.FLAGS[flag].boolean:
+            return f"--{name}: unknown flag; the boolean --{flag} is turned off with --no{flag} (or --{flag}=false)"
+    text = str(error)
+    if type(error) is ValueError and text.startswith("--no") and text.endswith(" does not take an argument"):
+        given = text.split(" ", 1)[0]
+        flag = given[len("--no") :].split("=", 1)[0]
+        return f"{given}: --no{flag} takes no value; write --no{flag}, or --{flag}=true or --{flag}=false"
+    return None
 
 
 HELP_ARGUMENTS = ("--help", "-help", "--helpshort", "-helpshort", "-?")

@@ -56,6 +56,20 @@ def test_help_prints_the_usage_and_the_commands_own_flags_and_exits_0(command):
     assert run_in_process(command, "--config.x=1" if command == "train.py" else "--bogus", "--help").returncode == 0
 
 
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_boolean_negated_as_no_dash_x_is_refused_naming_absls_spelling(command):
+    """Issue #51: `serve --no-warmup` got absl's "Unknown command line flag 'no-warmup'. Did you mean:
+    warmup ?", which names the flag it refuses; and `--nowarmup=1` a traceback (absl's ValueError). Each
+    command, for a boolean flag it lists (absl's --logtostderr where it has none of its own): `--no-X` and
+    `--no_X` name `--noX`; `--noX=1` says it takes no value; a non-boolean keeps absl's line."""
+    booleans = re.findall(r"^ +--\[no\]([A-Za-z0-9_]+):", run_in_process(command, "--help").stdout, re.MULTILINE)
+    flag = (booleans or ["logtostderr"])[0]
+    for spelt in (f"--no-{flag.replace('_', '-')}", f"--no_{flag}"):
+        error_line(run_in_process(command, spelt), f"{spelt}: unknown flag", f"--no{flag} (or --{flag}=false)")
+    error_line(run_in_process(command, f"--no{flag}=1"), f"--no{flag} takes no value", f"--{flag}=false")
+    error_line(run_in_process(command, "--no-nonexistent_flag"), "Unknown command line flag", "no-nonexistent_flag")
+
+
 def test_helpfull_lists_every_flag_and_an_argument_after_the_separator_is_no_help():
     full = run_in_process("elmo_jax.embed_file", "--helpfull")
     assert full.returncode == 0
