@@ -64,7 +64,7 @@ def test_unigram_perplexity_by_hand(tmp_path):
 def _steps(progress, clock, first: int, last: int, seconds: float, shape=(24, 640)) -> None:
     """Steps `first`..`last` of one shape, each `seconds` long on the fake clock."""
     for _ in range(first, last + 1):
-        progress.count_shape(shape)
+        progress.next_shape(shape)
         progress.add_tokens(100.0)
         clock[0] += seconds
 
@@ -88,7 +88,7 @@ def test_the_final_evaluation_is_due_with_eval_every_steps_0_and_estimated_befor
     no evaluation with eval_every_steps 0 and no export: "ETA 40 s"."""
     end = step_report.RunEnd(eval_every=0, eval_windows=30, eval_extra_s=2.0, export_s=3.0)
     progress = step_report.StepLine(0, 100, sampled=True, end=end)
-    progress.compiled(10.0)
+    progress.compiled((24, None), 10.0)
     clock[0] += 10.0
     _steps(progress, clock, 1, 20, 0.5)
     assert "ETA 57 s" in progress.line(20, {"loss": 2.0})
@@ -122,12 +122,13 @@ def test_training_compiles_still_to_come_are_expected_from_the_shapes_met_once(c
     20 steps at 2/s (10 s) + 5.13 s = 15.1 s. Failed before: StepLine had no `count_shape`
     (AttributeError), and no compile to come was counted ("ETA 10 s")."""
     progress = step_report.StepLine(0, 40, sampled=True)
-    assert progress.count_shape((24, 640)) and not progress.count_shape((24, 640))
-    progress.compiled(10.0)
+    progress.next_shape((24, 640))
+    progress.next_shape((24, 640))
+    progress.compiled((24, 640), 10.0)
     clock[0] += 10.0 + 0.5 * 2
     _steps(progress, clock, 3, 19, 0.5)
-    assert progress.count_shape((50, 640))
-    progress.compiled(6.0)
+    progress.next_shape((50, 640))
+    progress.compiled((50, 640), 6.0)
     clock[0] += 6.0 + 0.5
     assert progress.still_due(20) == pytest.approx(8.0 * (1 - 0.95**20), rel=1e-9)
     assert "ETA 15 s" in progress.line(20, {"loss": 2.0})
@@ -141,3 +142,47 @@ def test_an_evaluations_windows_are_estimated_from_the_heldout_size():
     assert heldout.heldout_windows(sentences, batch_size=2, unroll_steps=4) == 4
     assert heldout.heldout_windows(sentences, batch_size=2, unroll_steps=4, max_batches=3) == 3
     assert heldout.heldout_windows([], batch_size=2, unroll_steps=4) == 0
+
+
+# A batch meeting a char CNN shape for the first time runs with a wider one already compiled, when one
+# holds it (`batch_feed.step_shape`): the demo's one batch of short words at step 585 of 600 compiled the
+# whole step (8-24 s, 8-20% of the run) that no ETA foresaw.
+
+
+def test_a_shape_met_once_runs_with_the_cheapest_compiled_shape_that_holds_it():
+    """(positions, distinct slots); None slots hold every token, so only None holds None. Cheapest: fewest
+    positions, then fewest slots. Failed before: batch_feed had no step_shape (ImportError); the loop
+    compiled every shape a batch needed."""
+    from elmo_jax.training.batch_feed import step_shape
+
+    compiled = {(24, 640), (32, 512), (50, None)}
+    once = {(16, 500): 1, (16, 700): 1, (16, None): 1, (56, 100): 1}
+    assert step_shape((16, 500), once, compiled) == (24, 640)
+    assert step_shape((16, 700), once, compiled) == (50, None)  # more slots than (24, 640) and (32, 512) have
+    assert step_shape((16, None), once, compiled) == (50, None)
+    assert step_shape((56, 100), once, compiled) == (56, 100)  # wider than any: its own compile
+    assert step_shape((16, 500), {(16, 500): 2}, compiled) == (16, 500)  # met again: its own program
+    assert step_shape((24, 640), {(24, 640): 1}, compiled) == (24, 640)
+    assert step_shape((16, 500), {(16, 500): 1}, set()) == (16, 500)  # the first step of a run
+
+
+def test_the_shapes_met_are_kept_so_that_a_resumed_run_chooses_as_an_uninterrupted_one():
+    """A run met (24, 640) twice and ran with it; a checkpoint keeps that (`StepReport.saved`). The run
+    resumed from it runs a (16, 640) batch with (24, 640) as the uninterrupted run does, and compiles
+    (24, 640) in its own process first. A resumed run that forgot would compile (16, 640): its step then
+    sums in another order and its metrics differ from the uninterrupted run's. Failed before: StepReport
+    had no `saved` (AttributeError)."""
+    import json
+
+    from ml_collections import ConfigDict
+
+    config = ConfigDict(dict(num_train_steps=10, full_softmax=False, max_nonfinite_steps=0, log_every_steps=1))
+    first = step_report.StepReport(config, None, 0)
+    assert first.progress.next_shape((24, 640)) == ((24, 640), True)
+    first.progress.compiled((24, 640), 1.0)
+    assert first.progress.next_shape((24, 640)) == ((24, 640), False)
+    kept = json.loads(json.dumps(first.saved()))  # as the checkpoint's metadata holds it
+    resumed = step_report.StepReport(config, None, 2, saved=kept)
+    assert resumed.progress.next_shape((16, 640)) == ((24, 640), True)
+    assert first.progress.next_shape((16, 640)) == ((24, 640), False)
+    assert step_report.StepReport(config, None, 2, saved={"nonfinite_skipped": 3}).skipped == 3  # an older one

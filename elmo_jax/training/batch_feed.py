@@ -4,6 +4,8 @@ read, and the stream's position as one state holding every process's rows (what 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import jax
@@ -31,6 +33,37 @@ def device_batch(window: dict[str, dict[str, np.ndarray]], max_chars: int) -> tu
     # content_bucket reads shifted ids with 0 for "no token": shift the real positions only.
     shifted = np.where(batch["mask"][..., None], batch["char_ids"] + 1, 0)
     return batch, content_bucket(shifted, max_chars)
+
+
+def step_shape(
+    needed: tuple[int, int | None], met: Mapping[tuple, int], compiled: Collection[tuple]
+) -> tuple[int, int | None]:
+    """The char CNN buckets (positions, distinct-token slots; None: every token) a training step runs with.
+
+    A batch needs `needed` (`device_batch`, `distinct_bucket`); more positions or more slots compute the
+    same numbers (up to float32 summation order), only a little slower. The first time a shape is met
+    (`met[needed]` is 1: it counts this batch), the step runs with the cheapest compiled shape that holds
+    it, if one does: a batch that is rare (one with short words only, met once in the demo's 600 steps)
+    then costs one slightly slower step instead of a compile of the whole step (seconds on a CPU, a
+    minute or more for the large model on a TPU) that no ETA foresees. A shape met again has earned its
+    own program, so a text whose first batch was wide does not run every later batch wide.
+
+    Args:
+      needed: (positions, slots) the batch needs.
+      met: steps that needed each shape so far, this one included.
+      compiled: the shapes the training step is compiled for.
+    """
+    if needed in compiled or met.get(needed, 0) > 1:
+        return needed
+    positions, distinct = needed
+
+    def holds(shape: tuple[int, int | None]) -> bool:
+        return shape[0] >= positions and (shape[1] is None or (distinct is not None and shape[1] >= distinct))
+
+    covering = [shape for shape in compiled if holds(shape)]
+    if not covering:
+        return needed
+    return min(covering, key=lambda shape: (shape[0], math.inf if shape[1] is None else shape[1]))
 
 
 def distinct_bucket(batch: dict[str, np.ndarray], shards: int) -> int | None:

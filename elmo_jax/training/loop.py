@@ -134,12 +134,12 @@ def _train(
     with preemption.stop_signals() as signals, _closing(checkpoints, lambda: log):
         run = Run(config, cfg, steps, stream, checkpoints, run_meta(config, cfg, data.vocab), heldout, signals)
         run.after_checkpoint, run.check_workdir = after_checkpoint, check_workdir
-        state, data_state, skipped = resume_or_start(config, cfg, data.vocab, steps, checkpoints, run.meta)
+        state, data_state, saved = resume_or_start(config, cfg, data.vocab, steps, checkpoints, run.meta)
         if data_state is not None:
             stream.set_state(data_state)
         _log_run(config, cfg, mesh)
         log = MetricsLog(workdir, enabled=is_main, check_workdir=check_workdir)
-        run.report = StepReport(config, log, int(state.step), skipped, _run_end(config, cfg, data))
+        run.report = StepReport(config, log, int(state.step), saved, _run_end(config, cfg, data))
         if state.step > 0:
             _log_resumption(run, state, workdir, is_main)
         state = _train_loop(run, state)
@@ -225,7 +225,7 @@ def _train_loop(run: Run, state: TrainState) -> TrainState:
         distinct = distinct_bucket(local, run.steps.local_token_shards) if config.distinct_tokens else None
         positions, distinct, stop = preemption.agree(positions, distinct, run.signals.requested is not None)
         batch = processes.global_batch(local, run.steps.batch, config.batch_size)
-        new = report.progress.count_shape((positions, distinct))  # its char CNN buckets
+        (positions, distinct), new = report.progress.next_shape((positions, distinct))  # its char CNN buckets
         started = time.perf_counter()
         state, metrics = run.steps.train(state, batch, positions, distinct)
         if new:  # the call returned once the step for it was compiled
@@ -257,7 +257,7 @@ def _checkpoint(run: Run, state: TrainState, step: int) -> None:
         step,
         state,
         gather_stream_state(run.stream.get_state()),
-        {**run.meta, "progress": {"nonfinite_skipped": run.report.skipped}},
+        {**run.meta, "progress": run.report.saved()},
     )
     if run.after_checkpoint is not None:
         run.checkpoints.wait()  # every process: the step's checkpoint is complete before it is copied
@@ -345,7 +345,7 @@ def _log_compile(run: Run, positions: int, distinct: int | None, seconds: float)
     compiles it expects (`step_report.StepLine`). Compiling every
     bucket up front would make each run pay for buckets its text may never reach (a compile is seconds
     on CPU, tens of seconds for the large model), so they are compiled when met."""
-    run.report.progress.compiled(seconds)
+    run.report.progress.compiled((positions, distinct), seconds)
     blocks = run.steps.local_token_shards * jax.process_count()  # the batch axis's devices
     per_device = run.config.batch_size * run.config.unroll_steps * 2 // blocks
     logging.info(

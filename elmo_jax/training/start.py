@@ -146,8 +146,8 @@ def _with_this_runs_average(state: TrainState, steps: Steps) -> TrainState:
 
 def resume_or_start(
     config: ml_collections.ConfigDict, cfg: StepConfig, vocab: Vocab, steps: Steps, checkpoints: Checkpoints, meta: dict
-) -> tuple[TrainState, dict | None, int]:
-    """(state, data stream state or None, non-finite steps skipped so far).
+) -> tuple[TrainState, dict | None, dict]:
+    """(state, data stream state or None, the progress the checkpoint kept: `StepReport.saved`, {} if none).
 
     The newest checkpoint that restores (an unrestorable newer one is reported and moved aside), with
     the stream state to move the stream to; else a fresh state, created sharded, from `init_from`'s
@@ -167,13 +167,9 @@ def resume_or_start(
                     continue_optimizer_state(state.opt_state, optimizer_state, kept), steps.state.opt_state
                 )
             )
-        return state, None, 0
+        return state, None, {}
     _, state, data_state, saved_meta = found
-    return (
-        _with_this_runs_average(state, steps),
-        data_state,
-        int(saved_meta.get("progress", {}).get("nonfinite_skipped", 0)),
-    )
+    return _with_this_runs_average(state, steps), data_state, saved_meta.get("progress", {})
 
 
 def continue_optimizer_state(fresh: Any, source: Any, parts: tuple[str, ...]) -> Any:

@@ -21,6 +21,7 @@ from absl import logging
 
 from elmo_jax import storage
 from elmo_jax.runtime.progress import Progress, duration
+from elmo_jax.training.batch_feed import step_shape
 from elmo_jax.training.metrics_log import MetricsLog
 
 
@@ -84,7 +85,12 @@ class StepLine:
         )
         # The ETA's rate: over the whole run, written nowhere.
         self.run = Progress({"steps": total_steps}, start={"steps": start_step}, enabled=False)
-        self.shapes: collections.Counter = collections.Counter()  # training step shape -> steps run with it
+        # Char CNN buckets (positions, distinct slots): steps whose batch needed each, since step 0; the
+        # ones steps ran with, since step 0 (both kept in checkpoints: a resumed run chooses as the
+        # uninterrupted one does); the ones this process compiled the training step for.
+        self.shapes: collections.Counter = collections.Counter()
+        self.run_shapes: set[tuple] = set()
+        self.compiled_shapes: set[tuple] = set()
         self.compiles: list[float] = []  # seconds of each training step compile
         self.eval_compiles: dict[int, float] = {}  # an eval window's width -> its first window's seconds
         self.eval_windows: list[float] = []  # seconds of the other eval windows
@@ -95,15 +101,31 @@ class StepLine:
         self.progress.exclude(seconds)
         self.run.exclude(seconds)
 
-    def count_shape(self, shape: tuple) -> bool:
-        """Counts a training step run with `shape` (its char CNN buckets); True when it is new: the step
-        compiles for it."""
-        self.shapes[shape] += 1
-        return self.shapes[shape] == 1
+    def next_shape(self, needed: tuple) -> tuple[tuple, bool]:
+        """The char CNN buckets the next step runs with, its batch needing `needed` (`batch_feed.step_shape`:
+        a wider one already run with, for a shape met the first time), and whether this process compiles
+        the training step for them first. How often new shapes are met is the ETA's forecast of compiles."""
+        self.shapes[needed] += 1
+        shape = step_shape(needed, self.shapes, self.run_shapes)
+        self.run_shapes.add(shape)
+        return shape, shape not in self.compiled_shapes
 
-    def compiled(self, seconds: float) -> None:
-        """The training step compiled for a new shape in `seconds`: out of the rates, the cost of those to come."""
+    def shape_record(self) -> dict:
+        """The shapes met and run with, as a checkpoint keeps them (JSON: lists, None as null)."""
+        return {
+            "needed": [[*shape, count] for shape, count in sorted(self.shapes.items(), key=str)],
+            "run": [list(shape) for shape in sorted(self.run_shapes, key=str)],
+        }
+
+    def restore_shapes(self, record: dict) -> None:
+        """Takes back what `shape_record` wrote (a checkpoint's; {} from one of an older version)."""
+        self.shapes.update({(p, d): int(n) for p, d, n in record.get("needed", [])})
+        self.run_shapes.update((p, d) for p, d in record.get("run", []))
+
+    def compiled(self, shape: tuple, seconds: float) -> None:
+        """The training step compiled for `shape` in `seconds`: out of the rates, the cost of those to come."""
         self.exclude(seconds)
+        self.compiled_shapes.add(shape)
         self.compiles.append(seconds)
 
     def eval_window(self, width: int, seconds: float) -> None:
@@ -201,13 +223,20 @@ class StepReport:
       config: the run's config (log_every_steps, num_train_steps, max_nonfinite_steps, full_softmax).
       log: where records go (disabled on processes other than 0).
       start_step: the step training starts or resumes from.
-      skipped: non-finite steps skipped before `start_step` (from the checkpoint).
+      saved: the progress its checkpoint kept (`saved`: non-finite steps skipped before `start_step`, the
+        char CNN shapes met), or None.
       end: what the run does beyond its steps, for the ETA (evaluations, the export).
     """
 
-    def __init__(self, config, log: MetricsLog, start_step: int, skipped: int = 0, end: RunEnd = RunEnd()):
-        self.config, self.log, self.skipped = config, log, skipped
+    def __init__(self, config, log: MetricsLog, start_step: int, saved: dict | None = None, end: RunEnd = RunEnd()):
+        saved = saved or {}
+        self.config, self.log, self.skipped = config, log, int(saved.get("nonfinite_skipped", 0))
         self.progress = StepLine(start_step, config.num_train_steps, sampled=not config.full_softmax, end=end)
+        self.progress.restore_shapes(saved.get("char_cnn_shapes", {}))
+
+    def saved(self) -> dict:
+        """What a checkpoint keeps of the run's progress (`progress` in its metadata); `saved` back."""
+        return {"nonfinite_skipped": self.skipped, "char_cnn_shapes": self.progress.shape_record()}
 
     def __call__(self, step: int, metrics) -> None:
         """`metrics` of step `step` (device arrays): raises TrainingError for a non-finite step beyond
