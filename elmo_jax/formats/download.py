@@ -9,9 +9,10 @@ part on disk, and the next attempt, in this call or a later one, asks the server
 HTTP `Range` request (a server that ignores it sends the whole file again, which is then written from
 the start). When every byte is there, the size and SHA-256 are checked against what is expected, and
 only then is the part flushed and renamed to TARGET: a reader sees no file or the complete, checked one.
-A file that fails its check is deleted, so the next attempt starts afresh. Standard library only (urllib),
-which reads a `file://` address (a local mirror) the same way, from the start each time. Two processes
-downloading into one place take turns with `locked`.
+A file that fails its check is deleted, so the next attempt starts afresh. The transfer is the standard
+library's (urllib), which reads a `file://` address (a local mirror) the same way, from the start each
+time. Two processes downloading into one place take turns with `locked` (a `filelock.FileLock`: `flock`
+on POSIX, `msvcrt.locking` on Windows).
 
 A failure is classified where it happens, and only the kinds another try can cure are retried:
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import http.client
 import os
@@ -39,6 +39,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+
+from filelock import FileLock
 
 from elmo_jax.runtime.progress import Progress, duration
 
@@ -177,15 +179,24 @@ class Report:
 
 @contextlib.contextmanager
 def locked(path: str):
-    """An exclusive `flock` on `path` while the block runs: a directory, or a lock file (created if
-    missing); none where the file system has no locks (e.g. Google Drive's FUSE mount: it runs unlocked)."""
-    fd = os.open(path, os.O_RDONLY) if os.path.isdir(path) else os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    """An exclusive lock while the block runs, waiting for another process that holds it: a
+    `filelock.FileLock` on `path`, a lock file (created if missing), or for a directory on the lock file
+    `DIRECTORY.lock` beside it (a lock file cannot be a directory, and the directory's listing stays its
+    own). Where the file system has no locks (`flock` fails with ENOSYS, e.g. some FUSE mounts) the
+    block runs unlocked: filelock 3 says so with NotImplementedError, filelock 4 takes its soft lock
+    (a marker file) instead."""
+    if os.path.isdir(path):
+        path = os.path.normpath(path) + ".lock"
+    lock = FileLock(path)
     try:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        lock.acquire()
+    except NotImplementedError:
+        lock = None
+    try:
         yield
     finally:
-        os.close(fd)
+        if lock is not None:
+            lock.release()
 
 
 _SILENT = "silent"  # _attempt's word for a connection on which nothing arrived for a while

@@ -23,7 +23,6 @@ import ctypes
 import errno
 import json
 import os
-import resource
 
 import numpy as np
 
@@ -164,6 +163,10 @@ def size_bound(data_bytes: int, lines: int, text_bytes: int) -> int:
 
 
 def _check_file_size_limit(size: int, output: str) -> None:
+    try:
+        import resource  # POSIX only: imported here so that the package imports on Windows
+    except ImportError:  # Windows: no per-process file size limit (RLIMIT_FSIZE), nothing to check
+        return
     soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
     if soft != resource.RLIM_INFINITY and size > soft:
         error = OSError(
@@ -181,7 +184,7 @@ def _fallocate():
     """Linux's fallocate(2), or None."""
     try:
         call = ctypes.CDLL(None, use_errno=True).fallocate
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: CDLL(None) on Windows (no fallocate there)
         return None
     call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     return call

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
-import resource
 import signal
 import socket
 
@@ -111,7 +110,12 @@ class ServiceConfig:
 
 def _check_file_limit(max_connections: int) -> None:
     """Each connection holds a file descriptor: the cap and the process's own files must fit the hard
-    RLIMIT_NOFILE (`serve` raises the soft limit to what they need, `raise_file_limit`)."""
+    RLIMIT_NOFILE (`serve` raises the soft limit to what they need, `raise_file_limit`). Nothing to check
+    where there is no `resource` module (Windows: no RLIMIT_NOFILE)."""
+    try:
+        import resource  # POSIX only: imported here so that the package imports on Windows
+    except ImportError:
+        return
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and max_connections + RESERVED_FILES > hard:
         raise ValueError(
@@ -123,7 +127,12 @@ def _check_file_limit(max_connections: int) -> None:
 
 def raise_file_limit(max_connections: int) -> None:
     """Raises the soft RLIMIT_NOFILE to what `max_connections` connections and the service's own files
-    need, when it is lower (the hard limit allows it: `ServiceConfig.check`)."""
+    need, when it is lower (the hard limit allows it: `ServiceConfig.check`); nothing to raise where there
+    is no `resource` module (Windows)."""
+    try:
+        import resource  # POSIX only, as in `_check_file_limit`
+    except ImportError:
+        return
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     needed = max_connections + RESERVED_FILES
     if soft != resource.RLIM_INFINITY and soft < needed:

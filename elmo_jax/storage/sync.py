@@ -53,6 +53,7 @@ from collections.abc import Callable
 from absl import logging
 
 from elmo_jax.storage import atomic, places
+from elmo_jax.storage.lock import NO_LINK_NO_WAIT_BYTES
 
 MARKER = ".elmo_jax_copy.json"  # in a copy's top directory: what it is a copy of, its timestamp resolution
 # Modification times the probe sets: an odd second with a fraction (tells ns, us, ms and s apart) and an
@@ -167,7 +168,7 @@ def _read_marker(directory: str) -> dict | None:
     """The marker of `directory`: None without one (or where a link, a FIFO or a directory has its name),
     {} for an empty or unreadable one (a copy adopted by hand)."""
     try:
-        fd = os.open(os.path.join(directory, MARKER), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(os.path.join(directory, MARKER), os.O_RDONLY | NO_LINK_NO_WAIT_BYTES)
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
             return None
@@ -286,7 +287,7 @@ def _copy_file(source: str, target: str, stats: SyncStats) -> None:
     once and is skipped, where a plain open would wait for a writer forever); a file gone since is skipped
     (the next sync removes its copy)."""
     try:
-        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(source, os.O_RDONLY | NO_LINK_NO_WAIT_BYTES)
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ELOOP, errno.ENXIO):
             return
