@@ -129,3 +129,22 @@ def test_a_lock_path_that_is_not_a_regular_file_is_refused_naming_it(tmp_path, k
         with WorkdirLock(str(workdir)):
             pass
     assert str(refused.value) == NOT_FILES[kind].format(path=workdir / LOCK_FILE)
+
+
+def test_a_workdir_that_cannot_be_made_is_one_line_naming_the_flag_without_errno(tmp_path, monkeypatch):
+    """makedirs failing past the checks before it (a read-only mount, a rule of the file system): the
+    message names --workdir and why, with no "[Errno 1]" in front, and keeps the errno. Failed before: the
+    error was built with (errno, text), which str() writes as "[Errno 1] cannot create --workdir=...".
+    """
+    from elmo_jax import storage
+    from elmo_jax.training.workdir import make_workdir
+
+    def refuse(path):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(storage, "makedirs", refuse)
+    workdir = str(tmp_path / "w")
+    with pytest.raises(PermissionError) as refused:
+        make_workdir(workdir)
+    assert str(refused.value) == f"--workdir={workdir}: cannot create it: Operation not permitted"
+    assert refused.value.errno == 1

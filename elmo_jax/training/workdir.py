@@ -46,7 +46,10 @@ def make_workdir(workdir: str) -> None:
     try:
         storage.makedirs(workdir)  # a bucket prefix needs no creation
     except OSError as e:
-        raise type(e)(e.errno, f"cannot create --workdir={workdir}: {e.strerror}") from None
+        # One argument, so the message reads without OSError's "[Errno N]" prefix; errno kept for callers.
+        error = type(e)(f"--workdir={workdir}: cannot create it: {e.strerror or e}")
+        error.errno = e.errno
+        raise error from None
 
 
 class WorkdirLock:
