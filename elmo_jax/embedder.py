@@ -123,7 +123,7 @@ class Embedder:
         over a corpus), in input order, holding a bounded number of sentences (`SentenceEmbedder.stream`).
         `batch_size` has no effect (batches are `batch_tokens` time steps)."""
         del batch_size
-        return self.sentences.stream(sentences, window=DEFAULT_WINDOW)
+        return self.sentences.stream(sentences, window=DEFAULT_WINDOW, warn=True)
 
     def batch_to_embeddings(self, batch: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
         """AllenNLP's `ElmoEmbedder.batch_to_embeddings`, as NumPy: (float32 (B, L+1, T, 2P) layers with

@@ -17,6 +17,7 @@ import numpy as np
 from elmo_jax.features.token_cache import TokenCache, check_token_cache, lookup
 from elmo_jax.model.bilm import bilm_layers, contextual_layers, remove_boundaries
 from elmo_jax.model.char_cnn import content_bucket, token_embedding
+from elmo_jax.model.chars import count_truncated, warn_truncated
 from elmo_jax.model.config import N_SHIFTED_CHARACTERS
 from elmo_jax.model.lstm import LSTMState, zero_state
 from elmo_jax.model.params import N_DIRECTIONS, BiLMParams, iter_flat
@@ -108,7 +109,8 @@ def embed_tokens(
     Tokens missing from the cache (and `<S>`/`</S>` if it lacks them) go through the char CNN, so
     the result equals `embed(params, batch_to_ids(sentences))` whatever the vocabulary covers (up to
     float32 rounding of the char CNN in another batch shape). Only the char CNN is skipped: the LSTMs
-    run exactly as in `embed`.
+    run exactly as in `embed`. Tokens over C-2 UTF-8 bytes are cut, and one warning says how many, as
+    `batch_to_ids` does.
 
     Args:
       params: the biLM the cache was built from (`build_token_cache` / `load_token_cache(params=)`;
@@ -128,6 +130,8 @@ def embed_tokens(
         )
     check_token_cache(cache, params, weights=False)  # the weights digest is checked at load time
     batch = lookup(cache, sentences)
+    C = cache.max_characters_per_token
+    warn_truncated(count_truncated(sentences, C), sum(map(len, sentences)), C)  # docs/ELMO.md, "Long tokens"
     B = batch.mask.shape[0]
     if initial_state is None:
         initial_state = zero_state(params.config, B)

@@ -6,7 +6,8 @@
     embedder = elmo_jax.SentenceEmbedder(params, layers="sentence_mean")
     for vector in embedder.stream(sentences_from_a_generator):   # input order, bounded memory
         ...
-    embedder.stats   # sentences, tokens, batches, padded_tokens, compiled_shapes, forced_flushes
+    embedder.stats   # sentences, tokens, truncated_tokens, batches, padded_tokens, compiled_shapes,
+                     # forced_flushes
 
 A loop of `embed` calls compiles a program for every new (length, character-width) shape it meets (about
 a second each for the original model), and pads each batch to its longest sentence. Here sentences are
@@ -21,6 +22,10 @@ batches too small for a row of 32 steps per device, sentences go one per row int
 buckets of `embed_file` (`length_buckets`) instead. `stats["padded_tokens"]` counts the token
 positions run (rows x length, the sentences' `<S>`/`</S>` excluded): divided by `stats["tokens"]`, the
 padding.
+
+A token over the model's C-2 UTF-8 bytes (48) is cut to them, as bilm-tf trained and AllenNLP reads
+(docs/ELMO.md, "Long tokens"): `stats["truncated_tokens"]` counts them, and `embed`, `embed_sentences`,
+`stream_sentences` (at the end of the stream) log one warning per call that says how many.
 
 `layers` modes (`output_modes`): "all" (L+1, n, 2P); "top", "average", "mix", a layer index j in
 0..L (layer j itself) (n, 2P); "sentence_mean" (2P,): the mean over the sentence's tokens of the mix
@@ -43,7 +48,7 @@ from elmo_jax.features.length_buckets import BucketBatcher, Piece
 from elmo_jax.features.output_modes import output_mode
 from elmo_jax.features.packing import TAIL_STEPS, PackedBatch, RowPacker, can_pack
 from elmo_jax.features.token_ids import CharIdTable, width_bucket
-from elmo_jax.model.chars import check_sentence
+from elmo_jax.model.chars import check_sentence, warn_truncated
 from elmo_jax.model.params import BiLMParams
 from elmo_jax.storage import compile_cache
 
@@ -102,6 +107,7 @@ class SentenceEmbedder:
         self.stats = {
             "sentences": 0,
             "tokens": 0,
+            "truncated_tokens": 0,
             "batches": 0,
             "padded_tokens": 0,
             "compiled_shapes": 0,
@@ -114,7 +120,7 @@ class SentenceEmbedder:
             raise ValueError(
                 f"sentences must be a list of tokenized sentences (lists of str), found {type(sentences).__name__}"
             )
-        vectors = list(self.stream(sentences, window=max(len(sentences), 1)))
+        vectors = list(self.stream(sentences, window=max(len(sentences), 1), warn=True))
         logging.info(
             "embedded %d sentences (%d tokens): %d batches, %d compiled shapes",
             len(vectors),
@@ -124,16 +130,27 @@ class SentenceEmbedder:
         )
         return vectors
 
-    def stream(self, sentences: Iterable[Sequence[str]], *, window: int = DEFAULT_WINDOW) -> Iterator[np.ndarray]:
+    def stream(
+        self, sentences: Iterable[Sequence[str]], *, window: int = DEFAULT_WINDOW, warn: bool = False
+    ) -> Iterator[np.ndarray]:
         """Like `embed` for any iterable (a generator over a corpus): yields in input order, holding at
-        most `window` sentences in memory."""
+        most `window` sentences in memory. `warn`: log the tokens cut to C-2 bytes once the stream ends
+        (`stream_sentences` does; the service's batcher streams each batch without it and tells each
+        request its own count); `stats["truncated_tokens"]` counts them either way."""
         if isinstance(sentences, str) or not isinstance(sentences, Iterable):
             raise ValueError(
                 f"sentences must be an iterable of tokenized sentences (lists of str), found {type(sentences).__name__}"
             )
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window must be a positive integer, found {window!r}")
-        return self._stream(sentences, window)
+        return self._warned(self._stream(sentences, window)) if warn else self._stream(sentences, window)
+
+    def _warned(self, vectors: Iterator[np.ndarray]) -> Iterator[np.ndarray]:
+        """`vectors`, then one warning for the tokens cut while they were made (`chars.warn_truncated`)."""
+        truncated, tokens = self.stats["truncated_tokens"], self.stats["tokens"]
+        yield from vectors
+        truncated, tokens = self.stats["truncated_tokens"] - truncated, self.stats["tokens"] - tokens
+        warn_truncated(truncated, tokens, self.C)
 
     def _batcher(self):
         """Packed rows (`packing`) where the batches hold them; else (small `batch_tokens`, the token
@@ -155,6 +172,7 @@ class SentenceEmbedder:
                 flight.done[i] = self.runner.output.empty()
             else:
                 ids, width = self._ids.ids(tokens)
+                self.stats["truncated_tokens"] = self._ids.truncated
                 piece = Piece(i, 0, ids, width_bucket(width, self.C), tokens if self.runner.cache else None)
                 flight.run(batcher.add(piece))
             while len(flight.pending) > IN_FLIGHT:
@@ -236,4 +254,4 @@ def stream_sentences(
 ) -> Iterator[np.ndarray]:
     """`embed_sentences` for an iterable too large for memory: yields in input order, holding at most
     `window` sentences (see the module doc)."""
-    return SentenceEmbedder(params, **options).stream(sentences, window=window)
+    return SentenceEmbedder(params, **options).stream(sentences, window=window, warn=True)

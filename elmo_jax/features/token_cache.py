@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 from elmo_jax.model.char_cnn import content_bucket, token_embedding
-from elmo_jax.model.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, batch_to_ids
+from elmo_jax.model.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, token_bytes, tokens_to_raw_ids
 from elmo_jax.model.params import BiLMParams, iter_flat
 from elmo_jax.model.precision import ComputeOptions
 from elmo_jax.storage import atomic
@@ -146,7 +146,7 @@ def build_token_cache(params: BiLMParams, tokens: Sequence[str], *, batch_size: 
             raise ValueError(f"tokens: duplicate token {token!r} at positions {rows[token]} and {row}")
     tokens += [t for t in (BOS_TOKEN, EOS_TOKEN) if t not in rows]
     C = params.config.max_characters_per_token
-    char_ids = batch_to_ids([tokens], C)[0]  # (V, C) shifted; checks every token is a str
+    char_ids = tokens_to_raw_ids(tokens, C) + 1  # (V, C) shifted; checks every token is a str
     vectors = token_vectors(params, char_ids, batch_size=batch_size)
     return TokenCache(tuple(tokens), vectors, C, char_cnn_digest(params))
 
@@ -277,7 +277,7 @@ def check_token_cache(
     rows = list(range(min(SPOT_CHECK_ROWS, len(cache))))
     expected = token_vectors(
         params,
-        batch_to_ids([[cache.tokens[i] for i in rows]], cache.max_characters_per_token)[0],
+        tokens_to_raw_ids([cache.tokens[i] for i in rows], cache.max_characters_per_token) + 1,
         batch_size=max(len(rows), 1),
     )
     error = float(np.max(np.abs(expected - cache.embeddings[rows]))) if rows else 0.0
@@ -384,11 +384,11 @@ def lookup_rows(cache: TokenCache, sentences: Sequence[Sequence[str]], length: i
             else:
                 oov_index[b, t] = oov.setdefault(token, len(oov))
             if 4 * len(token) > longest:  # UTF-8 takes at most 4 bytes per character
-                longest = max(longest, len(token.encode("utf-8", errors="ignore")))
+                longest = max(longest, len(token_bytes(token)))
         mask[b, : len(sentence) + 2] = True
     n_rows = max(1 << max(len(oov) - 1, 0).bit_length(), MIN_OOV_ROWS)  # a power of two
     oov_chars = np.zeros((n_rows, cache.max_characters_per_token), np.int32)
-    oov_chars[: len(oov)] = batch_to_ids([list(oov)], cache.max_characters_per_token)[0]
+    oov_chars[: len(oov)] = tokens_to_raw_ids(list(oov), cache.max_characters_per_token) + 1
     C = cache.max_characters_per_token
     width = max(min(longest, C - 2) + 2, 3)  # BOW, bytes, EOW, as `char_cnn.content_width`
     content_positions = min(-(-width // 8) * 8, C)  # as `char_cnn.content_bucket`
