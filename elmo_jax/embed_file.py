@@ -105,8 +105,10 @@ def run() -> dict:
     )
     share = f" (process {counts['process']} of {counts['processes']})" if counts["processes"] > 1 else ""
     resumed = f", {counts['resumed_lines']:,} of them from the stopped run" if counts["resumed_lines"] else ""
+    cut = counts["truncated_tokens"]
+    cut = f" ({cut:,} of them cut to the model's byte limit: docs/ELMO.md, 'Long tokens')" if cut else ""
     print(
-        f"wrote {FLAGS.output}{share}: {counts['sentences']:,} sentences{resumed}, {counts['tokens']:,} tokens in "
+        f"wrote {FLAGS.output}{share}: {counts['sentences']:,} sentences{resumed}, {counts['tokens']:,} tokens{cut} in "
         f"{counts['seconds']:.1f} s ({counts['batches']} batches, {counts['compiled_shapes']} compiled shapes, "
         f"{counts['devices']} devices{', token cache' if counts['cached_types'] else ''})"
     )

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import logging
 
+import h5py
 import numpy as np
 import pytest
 
 import elmo_jax
 from elmo_jax.features.sentences import SentenceEmbedder
+from elmo_jax.files import file_embedding as ef
+from elmo_jax.formats import vector_spool
+from tests.support.embed_files import as_left_by_a_dead_process, staging_dirs
 from tests.support.tolerance import assert_close_up_to_order, char_cnn_terms, lstm_terms
 
 LONG = "x" * 60  # 60 bytes: keeps its first 48
@@ -81,3 +85,39 @@ def test_the_library_cuts_and_warns_once_per_call(tiny_params, reference, caplog
         assert warnings_of(caplog) == []
     np.testing.assert_array_equal(chars[0, :6], np.stack([hand_ids(t.encode()[:48]) for t in SENTENCE]))
     assert_reference(vectors, reference, tiny_params.config, "embed_sentences")
+
+
+def test_the_file_pipeline_cuts_and_counts(tiny_params, reference, tmp_path, caplog):
+    """`embed_file` writes the vectors of the tokens cut by hand, counts them, and its summary says so."""
+    source = tmp_path / "in.txt"
+    source.write_text(" ".join(SENTENCE) + "\nthe bank\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        counts = ef.embed_file(tiny_params, str(source), str(tmp_path / "out.hdf5"), ef.Options(layers="all"))
+    assert counts["truncated_tokens"] == 2
+    assert len(warnings_of(caplog)) == 1 and note(8) in warnings_of(caplog)[0]
+    with h5py.File(tmp_path / "out.hdf5", "r") as f:
+        vectors = f["0"][...]
+    assert_reference(vectors, reference, tiny_params.config, "embed_file")
+
+
+def test_a_resumed_run_counts_the_whole_input(tiny_params, tmp_path, monkeypatch):
+    """A run stopped after one batch and continued counts the cut tokens of the lines the stopped run
+    embedded too: each of 40 lines holds MULTI (all in one width bucket, so the stopped run's batch holds
+    some of them); the continued run embeds only the others. Fails with the stopped run's lines uncounted."""
+    source = tmp_path / "in.txt"
+    source.write_text(f"the {MULTI} .\n" * 40, encoding="utf-8")
+    options, append = ef.Options(layers="top", batch_tokens=64), vector_spool.Spool.append
+
+    def stop_after_one(spool, pieces, arrays):
+        append(spool, pieces, arrays)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(vector_spool.Spool, "append", stop_after_one)
+        with pytest.raises(KeyboardInterrupt):
+            ef.embed_file(tiny_params, str(source), str(tmp_path / "out.hdf5"), options)
+    (staging,) = staging_dirs(tmp_path)
+    as_left_by_a_dead_process(staging)
+    counts = ef.embed_file(tiny_params, str(source), str(tmp_path / "out.hdf5"), options)
+    assert 0 < counts["resumed_lines"] < 40
+    assert counts["truncated_tokens"] == 40

@@ -13,6 +13,10 @@ the library half of `python -m elmo_jax.embed_file`.
 4. Process 0 writes the output from every process's spool in line order (`file_output`) and renames it
    into place; the staging directories are removed.
 
+A token over the model's C-2 UTF-8 bytes (48) is cut to them, as everywhere (docs/ELMO.md, "Long
+tokens"); the run counts them over the whole input (resumed lines and every process's share included):
+`truncated_tokens` in the counts, and a warning in the summary when there are any.
+
 Two runs never write one output at once: a run refuses, naming the other, when a live process of this
 host holds a staging directory of its output (`atomic.live_staging`).
 
@@ -61,6 +65,7 @@ from elmo_jax.formats import output_paths
 from elmo_jax.formats.model_source import ModelSource
 from elmo_jax.formats.vectors_hdf5 import VECTORS_FILE
 from elmo_jax.formats.vocab_file import Vocab
+from elmo_jax.model.chars import count_truncated, warn_truncated
 from elmo_jax.model.params import iter_flat
 from elmo_jax.runtime import processes
 from elmo_jax.runtime.progress import Progress
@@ -149,7 +154,8 @@ def embed_file(
     Returns:
       counts: lines, sentences (datasets written; this process's lines on processes > 0), tokens,
       blank_lines, split_lines, batches, compiled_shapes (distinct (rows, T, S) programs), padded_tokens,
-      resumed_lines (taken from a killed run), cached_types, processes, devices, seconds.
+      resumed_lines (taken from a killed run), truncated_tokens (cut to C-2 UTF-8 bytes, over the whole
+      input), cached_types, processes, devices, seconds.
 
     Raises:
       ValueError / OSError: bad options, input or output path, another run writing the same output
@@ -195,7 +201,7 @@ def _embed_local_file(
         devices=len(run.runner.devices),
         seconds=time.perf_counter() - start,
     )
-    _log_summary(run.summary, counts, options)
+    _log_summary(run.summary, counts, options, run.runner.config.max_characters_per_token)
     return counts
 
 
@@ -254,6 +260,7 @@ def _embed_and_write(run: _Prepared, options: Options) -> dict:
             spool.sync()
             spool.close()
             processes.barrier("embed_file: embedded")
+            counts["truncated_tokens"] = sum(map(int, processes.gather_text(str(counts["truncated_tokens"]))))
             staged = None
             if index == 0:
                 staged, counts["sentences"] = write_output(
@@ -333,7 +340,7 @@ def _embed_share(
     progress = Progress(totals, by="tokens", enabled=options.progress)
     ids, keep_tokens = CharIdTable(C), runner.cache is not None
     pending: collections.deque = collections.deque()
-    counts = {"batches": 0, "lines_read": 0}
+    counts = {"batches": 0, "lines_read": 0, "resumed_truncated": 0}
 
     def run(batches) -> None:
         for batch in batches:
@@ -349,9 +356,10 @@ def _embed_share(
         if not tokens or not owns(line, index, count):
             continue
         for offset in range(0, len(tokens), max_tokens):
-            if done.has(line, offset):
-                continue
             part = tokens[offset : offset + max_tokens]
+            if done.has(line, offset):  # embedded by the stopped run: its cut tokens still count
+                counts["resumed_truncated"] += count_truncated([part], C)
+                continue
             chars, width = ids.ids(part)
             run(batcher.add(Piece(line, offset, chars, width_bucket(width, C), part if keep_tokens else None)))
     run(batcher.flush())
@@ -366,6 +374,7 @@ def _embed_share(
         compiled_shapes=len(runner.shapes),
         padded_tokens=runner.padded_tokens,
         resumed_lines=resumed,
+        truncated_tokens=ids.truncated + counts.pop("resumed_truncated"),  # this process's lines
     )
     return counts
 
@@ -395,7 +404,7 @@ class _DonePieces:
         return self.cursor < n and (lines[self.cursor].item(), offsets[self.cursor].item()) == (line, offset)
 
 
-def _log_summary(summary: sentence_input.InputSummary, counts: dict, options: Options) -> None:
+def _log_summary(summary: sentence_input.InputSummary, counts: dict, options: Options, C: int) -> None:
     logging.info(
         "embedded %d sentences (%d tokens) in %.1f s: %d batches, %d compiled shapes, %d lines resumed",
         counts["sentences"],
@@ -417,3 +426,4 @@ def _log_summary(summary: sentence_input.InputSummary, counts: dict, options: Op
             options.max_sentence_tokens,
             ", ".join(map(str, summary.first_long)),
         )
+    warn_truncated(counts["truncated_tokens"], counts["tokens"], C)
