@@ -15,6 +15,7 @@ library nor `embed_file` counted what they cut.
 
 from __future__ import annotations
 
+import io
 import logging
 
 import h5py
@@ -25,7 +26,9 @@ import elmo_jax
 from elmo_jax.features.sentences import SentenceEmbedder
 from elmo_jax.files import file_embedding as ef
 from elmo_jax.formats import vector_spool
+from elmo_jax.serving import DynamicBatcher, Limits, make_app
 from tests.support.embed_files import as_left_by_a_dead_process, staging_dirs
+from tests.support.service_client import request, running
 from tests.support.tolerance import assert_close_up_to_order, char_cnn_terms, lstm_terms
 
 LONG = "x" * 60  # 60 bytes: keeps its first 48
@@ -121,3 +124,25 @@ def test_a_resumed_run_counts_the_whole_input(tiny_params, tmp_path, monkeypatch
     counts = ef.embed_file(tiny_params, str(source), str(tmp_path / "out.hdf5"), options)
     assert 0 < counts["resumed_lines"] < 40
     assert counts["truncated_tokens"] == 40
+
+
+def test_the_service_cuts_counts_and_tells_the_client(tiny_params, reference):
+    """The request is answered (it was refused 400), with `X-Truncated-Tokens: 2` and the vectors of the
+    tokens cut by hand; /metrics counts them; an answer with none cut has no such header."""
+    assert tiny_params.config.max_characters_per_token == 50  # C of Limits() by default
+    embedder = SentenceEmbedder(tiny_params, layers="all", batch_tokens=256)
+    batcher = DynamicBatcher(embedder, max_wait_s=0.001)
+    app = make_app(batcher, limits=Limits(), n_layers=3, auth_token=None)
+    with running(app) as port:
+        assert batcher.ready.wait(60)  # no warm-up: at once
+        status, headers, data = request(
+            port, "POST", "/v1/embed", {"sentences": [SENTENCE]}, {"Accept": "application/x-npz"}
+        )
+        assert status == 200, data[:300]
+        assert headers.get("x-truncated-tokens") == "2"
+        status, plain, _ = request(port, "POST", "/v1/embed", {"texts": ["the bank"]})
+        assert status == 200 and "x-truncated-tokens" not in plain
+        status, _, metrics = request(port, "GET", "/metrics")
+    assert "elmo_truncated_tokens_total 2.0" in metrics.decode()
+    vectors = np.load(io.BytesIO(data))["0"]
+    assert_reference(vectors, reference, tiny_params.config, "the service")

@@ -33,7 +33,7 @@ from tests.support.commands import error_line
 from tests.support.inprocess import run_in_process
 from tests.support.service_client import request, running
 
-LIMITS = Limits(max_sentences=6, max_tokens=60, max_sentence_tokens=24, max_token_bytes=48, max_body_bytes=1 << 20)
+LIMITS = Limits(max_sentences=6, max_tokens=60, max_sentence_tokens=24, max_body_bytes=1 << 20)
 DIM = 32
 
 

@@ -26,7 +26,7 @@ from elmo_jax.serving.embed_requests import RequestError, parse_request
 from tests.support.commands import command_argv, command_env
 from tests.support.service_client import ConstantEmbedder, request, running
 
-LIMITS = Limits(max_sentences=6, max_tokens=60, max_sentence_tokens=24, max_token_bytes=48, max_body_bytes=1 << 20)
+LIMITS = Limits(max_sentences=6, max_tokens=60, max_sentence_tokens=24, max_body_bytes=1 << 20)
 
 
 def refusal(body: bytes) -> RequestError:

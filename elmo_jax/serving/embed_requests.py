@@ -18,6 +18,10 @@ layers' average (a request cannot give sentence_mean a mix; zeros for an empty s
 `Accept: application/x-npy`: one array of all sentences, padded with zeros to the longest
 ((S, L+1, T, 2P), (S, T, 2P) or (S, 2P)), the lengths in the `X-Sentence-Lengths` header.
 
+A token over the model's C-2 UTF-8 bytes (48) is cut to them, never refused, as in the library and
+`embed_file` (docs/ELMO.md, "Long tokens"): `EmbedRequest.truncated_tokens` counts a request's, and
+its answer says how many in the `X-Truncated-Tokens` header when there are any.
+
 Whatever the body, parsing raises RequestError alone: nesting is bounded before `json.loads` recurses
 (`MAX_NESTING`: the brackets are counted first, those in strings too, which is cheap; only a count over
 the bound is made again without the strings, the slower scan; and a body whose strings' closing
@@ -40,6 +44,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from elmo_jax.features.output_modes import NAMES, OutputMode, output_mode
+from elmo_jax.model.chars import DEFAULT_MAX_CHARS, count_truncated
 
 JSON, NPY, NPZ = "application/json", "application/x-npy", "application/x-npz"
 MEDIA_TYPES = (JSON, NPY, NPZ)
@@ -83,14 +88,15 @@ class _LongInteger:
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """What one request may hold: sentences, tokens (all sentences together, and one sentence), UTF-8
-    bytes of one token (the model's `max_characters_per_token` - 2), bytes of the body."""
+    """What one request may hold: sentences, tokens (all sentences together, and one sentence), bytes of
+    the body (which bounds a token's length too); and the model's `max_characters_per_token` C, which
+    says which tokens are cut (over C-2 UTF-8 bytes) and counted, never refused."""
 
     max_sentences: int = 256
     max_tokens: int = 16384
     max_sentence_tokens: int = 512
-    max_token_bytes: int = 48
     max_body_bytes: int = 8 << 20
+    max_characters_per_token: int = DEFAULT_MAX_CHARS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +158,7 @@ class EmbedRequest:
     sentences: list[list[str]]
     output: Output
     media_type: str
+    truncated_tokens: int = 0  # tokens cut to the model's C-2 UTF-8 bytes (`chars.count_truncated`)
 
     @property
     def tokens(self) -> int:
@@ -178,7 +185,7 @@ def parse_request(body: bytes, answer_type: str | None, limits: Limits, n_layers
     if not isinstance(float16, bool):
         raise RequestError(400, "float16", f"expected true or false, found {_json_type(float16)}")
     output = _output(data.get("layers", "all"), n_layers, float16)
-    return EmbedRequest(sentences, output, answer_type)
+    return EmbedRequest(sentences, output, answer_type, count_truncated(sentences, limits.max_characters_per_token))
 
 
 def _json(body: bytes):
@@ -231,14 +238,6 @@ def _sentences(data: dict, limits: Limits) -> list[list[str]]:
             raise RequestError(
                 413, f"{field}[{i}]", f"{len(sentence)} tokens; at most {limits.max_sentence_tokens} per sentence"
             )
-        for j, token in enumerate(sentence):
-            size = len(token.encode("utf-8", "surrogatepass"))
-            if size > limits.max_token_bytes:
-                raise RequestError(
-                    400,
-                    f"{field}[{i}][{j}]",
-                    f"a token of {size} UTF-8 bytes; the model reads at most {limits.max_token_bytes}",
-                )
         total += len(sentence)
     if total > limits.max_tokens:
         raise RequestError(413, field, f"{total} tokens; at most {limits.max_tokens} per request")
@@ -305,8 +304,16 @@ def _json_type(value) -> str:
 
 
 def encode(vectors: Sequence[np.ndarray], request: EmbedRequest) -> tuple[bytes, dict[str, str]]:
-    """The answer's bytes and headers (Content-Type included) for each sentence's `vectors` (already the
-    requested output, `Output.vectors`)."""
+    """The answer's bytes and headers (Content-Type included; `X-Truncated-Tokens` when a token was cut)
+    for each sentence's `vectors` (already the requested output, `Output.vectors`)."""
+    data, headers = _encoded(vectors, request)
+    if request.truncated_tokens:
+        headers["X-Truncated-Tokens"] = str(request.truncated_tokens)
+    return data, headers
+
+
+def _encoded(vectors: Sequence[np.ndarray], request: EmbedRequest) -> tuple[bytes, dict[str, str]]:
+    """`encode` less the truncation header."""
     if request.media_type == NPZ:
         buffer = io.BytesIO()
         np.savez(buffer, **{str(i): v for i, v in enumerate(vectors)})

@@ -83,6 +83,11 @@ class Metrics:
         self.batch_tokens = Histogram(
             "elmo_batch_tokens", "Tokens in one batch", buckets=SIZE_BUCKETS, registry=registry
         )
+        self.truncated_tokens = Counter(
+            "elmo_truncated_tokens",
+            "Tokens of answered requests cut to the model's C-2 UTF-8 bytes (docs/ELMO.md, Long tokens)",
+            registry=registry,
+        )
         stats = batcher.stats
         gauges = (
             ("elmo_tokens", "Tokens embedded", lambda: stats.tokens),
@@ -286,6 +291,7 @@ class _Service:
         if self.dim is None and vectors:
             self._check_json_size(parsed, vectors[0].shape[-1])
         data, headers = await run_in_threadpool(lambda: encode(parsed.output.vectors(vectors), parsed))
+        self.metrics.truncated_tokens.inc(parsed.truncated_tokens)  # X-Truncated-Tokens tells the client
         return Response(data, headers=headers)
 
     def _check_json_size(self, parsed: EmbedRequest, dim: int) -> None:

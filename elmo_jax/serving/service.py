@@ -221,7 +221,7 @@ def build_app(params, config: ServiceConfig, token: str | None, on_start=None, c
         max_sentences=config.max_sentences,
         max_tokens=config.max_tokens,
         max_sentence_tokens=config.max_sentence_tokens,
-        max_token_bytes=params.config.max_characters_per_token - 2,  # less its begin and end marks
+        max_characters_per_token=params.config.max_characters_per_token,  # longer tokens are cut and counted
         max_body_bytes=config.max_body_bytes,
     )
     embedders = [
