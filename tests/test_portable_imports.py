@@ -294,3 +294,38 @@ def test_without_fallocate_on_windows_nothing_is_reserved(monkeypatch, tmp_path)
     (tmp_path / "v.hdf5").write_bytes(b"")
     vectors_hdf5._reserve(str(tmp_path / "v.hdf5"), 1 << 20, "v.hdf5")
     assert os.path.getsize(tmp_path / "v.hdf5") == 0
+
+
+class _Kernel32:
+    """Stands in for Windows' kernel32: `processes` maps a pid to "running", "exited" or "denied"."""
+
+    def __init__(self, processes):
+        self.processes, self.closed, self.error = processes, [], 0
+
+    def OpenProcess(self, access, inherit, pid):
+        state = self.processes.get(pid)
+        if state in (None, "denied"):
+            self.error = 5 if state == "denied" else 87  # ERROR_ACCESS_DENIED, ERROR_INVALID_PARAMETER
+            return 0
+        return pid
+
+    def WaitForSingleObject(self, handle, milliseconds):
+        assert milliseconds == 0  # a probe, never a wait
+        return 0x102 if self.processes[handle] == "running" else 0  # WAIT_TIMEOUT, WAIT_OBJECT_0
+
+    def CloseHandle(self, handle):
+        self.closed.append(handle)
+
+
+def test_a_pid_is_probed_on_windows_without_os_kill(monkeypatch):
+    """On Windows `os.kill(pid, 0)` sends CTRL_C_EVENT (0) to the pid's console group, and any other
+    number terminates the process: the probe there asks kernel32 for a handle. Running, exited, another
+    user's and no such process; each handle opened is closed. Failed before: `storage.atomic` had no
+    Windows probe (and bucket_lock a second copy of the os.kill one)."""
+    from elmo_jax.storage import atomic
+
+    monkeypatch.setattr(os, "kill", lambda *a: pytest.fail("os.kill called"))
+    kernel32 = _Kernel32({10: "running", 11: "exited", 12: "denied"})
+    probe = lambda pid: atomic._windows_pid_running(pid, kernel32, lambda: kernel32.error)  # noqa: E731
+    assert [probe(pid) for pid in (10, 11, 12, 13)] == [True, False, True, False]
+    assert kernel32.closed == [10, 11]

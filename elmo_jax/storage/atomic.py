@@ -137,7 +137,7 @@ def _staging_of(path: str | os.PathLike) -> list[tuple[str, int, bool]]:
         parts = name[len(prefix) : -len(STAGING_SUFFIX)].split(".")
         if len(parts) != 3 or parts[0] != _host() or not parts[1].isdigit():
             continue
-        found.append((os.path.join(directory, name), int(parts[1]), _running(int(parts[1]))))
+        found.append((os.path.join(directory, name), int(parts[1]), pid_running(int(parts[1]))))
     return sorted(found)
 
 
@@ -159,9 +159,11 @@ def remove_stale_staging(path: str | os.PathLike, log=None) -> list[str]:
     return removed
 
 
-def _running(pid: int) -> bool:
+def pid_running(pid: int) -> bool:
     """Whether a process with this pid runs on this host (a reused pid counts as running: never remove
-    the files of a process that might still write them)."""
+    the files of a process that might still write them; another user's process counts as running)."""
+    if os.name == "nt":
+        return _windows_pid_running(pid)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -169,6 +171,25 @@ def _running(pid: int) -> bool:
     except PermissionError:  # another user's process
         return True
     return True
+
+
+def _windows_pid_running(pid: int, kernel32=None, last_error=None) -> bool:
+    """`pid_running` on Windows, where `os.kill(pid, 0)` is no probe: 0 is CTRL_C_EVENT there, sent to
+    the pid's console process group (and any other signal number terminates the process). Asks the
+    kernel for a handle instead: none and "access denied" is another user's process; a handle whose
+    wait times out is a process still running (an exited one's handle is signalled)."""
+    import ctypes
+
+    kernel32 = kernel32 or ctypes.WinDLL("kernel32", use_last_error=True)
+    last_error = last_error or ctypes.get_last_error
+    query_and_wait = 0x1000 | 0x00100000  # PROCESS_QUERY_LIMITED_INFORMATION | SYNCHRONIZE
+    handle = kernel32.OpenProcess(query_and_wait, False, pid)
+    if not handle:
+        return last_error() == 5  # ERROR_ACCESS_DENIED
+    try:
+        return kernel32.WaitForSingleObject(handle, 0) == 0x102  # WAIT_TIMEOUT
+    finally:
+        kernel32.CloseHandle(handle)
 
 
 def write(path: str | os.PathLike, write_fn: Callable[[BinaryIO], object]) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from absl import logging
 
 from elmo_jax.storage import outage
+from elmo_jax.storage.atomic import pid_running
 
 HEARTBEAT_S = 30.0
 STALE_S = 180.0  # six missed heartbeats: its host is gone (a preempted pod is re-created within minutes)
@@ -120,7 +121,7 @@ class BucketLock:
         if previous.get("unreadable"):
             return True
         if previous.get("host") == socket.gethostname() and isinstance(previous.get("pid"), int):
-            return not _running(previous["pid"])
+            return not pid_running(previous["pid"])
         return time.time() - float(previous.get("heartbeat", 0)) > STALE_S
 
     def _beat(self) -> None:
@@ -155,14 +156,3 @@ class BucketLock:
             pass
         except Exception as e:  # a network error: the lock is taken over as after a kill
             logging.warning("could not delete %s (%s): a re-run takes it over", self.url, e)
-
-
-def _running(pid: int) -> bool:
-    """Whether a process with this pid runs on this host (another user's counts as running)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
