@@ -303,3 +303,34 @@ def test_fixture_copy_loads(fixture_dir, tmp_path):
     shutil.copy(fixture_dir / "options.json", tmp_path / "options.json")
     params = elmo_jax.load_hdf5(tmp_path / "options.json", weights)
     assert params.config.n_highway == 1
+
+
+# ----------------------------------------------------------------------------- missing arguments
+
+
+@pytest.mark.parametrize(
+    "module, function, args, message",
+    [
+        (
+            "files.file_embedding",
+            "embed_model_file",
+            (None, "in", ""),
+            "output_path is required (the command's --output)",
+        ),
+        ("data.vocab_builder", "write_vocab_file", (None, "v.txt"), "files is required (the command's --files)"),
+        (
+            "analysis.probe_files",
+            "read_targets",
+            (None, "t.jsonl", None, ()),
+            "test_path is required (the command's --test)",
+        ),
+    ],
+)
+def test_a_library_call_missing_a_required_argument_names_the_argument(module, function, args, message):
+    """Called from Python, the functions under the commands name their own argument (and the command's
+    flag for a reader of the command). Failed before: "--output is required", a flag a caller of the
+    function never wrote."""
+    call = getattr(importlib.import_module(f"elmo_jax.{module}"), function)
+    kwargs = {"overwrite": False} if function == "read_targets" else {}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        call(*args, **kwargs)

@@ -57,9 +57,9 @@ def read_targets(
     """The training and test targets of a command that reads labelled targets (--train and --test, both
     required), once each (flag, path, artifact) of `outputs` given is known writable: nothing is read
     before a command is sure it can write its results."""
-    for flag, path in (("train", train_path), ("test", test_path)):
+    for name, flag, path in (("train_path", "train", train_path), ("test_path", "test", test_path)):
         if not path:
-            raise ValueError(f"--{flag} is required: a .jsonl or CoNLL file of labelled targets")
+            raise ValueError(f"{name} is required (the command's --{flag}): a .jsonl or CoNLL file of labelled targets")
     inputs = [train_path, test_path, *model.paths]
     for flag, path, artifact in outputs:
         if path:

@@ -40,7 +40,7 @@ def write_vocab_file(
     """
     for flag, value in (("files", files), ("output", output)):
         if not value:
-            raise ValueError(f"--{flag} is required")
+            raise ValueError(f"{flag} is required (the command's --{flag})")
     check_output(output, VOCABULARY, overwrite=overwrite, inputs=text_files.expand_glob(files))
     check_size_args(min_count, max_size)
     counts, stats = count_tokens(files, max_line_chars=max_line_chars, invalid_utf8=invalid_utf8, log_every=log_every)

@@ -107,9 +107,9 @@ def embed_model_file(
     Returns:
       `embed_file`'s counts.
     """
-    for flag, path in (("input", input_path), ("output", output_path)):
+    for name, flag, path in (("input_path", "input", input_path), ("output_path", "output", output_path)):
         if not path:
-            raise ValueError(f"--{flag} is required")
+            raise ValueError(f"{name} is required (the command's --{flag})")
     options.check()
     target = check_output_path(output_path, options.overwrite, inputs=[input_path, *model.paths], remove_stale=False)
     # Before the input is read or the model loaded: another run writing this output refuses this one.
