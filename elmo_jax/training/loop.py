@@ -340,11 +340,11 @@ def _log_resumption(run: Run, state: TrainState, workdir: str, is_main: bool) ->
 
 def _log_compile(run: Run, positions: int, distinct: int | None, seconds: float) -> None:
     """The first step with a new pair of char CNN buckets compiles the training step for it (at most C/8
-    character-width buckets, times at most 8 distinct-token buckets, each met when a batch first needs
-    it; a stream of text meets a few); that time is left out of the rates, and is the ETA's cost of the
-    compiles it expects (`step_report.StepLine`). Compiling every
-    bucket up front would make each run pay for buckets its text may never reach (a compile is seconds
-    on CPU, tens of seconds for the large model), so they are compiled when met."""
+    character-width buckets, times at most 8 distinct-token buckets; a stream of text meets a few, and a
+    pair met once runs with a wider one already compiled: `batch_feed.step_shape`); that time is left
+    out of the rates, and is the ETA's cost of the compiles it expects (`step_report.StepLine`).
+    Compiling every bucket up front would make each run pay for buckets its text may never reach (a
+    compile is seconds on CPU, tens of seconds for the large model), so they are compiled when needed."""
     run.report.progress.compiled((positions, distinct), seconds)
     blocks = run.steps.local_token_shards * jax.process_count()  # the batch axis's devices
     per_device = run.config.batch_size * run.config.unroll_steps * 2 // blocks
