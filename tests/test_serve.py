@@ -51,6 +51,7 @@ def tiny_service(tiny_params):
     embedder = SentenceEmbedder(tiny_params, layers="all", batch_tokens=256)
     app, batcher = service(embedder, max_batch_tokens=400, max_wait_s=0.05, warmup=[[["the", "bank"]]])
     with running(app) as port:
+        assert batcher.ready.wait(120)  # requests during the warm-up are refused (503)
         yield port, batcher
 
 

@@ -12,7 +12,9 @@ receives.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
+import logging
 import re
 import signal
 import subprocess
@@ -21,7 +23,8 @@ import time
 
 import pytest
 
-from elmo_jax.serving import DynamicBatcher, Limits, make_app
+from elmo_jax.runtime.progress import Progress
+from elmo_jax.serving import DynamicBatcher, Limits, dynamic_batching, make_app
 from elmo_jax.serving.embed_requests import RequestError, parse_request
 from tests.support.commands import command_argv, command_env
 from tests.support.service_client import ConstantEmbedder, request, running
@@ -177,39 +180,93 @@ def test_the_batching_window_must_be_a_finite_wait(max_wait_s):
         DynamicBatcher(ConstantEmbedder(), max_wait_s=max_wait_s)
 
 
-def test_a_stop_during_the_warm_up_ends_it_between_batches_and_refuses_what_waits():
+class ClockEmbedder(ConstantEmbedder):
+    """A stand-in whose every batch takes `seconds` of a fake clock (`now`, a one-item list), as a compile
+    would; with `gate_at`, the batch of that number (from 1) waits for `gate` first."""
+
+    def __init__(self, now: list, seconds: float, gate_at: int):
+        super().__init__()
+        self.now, self.seconds, self.gate_at, self.gate_open = now, seconds, gate_at, threading.Event()
+        self.at_gate = threading.Event()
+
+    def stream(self, sentences, window):
+        if self.batches + 1 == self.gate_at:
+            self.at_gate.set()
+            assert self.gate_open.wait(60)
+        self.now[0] += self.seconds
+        return super().stream(sentences, window)
+
+
+def test_the_warm_up_says_how_far_it_is_and_refuses_requests_at_once(monkeypatch, caplog):
+    """Issue #51: the warm-up was silent (minutes on a CPU) and a request sent meanwhile waited for all
+    of it. Now, 10 warm-up batches of 3 s each (a fake clock): a line at the start naming --nowarmup,
+    then one once both 10% and 15 s have passed, and the last; while 4 are done, /readyz says 4/10 and
+    18 s left (6 batches at 3 s), a request is answered 503 at once with `Retry-After: 18` and the same,
+    /metrics has the gauges; once ready, /readyz says 10/10 and requests are embedded."""
+    now = [0.0]
+    monkeypatch.setattr(dynamic_batching, "Progress", functools.partial(Progress, clock=lambda: now[0]))
+    caplog.set_level(logging.INFO)
+    embedder = ClockEmbedder(now, seconds=3.0, gate_at=5)
+    batcher = DynamicBatcher(embedder, max_wait_s=0, warmup=[[["w"]]] * 10)
+    with running(make_app(batcher, limits=LIMITS, n_layers=3)) as port:
+        assert embedder.at_gate.wait(30)  # 4 batches done, at 12 s
+        status, _, data = request(port, "GET", "/readyz")
+        warming = {"ready": False, "status": "warming up (compiling)"}
+        assert (status, strict_json(data)) == (503, {**warming, "warmup": {"done": 4, "total": 10, "seconds_left": 18}})
+        status, headers, data = request(port, "POST", "/v1/embed", {"sentences": [["a"]]})
+        message = strict_json(data)["error"]["message"]
+        assert (status, headers["retry-after"]) == (503, "18"), data
+        assert "warming up (compiling): 4/10 programs done, about 18 s left" in message and "--nowarmup" in message
+        metrics = request(port, "GET", "/metrics")[2].decode()
+        assert "elmo_warmup_done 4.0" in metrics and "elmo_warmup_total 10.0" in metrics, metrics
+        embedder.gate_open.set()
+        assert batcher.ready.wait(30)
+        status, _, data = request(port, "GET", "/readyz")
+        assert strict_json(data) == {
+            "ready": True,
+            "status": "ready",
+            "warmup": {"done": 10, "total": 10, "seconds_left": 0},
+        }
+        assert request(port, "POST", "/v1/embed", {"sentences": [["a"]]})[0] == 200
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("warm-up")]
+    assert lines[0].startswith("warm-up: 10 programs to compile") and "--nowarmup skips it" in lines[0], lines
+    # 15 s at the 5th batch (the first line due: a tenth and 15 s); the next 15 s is the end.
+    assert lines[1:] == ["warm-up: 5/10 programs, ~15 s left", "warm-up done: 10 programs in 30 s (0 compiled); ready"]
+    assert batcher.stats.warmup_refused == 1
+
+
+def test_a_stop_during_the_warm_up_ends_it_between_batches():
     """`close` (SIGTERM starts its first half, `stop`) while the first of 6 warm-up batches runs: the
-    request that waited for the warm-up is refused at once with 503 JSON "shutting down" (before, the
-    batcher ran every remaining warm-up batch and then embedded it), the warm-up ends after the batch that
-    runs, and the batcher says what happened."""
+    warm-up ends after the batch that runs (before, it ran every remaining batch), and the batcher says
+    what happened: a request sent during the warm-up was refused at once (503, Retry-After 10 s: no
+    batch done yet, nothing to estimate from; before, it waited for the warm-up), none was accepted."""
     gate = threading.Event()
     embedder = ConstantEmbedder(gate=gate)
     batcher = DynamicBatcher(embedder, max_wait_s=0, warmup=[[["w"]]] * 6)
     app = make_app(batcher, limits=LIMITS, n_layers=3)
-    with running(app) as port, concurrent.futures.ThreadPoolExecutor(2) as pool:
+    with running(app) as port, concurrent.futures.ThreadPoolExecutor(1) as pool:
         assert embedder.running.wait(10)
-        waiting = pool.submit(request, port, "POST", "/v1/embed", {"sentences": [["a"]]})
-        while batcher.queued_requests < 1:
-            time.sleep(0.01)
+        status, headers, data = request(port, "POST", "/v1/embed", {"sentences": [["a"]]})
         closing = pool.submit(batcher.close, 30)
-        status, headers, data = waiting.result(30)  # the warm-up batch is still running
-        gate.set()
+        while batcher.status != "shutting down":
+            time.sleep(0.01)
+        gate.set()  # the warm-up batch that runs ends
         closing.result(30)
-    assert status == 503 and "shutting down" in strict_json(data)["error"]["message"], data
-    assert headers["retry-after"] == "1"
+    message = strict_json(data)["error"]["message"]
+    assert status == 503 and "0/6 programs done, the time left is not known yet" in message, data
+    assert headers["retry-after"] == "10"
     assert embedder.batches == 1, f"{embedder.batches} warm-up batches ran after the stop"
     assert batcher.outcome() == (
-        "stopped during the warm-up (1 of 6 warm-up batches run): 1 accepted request was refused (503, shutting down)"
+        "stopped during the warm-up (1 of 6 warm-up batches run): no request was accepted (1 refused while it ran: 503)"
     )
 
 
 def test_sigterm_during_the_warm_up_stops_within_the_shutdown_timeout(fixture_dir):
     """A real process warming up 177 programs (rows of up to 128 steps in 8,192-token batches): SIGTERM
-    once it serves (the warm-up runs from then on: /readyz says so), with a request waiting for the
-    warm-up. Before: the process ran every remaining warm-up compile, the request got a plain-text 500
-    once the shutdown timeout (20 s here) had passed, and the last line said every accepted request was
-    answered. Now: the request is refused at once with 503 JSON, the warm-up stops after the compile that
-    runs, the process exits 0 within the shutdown timeout and its log says what happened."""
+    once it serves (the warm-up runs from then on: /readyz says so, with its progress; a request is
+    refused at once, 503 naming --nowarmup). Before: the process ran every remaining warm-up compile
+    (and the request waited for them). Now: the warm-up stops after the compile that runs, the process
+    exits 0 within the shutdown timeout and its log and last line say what happened."""
     shutdown_timeout_s = 20
     argv = command_argv(
         "elmo_jax.serve",
@@ -227,15 +284,14 @@ def test_sigterm_during_the_warm_up_stops_within_the_shutdown_timeout(fixture_di
         assert line.startswith("serving on http://127.0.0.1:"), line + process.stderr.read()
         port = int(line.split(":")[2].split(" ")[0])
         status, _, data = request(port, "GET", "/readyz")
-        assert status == 503 and strict_json(data)["status"] == "warming up (compiling)", data
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(request, port, "POST", "/v1/embed", {"sentences": [["the", "bank"]]})
-            while "elmo_queue_requests 1.0" not in request(port, "GET", "/metrics")[2].decode():
-                time.sleep(0.05)  # synchronised on the service's own count, not on time
-            process.send_signal(signal.SIGTERM)
-            signalled = time.monotonic()
-            status, _, data = waiting.result(shutdown_timeout_s + 60)
-        assert status == 503 and "shutting down" in strict_json(data)["error"]["message"], (status, data)
+        answer = strict_json(data)
+        assert status == 503 and answer["status"] == "warming up (compiling)", data
+        assert answer["warmup"]["total"] == 177 and answer["warmup"]["done"] < 177, data
+        status, headers, data = request(port, "POST", "/v1/embed", {"sentences": [["the", "bank"]]})
+        assert status == 503 and "--nowarmup" in strict_json(data)["error"]["message"], (status, data)
+        assert int(headers["retry-after"]) >= 1
+        process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
         process.wait(timeout=shutdown_timeout_s)
         exited = time.monotonic() - signalled
         out, err = process.communicate(timeout=10)
@@ -244,8 +300,8 @@ def test_sigterm_during_the_warm_up_stops_within_the_shutdown_timeout(fixture_di
             process.kill()
     assert process.returncode == 0, err[-2000:]
     assert exited < shutdown_timeout_s, f"exited {exited:.0f} s after SIGTERM"
-    outcome = r"stopped during the warm-up \(\d+ of 177 warm-up batches run\): 1 accepted request was refused"
-    assert re.search(outcome, err) and "warm-up: 177 batches" in err, err[-2000:]
+    outcome = r"stopped during the warm-up \(\d+ of 177 warm-up batches run\): no request was accepted \(1 refused"
+    assert re.search(outcome, err) and "warm-up: 177 programs to compile" in err, err[-2000:]
     assert re.search(outcome, out.splitlines()[-1]), out[-2000:]  # the last line says so too
     assert "every accepted request was answered" not in out + err, (out[-2000:], err[-2000:])
     assert "Traceback" not in err

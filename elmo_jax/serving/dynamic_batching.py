@@ -22,8 +22,17 @@ Every accepted request gets an answer or an error, never silence: a batch that f
 (the embedding, splitting the answers, the metrics' callback) gives its requests the error, is logged
 once with its traceback, and the worker goes on; a fault of the worker's own loop, or a failed warm-up,
 stops the batcher serving (`ready` cleared, `status` says why, what waits and what comes refused with
-`NotServing`). `stop` (the service calls it on SIGTERM) ends a warm-up at its next batch and refuses what
-waits for it; after the warm-up, what was accepted is still embedded.
+`NotServing`). `stop` (the service calls it on SIGTERM) ends a warm-up at its next batch; after the
+warm-up, what was accepted is still embedded.
+
+The warm-up (`warmup`: one batch per program shape) runs before `ready` is set: minutes of XLA compiles
+on a CPU, seconds when the persistent compilation cache holds them. It logs its progress (a line at the
+start, then one per 10% of its programs and 15 s at most often, with the time left estimated from its
+batches so far: `warmup_progress`), and a request submitted meanwhile is refused at once (`WarmingUp`:
+the service answers 503 with `Retry-After`, the time left) rather than left waiting for it. Why not
+serve the requests whose shape is compiled already: a request's batch shape depends on the requests it
+is merged with, known only once the batch is formed, and a batch that met a shape still to compile
+would wait for it (a warm-up's minutes) with no word to its client.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import math
 import threading
 import time
 import weakref
@@ -41,6 +51,7 @@ from absl import logging
 
 from elmo_jax.features.packing import RowPacker
 from elmo_jax.features.sentences import SentenceEmbedder
+from elmo_jax.runtime.progress import Progress, duration
 
 # The open batchers that count XLA compiles. jax.monitoring holds its listeners for the life of the
 # process (and jax 0.6, the dependency floor, has no public way to remove one), so one listener, registered
@@ -51,21 +62,37 @@ _COUNTING_LOCK = threading.Lock()
 _listening = False
 # The longest batching window: what `Condition.wait` takes (beyond, it raises OverflowError).
 WAIT_MAX = threading.TIMEOUT_MAX
+# The warm-up's progress lines: one once both another tenth of its programs and 15 s have passed (a
+# warm-up read from the compilation cache takes seconds: one line at its start and one at its end).
+WARMUP_LINE_SHARE, WARMUP_LINE_EVERY_S = 0.1, 15.0
+# A request refused during the warm-up before its first batch is done (no rate to estimate from yet)
+# is told to retry after this many seconds.
+WARMUP_RETRY_UNKNOWN_S = 10
 
 
-def _on_event(name: str, seconds: float, **kwargs) -> None:
-    if name.endswith("backend_compile_duration"):
-        with _COUNTING_LOCK:
-            batchers = list(_COUNTING)
-        for batcher in batchers:
+def _on_duration(name: str, seconds: float, **kwargs) -> None:
+    if name.endswith("backend_compile_duration"):  # a program compiled, or read from the persistent cache
+        for batcher in _counting():
             batcher._count_compile()
+
+
+def _on_event(name: str, **kwargs) -> None:
+    if name == "/jax/compilation_cache/cache_hits":
+        for batcher in _counting():
+            batcher._count_compile(cache_hit=True)
+
+
+def _counting() -> list[DynamicBatcher]:
+    with _COUNTING_LOCK:
+        return list(_COUNTING)
 
 
 def _watch_compiles(batcher: DynamicBatcher) -> None:
     global _listening
     with _COUNTING_LOCK:
         if not _listening:
-            jax.monitoring.register_event_duration_secs_listener(_on_event)
+            jax.monitoring.register_event_duration_secs_listener(_on_duration)
+            jax.monitoring.register_event_listener(_on_event)
             _listening = True
         _COUNTING.add(batcher)
 
@@ -73,6 +100,15 @@ def _watch_compiles(batcher: DynamicBatcher) -> None:
 class QueueFull(Exception):
     """The batcher takes no request now: it holds `max_queue_tokens` already (or it stops, `NotServing`).
     The service answers 503 with Retry-After."""
+
+
+class WarmingUp(QueueFull):
+    """The batcher runs its warm-up: a request is refused at once rather than left waiting for it (the
+    service answers 503, `Retry-After: retry_after_s`, the warm-up's estimated seconds left, at least 1)."""
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class NotServing(QueueFull):
@@ -95,11 +131,12 @@ class BatchStats:
     Attributes:
       batches: merged batches run; sentences, tokens: in them.
       padded_tokens: token positions the devices ran (padding included).
-      compiles: XLA programs compiled in the process while the batcher was open (warm-up included).
+      compiles: XLA programs compiled in the process while the batcher was open (warm-up included),
+        or read from the persistent compilation cache; cache_hits: those read from it.
       failures: batches that failed (their requests got the error).
       warmup_batches: warm-up batches run.
-      refused: accepted requests refused before they ran (the batcher stopped during its warm-up, or
-        could not serve).
+      refused: accepted requests refused before they ran (the batcher stopped, or could not serve).
+      warmup_refused: requests refused because the warm-up was running (`WarmingUp`).
     """
 
     batches: int = 0
@@ -107,9 +144,11 @@ class BatchStats:
     tokens: int = 0
     padded_tokens: int = 0
     compiles: int = 0
+    cache_hits: int = 0
     failures: int = 0
     warmup_batches: int = 0
     refused: int = 0
+    warmup_refused: int = 0
 
 
 class DynamicBatcher:
@@ -126,7 +165,8 @@ class DynamicBatcher:
         `threading.TIMEOUT_MAX`, what a wait can take).
       max_queue_tokens: tokens waiting (not yet in a batch) at most; `submit` refuses beyond.
       warmup: lists of sentences embedded by `start` before serving, so that the common shapes are
-        compiled before the first request (the service is ready after them).
+        compiled before the first request (the service is ready after them; requests are refused with
+        `WarmingUp` until then).
       on_batch: called after each batch with (requests, sentences, tokens) in it (the service's histograms).
     """
 
@@ -157,6 +197,7 @@ class DynamicBatcher:
         self._closing = False
         self._failure: str | None = None  # why the batcher cannot serve (a worker stopped, the warm-up failed)
         self._warming = len(self.embedders)  # workers still warming up
+        self._progress: Progress | None = None  # the warm-up's, from `start`
         self._cond = threading.Condition()
         self._stats_lock = threading.Lock()
         self._threads = [
@@ -165,9 +206,14 @@ class DynamicBatcher:
         ]
         _watch_compiles(self)
 
-    def _count_compile(self) -> None:
+    def _count_compile(self, cache_hit: bool = False) -> None:
+        """Counts a program compiled or read from the persistent cache (`compiles`), or that it was read
+        (`cache_hits`: JAX reports both for one read)."""
         with self._stats_lock:  # the workers compile side by side during the warm-up
-            self.stats.compiles += 1
+            if cache_hit:
+                self.stats.cache_hits += 1
+            else:
+                self.stats.compiles += 1
 
     @property
     def queued_tokens(self) -> int:
@@ -188,6 +234,28 @@ class DynamicBatcher:
             return "shutting down"
         return "ready" if self.ready.is_set() else "warming up (compiling)"
 
+    @property
+    def warmup_total(self) -> int:
+        """Warm-up batches (one per program shape; 0: no warm-up)."""
+        return len(self._warmup)
+
+    def warmup_progress(self) -> dict | None:
+        """The warm-up as /readyz says it: {"done": programs run, "total": of them, "seconds_left": the
+        estimate from the batches run so far (None before the first is done, 0 once ready)}; None without
+        a warm-up."""
+        if not self._warmup:
+            return None
+        with self._stats_lock:
+            done, left = self.stats.warmup_batches, self._seconds_left()
+        return {"done": done, "total": len(self._warmup), "seconds_left": None if left is None else round(left)}
+
+    def _seconds_left(self) -> float | None:
+        """The warm-up's estimated seconds left (the caller holds `_stats_lock`); None when not known."""
+        if self.ready.is_set():
+            return 0.0
+        eta = math.nan if self._progress is None or not self.stats.warmup_batches else self._progress.eta()
+        return eta if math.isfinite(eta) else None
+
     def outcome(self) -> str:
         """What became of the accepted requests, for the service's last line once the batcher is closed."""
         refused, run, total = self.stats.refused, self.stats.warmup_batches, len(self._warmup)
@@ -197,17 +265,28 @@ class DynamicBatcher:
             return f"stopped after the service stopped serving ({self._failure}): {requests}" + " (503)" * bool(refused)
         if not self.ready.is_set() and total:
             happened = f"stopped during the warm-up ({run} of {total} warm-up batches run)"
-            return f"{happened}: {requests}" + " (503, shutting down)" * bool(refused)
+            if refused:
+                return f"{happened}: {requests} (503, shutting down)"
+            turned = self.stats.warmup_refused
+            return f"{happened}: no request was accepted" + f" ({turned} refused while it ran: 503)" * bool(turned)
         return "stopped: every accepted request was answered"
 
     def start(self) -> None:
         """Starts the worker threads: they share the warm-up batches (`ready` is set after them all), then
         every worker takes requests."""
         if self._warmup:
-            workers = len(self.embedders)
+            total, workers = len(self._warmup), len(self.embedders)
+            self._progress = Progress(
+                {"programs": total},
+                every=max(1, math.ceil(total * WARMUP_LINE_SHARE)),
+                every_s=WARMUP_LINE_EVERY_S,
+                log=True,
+            )
             logging.info(
-                "warm-up: %d batches (one per common program shape) on %d worker%s; ready after them",
-                len(self._warmup),
+                "warm-up: %d programs to compile (or read from the compilation cache) on %d worker%s before "
+                "ready; requests meanwhile get 503 with Retry-After; --nowarmup skips it (a shape then compiles "
+                "when a batch first meets it)",
+                total,
                 workers,
                 "s" * (workers > 1),
             )
@@ -225,6 +304,8 @@ class DynamicBatcher:
                 raise NotServing(f"the service cannot serve: {self._failure}")
             if self._closing:
                 raise NotServing("the service is shutting down")
+            if self._warmup and not self.ready.is_set():
+                raise self._warming_up()
             # One request larger than the whole bound is still taken when nothing waits (the request caps
             # bound it), so it cannot be refused forever.
             if self._waiting and self._queued_tokens + tokens > self.max_queue_tokens:
@@ -234,10 +315,24 @@ class DynamicBatcher:
             self._cond.notify_all()
         return future
 
+    def _warming_up(self) -> WarmingUp:
+        """The refusal of a request submitted during the warm-up (counted), saying how far it is."""
+        with self._stats_lock:
+            self.stats.warmup_refused += 1
+            done, left = self.stats.warmup_batches, self._seconds_left()
+        estimate = "the time left is not known yet" if left is None else f"about {duration(left)} left"
+        return WarmingUp(
+            f"the service is warming up (compiling): {done}/{len(self._warmup)} programs done, {estimate}; "
+            "retry after Retry-After seconds (/readyz says when it is ready; --nowarmup starts a service at once, "
+            "each new shape compiling when first met)",
+            WARMUP_RETRY_UNKNOWN_S if left is None else max(1, math.ceil(left)),
+        )
+
     def stop(self) -> None:
         """Stops taking requests, at once (what the service does on SIGTERM; it does not wait). After the
         warm-up, the workers still embed every request already accepted; during it, the warm-up ends at
-        its next batch and the requests waiting for it are refused (NotServing: "shutting down")."""
+        its next batch (nothing waits for it: `submit` refuses requests until it is done; what a batcher
+        that was never started holds is refused, NotServing: "shutting down")."""
         with self._cond:
             self._closing = True
             refused = [] if self.ready.is_set() else self._take_waiting()
@@ -307,17 +402,39 @@ class DynamicBatcher:
                 logging.exception("warm-up failed")
                 self._fail(f"the warm-up failed: {type(e).__name__}: {e}")
                 return False
-            with self._stats_lock:
-                self.stats.warmup_batches += 1
+            self._warmed_up_one()
         with self._cond:
             self._warming -= 1
             if self._warming == 0 and self._failure is None and not self._closing:
-                logging.info("warm-up done: %d programs compiled", self.stats.compiles)
+                if self._progress is not None:
+                    self._progress.write(self._done_line(), final=True)
                 self.ready.set()
         while not self.ready.wait(0.5):
             if self._closing or self._failure is not None:
                 return False
         return True
+
+    def _warmed_up_one(self) -> None:
+        """Counts a warm-up batch done, and writes the progress line when one is due: the programs done and
+        the time left at the rate so far (the workers' batches side by side), e.g. `warm-up: 80/168
+        programs, ~2.0 min left`."""
+        with self._stats_lock:
+            self.stats.warmup_batches += 1
+            progress = self._progress
+            progress.add(programs=1)
+            done, total = self.stats.warmup_batches, len(self._warmup)
+            if done < total and progress.due():
+                progress.write(f"warm-up: {done}/{total} programs, ~{duration(progress.eta())} left")
+
+    def _done_line(self) -> str:
+        """The warm-up's last line: its time and what XLA did (compiled, or read from the persistent cache)."""
+        with self._stats_lock:
+            compiles, read = self.stats.compiles, self.stats.cache_hits
+        cached = f"{read} read from the compilation cache, " if read else ""
+        return (
+            f"warm-up done: {len(self._warmup)} programs in {duration(self._progress.seconds())} "
+            f"({cached}{compiles - read} compiled); ready"
+        )
 
     def _next_batch(self, worker: int) -> list[_Request] | None:
         """The oldest request and those after it, once full or its wait is over; None once closed and empty

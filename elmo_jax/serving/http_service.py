@@ -3,17 +3,18 @@ Prometheus metrics. `python -m elmo_jax.serve` runs it on uvicorn; docs/SERVING.
 
     POST /v1/embed   a JSON body (`embed_requests`) -> the vectors (JSON, .npy or .npz by Accept)
     GET  /healthz    200 while the process serves HTTP
-    GET  /readyz     200 once the warm-up compiles are done, 503 before and while shutting down
+    GET  /readyz     200 once the warm-up compiles are done, 503 before (with its progress) and while shutting down
     GET  /metrics    Prometheus text: requests by status, latency, batch sizes, padding, queue, compiles
 
 Every failure is a JSON `{"error": {"field": ..., "message": ...}}`, quoting at most a few hundred
 characters of what the client sent: 400 malformed, 401 without the token (when one is set), 404/405 no
 such route or method, 406 an Accept it cannot answer, 408 a body that did not arrive in time, 413 over a
 limit (a JSON answer over its own limit names .npy), 415 a body not sent as JSON, 421 a Host that is not
-the loopback name of a service on loopback, 503 the queue is full (`Retry-After`) or the service is not
-ready, and 500 when a batch fails or anything unexpected happens (logged once with its traceback). Each
-answer is counted in /metrics by route and status; a request whose client went away before its answer
-is cancelled (a batcher that has not taken it never embeds it), never encoded, and counted apart.
+the loopback name of a service on loopback, 503 the queue is full or the warm-up runs (`Retry-After`:
+1 s, or the warm-up's time left) or the service does not serve, and 500 when a batch fails or anything
+unexpected happens (logged once with its traceback). Each answer is counted in /metrics by route and
+status; a request whose client went away before its answer is cancelled (a batcher that has not taken
+it never embeds it), never encoded, and counted apart.
 Work that takes CPU time (parsing a large body, the output's arithmetic, encoding the answer) runs in a
 worker thread, not on the event loop.
 """
@@ -35,7 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from elmo_jax.runtime.signals import StopSignals
-from elmo_jax.serving.dynamic_batching import DynamicBatcher, QueueFull
+from elmo_jax.serving.dynamic_batching import DynamicBatcher, QueueFull, WarmingUp
 from elmo_jax.serving.embed_requests import JSON, NPY, EmbedRequest, Limits, RequestError, encode, parse_request
 from elmo_jax.serving.http_headers import answer_type, check_content_type, head_too_large, misdirected, quoted
 
@@ -92,7 +93,18 @@ class Metrics:
         gauges = (
             ("elmo_tokens", "Tokens embedded", lambda: stats.tokens),
             ("elmo_padded_tokens", "Token positions run on the devices, padding included", lambda: stats.padded_tokens),
-            ("elmo_compiles", "XLA programs compiled in this process (warm-up included)", lambda: stats.compiles),
+            (
+                "elmo_compiles",
+                "XLA programs compiled in this process (warm-up included), or read from the compilation cache",
+                lambda: stats.compiles,
+            ),
+            (
+                "elmo_compile_cache_hits",
+                "Of elmo_compiles, those read from the compilation cache",
+                lambda: stats.cache_hits,
+            ),
+            ("elmo_warmup_done", "Warm-up programs done (of elmo_warmup_total)", lambda: stats.warmup_batches),
+            ("elmo_warmup_total", "Warm-up programs in all (0: no warm-up)", lambda: batcher.warmup_total),
             ("elmo_batch_failures", "Batches whose embedding failed", lambda: stats.failures),
             ("elmo_queue_tokens", "Tokens waiting for a batch", lambda: batcher.queued_tokens),
             ("elmo_queue_requests", "Requests waiting for a batch", lambda: batcher.queued_requests),
@@ -278,6 +290,8 @@ class _Service:
             self._check_json_size(parsed, self.dim)
         try:
             future = self.batcher.submit(parsed.sentences)
+        except WarmingUp as e:  # at once, not after the warm-up's minutes
+            return _error(RequestError(503, "", str(e)), {"Retry-After": str(e.retry_after_s)})
         except QueueFull as e:
             return _error(RequestError(503, "", f"busy: {e}; retry"), {"Retry-After": str(RETRY_AFTER_S)})
         try:
@@ -313,7 +327,10 @@ class _Service:
     async def readyz(self, request: Request) -> Response:
         reason = "shutting down" if self.draining else self.batcher.status  # "not serving: why" when broken
         ready = reason == "ready"
-        return JSONResponse({"ready": ready, "status": reason}, status_code=200 if ready else 503)
+        answer = {"ready": ready, "status": reason}
+        if (warmup := self.batcher.warmup_progress()) is not None:
+            answer["warmup"] = warmup  # {"done": 80, "total": 168, "seconds_left": 120}
+        return JSONResponse(answer, status_code=200 if ready else 503)
 
     async def metrics_page(self, request: Request) -> Response:
         if not self.authorized(request):
@@ -342,12 +359,11 @@ class _Service:
 
     async def _stop_on_signal(self, signals: StopSignals) -> None:
         """The first SIGTERM or SIGINT (recorded by `signals` in the main thread, where the server runs):
-        the batcher stops at once (during the warm-up: the warm-up ends at its next batch, the requests
-        waiting for it are answered 503; after it: what was accepted is still embedded), /readyz says
-        "shutting down", then the signal goes on to uvicorn's handler, which stops taking connections
-        and waits for the open requests (`--shutdown_timeout_s`). Without this the stop would reach the
-        batcher only after that wait, which the requests waiting for the warm-up made last until the
-        timeout, the whole warm-up still to run."""
+        the batcher stops at once (during the warm-up: the warm-up ends at its next batch; after it: what
+        was accepted is still embedded), /readyz says "shutting down", then the signal goes on to
+        uvicorn's handler, which stops taking connections and waits for the open requests
+        (`--shutdown_timeout_s`). Without this the stop would reach the batcher only after uvicorn's
+        shutdown, the whole warm-up still to run."""
         while not signals.stopped:
             await asyncio.sleep(0.05)
         self.draining = True
