@@ -2,16 +2,16 @@
 compilation cache for the commands the tests start, and the session's tiny corpus and trained run.
 
 XLA reads `XLA_FLAGS` once, when the CPU backend starts, so the device count and the test compile
-settings (`tests/support/commands.py`) are set here, before anything imports jax; sharding code then
-runs on 8 devices in every CI run. Helpers live in
-tests/support and the NumPy references in tests/reference; test modules never import each other.
+settings the running XLA accepts (`tests/support/xla_flags.py`) are set here, before anything imports
+jax; sharding code then runs on 8 devices in every CI run. Helpers live in tests/support and the NumPy
+references in tests/reference; test modules never import each other.
 """
 
 from __future__ import annotations
 
 import os
 
-from tests.support.commands import xla_flags  # imports nothing of jax
+from tests.support.xla_flags import xla_flags  # imports nothing of jax
 
 _FLAGS = xla_flags(8)  # 8 devices, and the compile settings of every process of a test session
 if _FLAGS not in os.environ.get("XLA_FLAGS", ""):

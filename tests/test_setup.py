@@ -1,6 +1,11 @@
-"""The test environment itself: conftest must have forced 8 CPU devices and strict rank promotion."""
+"""The test environment itself: conftest must have forced 8 CPU devices and strict rank promotion, with
+XLA test settings the running XLA accepts."""
+
+import os
 
 import jax
+
+from tests.support import xla_flags
 
 
 def test_eight_devices():
@@ -37,3 +42,28 @@ def test_runtime_dependencies_cover_what_training_and_export_import():
         "tensorboardx",
     ):
         assert needed in names, needed
+
+
+def test_xla_compile_flags_are_probed_once_per_session_and_refused_ones_left_out(monkeypatch):
+    """Each candidate setting is probed once, a refused one is left out (XLA would end the process on
+    it), and the answer is read from the environment afterwards: what the xdist workers and commands
+    inherit, so they probe nothing."""
+    monkeypatch.delenv(xla_flags.CHOSEN_VARIABLE)
+    probed = []
+    accepts = lambda flag: probed.append(flag) or flag != "--xla_gone=false"
+    candidates = ("--xla_known=0", "--xla_gone=false", "--xla_other=1")
+    assert xla_flags.compile_flags(accepts, candidates) == "--xla_known=0 --xla_other=1"
+    assert xla_flags.compile_flags(accepts, candidates) == "--xla_known=0 --xla_other=1"
+    assert probed == list(candidates)
+    assert os.environ[xla_flags.CHOSEN_VARIABLE] == "--xla_known=0 --xla_other=1"
+    assert xla_flags.xla_flags(2) == "--xla_force_host_platform_device_count=2 --xla_known=0 --xla_other=1"
+    monkeypatch.setenv(xla_flags.CHOSEN_VARIABLE, "")
+    assert xla_flags.xla_flags(2) == "--xla_force_host_platform_device_count=2"
+
+
+def test_xla_probe_tells_a_flag_xla_refuses_from_one_it_knows():
+    """The real probe (two processes of ~0.15 CPU-s): a made-up flag is refused, the device count known;
+    and this session runs with exactly the compile settings chosen for it."""
+    assert not xla_flags.xla_accepts("--xla_elmo_jax_no_such_flag=1")
+    assert xla_flags.xla_accepts("--xla_force_host_platform_device_count=2")
+    assert os.environ["XLA_FLAGS"].endswith(xla_flags.xla_flags(8))

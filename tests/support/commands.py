@@ -11,6 +11,8 @@ from pathlib import Path
 
 from absl import flags
 
+from tests.support.xla_flags import xla_flags
+
 REPO = Path(__file__).resolve().parents[2]
 
 # Runs argv[2:] with every file it writes limited to argv[1] bytes: the limit is set in a small Python
@@ -21,22 +23,6 @@ LIMIT_FILE_SIZE = (
     "resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2); "
     "os.execv(sys.executable, [sys.executable] + sys.argv[2:])"
 )
-
-
-# XLA compiles are most of the suite's CPU time (docs/TESTING.md): hundreds of small programs, each
-# run for microseconds. Two settings make them cheaper without changing what XLA computes:
-# - LLVM at -O0 (a cold configs/tiny.py training run: 26 s of CPU at the default level, 14 s at 0);
-# - fusions emitted by XLA's older elemental IR emitter instead of the MLIR fusion emitters, which build
-#   an MLIR context and pass pipeline per fusion (embed of a new shape: 1.2 s of CPU against 0.8 s).
-# Every tolerance test passes with both (the same HLO, the same operations per element). Every process
-# of a test session uses them: in-process results are compared bit for bit with those of the commands
-# the tests start. (jaxlib 0.6.0, the floor, knows both flags; XLA refuses to start on an unknown one.)
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-
-
-def xla_flags(devices: int) -> str:
-    """`XLA_FLAGS` of a test process: `devices` forced CPU devices, the test compile settings."""
-    return f"--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}"
 
 
 def command_env(devices: int = 1, **extra: str) -> dict[str, str]:
