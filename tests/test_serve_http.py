@@ -29,7 +29,7 @@ import pytest
 
 from elmo_jax import serving
 from elmo_jax.serving import DynamicBatcher, Limits, ServiceConfig, make_app
-from tests.support.commands import error_line
+from tests.support.commands import REPO, error_line
 from tests.support.inprocess import run_in_process
 from tests.support.service_client import request, running
 
@@ -509,3 +509,31 @@ def test_tokens_are_stripped_ascii_and_their_file_private(tmp_path, caplog):
     with pytest.raises(ValueError, match=re.escape(f"${env} is set but blank")):
         ServiceConfig(host="0.0.0.0").check({env: "  "})
     assert os.stat(token_file).st_mode & 0o077  # the warning was not about a file we had made private
+
+
+def test_the_documented_client_sends_again_after_the_keep_alive_closed_its_connection():
+    """Issue #51: docs/SERVING.md's Python example kept one connection for many requests, and after 6 s
+    idle (the keep-alive is 5 s) the next request failed with BrokenPipeError. The example's own code,
+    read from the page, against the command's server with a 0.2 s keep-alive: a request, an idle gap
+    until the service has closed the connection, another request, both answered (on the old page there
+    is no `embed` to call again). A plain request on an idle
+    connection fails, so the gap did close it."""
+    text = (REPO / "docs" / "SERVING.md").read_text(encoding="utf-8")
+    example = text.split("## Examples", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    config = ServiceConfig(keep_alive_s=0.2)
+    app, connections = guarded_app_of(ZeroEmbedder(), config)
+    with running(app, config, connections) as port:
+        names = {}
+        exec(example.replace("8080", str(port)), names)  # the page's own code
+        assert [names["vectors"].shape, names["lengths"]] == [(2, 3, 3, DIM), [3, 2]]
+        plain = http.client.HTTPConnection("127.0.0.1", port)
+        plain.request("GET", "/healthz")
+        assert plain.getresponse().read() and names["connection"].sock is not None
+        deadline = time.monotonic() + 60
+        while connections.open_connections and time.monotonic() < deadline:
+            time.sleep(0.05)  # idle past the keep-alive: the service closes both (on its clock, not ours)
+        vectors, lengths = names["embed"]([["a", "b"]], layers="top")
+        assert vectors.shape == (1, 2, DIM) and lengths == [2]
+        with pytest.raises((BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected)):
+            plain.request("GET", "/healthz")
+            plain.getresponse()
