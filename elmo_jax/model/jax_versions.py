@@ -17,3 +17,13 @@ def shard_map_unchecked(body, **specs):
     from jax.experimental.shard_map import shard_map  # jax 0.6
 
     return shard_map(body, check_rep=False, **specs)
+
+
+def single_device_sharding(device: jax.Device) -> jax.sharding.Sharding:
+    """The sharding that keeps a whole array on `device`: `jax.sharding.make_single_device_sharding`
+    (jax >= 0.10; jax 0.12 deprecates the class it builds, `SingleDeviceSharding`, as a public name),
+    the class itself before."""
+    make = getattr(jax.sharding, "make_single_device_sharding", None)
+    if make is not None:
+        return make(device)
+    return jax.sharding.SingleDeviceSharding(device)  # jax 0.6

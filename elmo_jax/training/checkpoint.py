@@ -39,6 +39,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from elmo_jax import storage
+from elmo_jax.model.jax_versions import single_device_sharding
 from elmo_jax.runtime import processes
 from elmo_jax.training import orbax_noise
 
@@ -239,7 +240,7 @@ class Checkpoints:
         it, whatever mesh or process count wrote the checkpoint; the others onto this process's first
         device (the writer's sharding may name devices that do not exist here).
         """
-        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        device = single_device_sharding(jax.local_devices()[0])
         target = jax.tree.map(
             lambda a: (
                 ocp.utils.to_shape_dtype_struct(a)
