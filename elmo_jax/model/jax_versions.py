@@ -21,8 +21,8 @@ def shard_map_unchecked(body, **specs):
 
 def single_device_sharding(device: jax.Device) -> jax.sharding.Sharding:
     """The sharding that keeps a whole array on `device`: `jax.sharding.make_single_device_sharding`
-    (jax >= 0.10; jax 0.12 deprecates the class it builds, `SingleDeviceSharding`, as a public name),
-    the class itself before."""
+    where jax has it (0.10.2 does; 0.12 deprecates the class it builds, `SingleDeviceSharding`, as a
+    public name), the class itself where not (0.6.0)."""
     make = getattr(jax.sharding, "make_single_device_sharding", None)
     if make is not None:
         return make(device)
