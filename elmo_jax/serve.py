@@ -69,7 +69,14 @@ def define_flags() -> None:
         "A small batch's rows are rounded up to a 1/N of a full batch's: a larger N pads less and warms up more"
         " programs (small model: 168 with 16, 105 with 8).",
     )
-    flags.DEFINE_bool("warmup", True, "Compile the common shapes before reporting ready.")
+    flags.DEFINE_bool("warmup", True, "Compile the common shapes before reporting ready (--nowarmup: ready at once).")
+    flags.DEFINE_enum(
+        "warmup_shapes",
+        "auto",
+        ["auto", "all", "common"],
+        "The warm-up's shapes: all (168 programs for the small model), common (batches of up to 8 rows of up to 64"
+        " steps: 30; the rest compile when first met), auto (common on a CPU, all on an accelerator).",
+    )
     flags.DEFINE_float("shutdown_timeout_s", 60.0, "After SIGTERM: how long open requests may take to finish.")
     flags.DEFINE_enum("compute_dtype", "float32", ["float32", "bfloat16"], "Matmul precision.")
 

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import threading
 import time
+import types
 import weakref
 
 import jax
@@ -29,7 +30,7 @@ from absl import flags
 import elmo_jax
 from elmo_jax import serving
 from elmo_jax.features.sentences import SentenceEmbedder
-from elmo_jax.serving import DynamicBatcher, Limits, make_app, warmup_sentences
+from elmo_jax.serving import DynamicBatcher, Limits, dynamic_batching, make_app, warmup_sentences
 from tests.reference.elmo_equations import np_scalar_mix, np_sentence_mean
 from tests.support.commands import command_argv, command_env
 from tests.support.service_client import request, running
@@ -217,6 +218,35 @@ def test_the_warm_up_embeds_once_each_shape_the_packer_names(tiny_params, monkey
     for sentences in warmup_sentences(embedder, max_tokens=24):
         assert len(list(embedder.stream(sentences, window=len(sentences)))) == len(sentences)
     assert sorted(shapes) == sorted((8, T2, S) for T2 in (8, 16, 32) for S in (8, 16, 24))
+
+
+def test_the_common_warm_up_is_the_shapes_of_batches_of_up_to_8_rows_of_up_to_64_steps(tiny_params, monkeypatch):
+    """`--warmup_shapes=common` (a CPU's default, "auto"): on one device, 4,096-token batches, 16 tail
+    steps, sentences of up to 512 tokens. By hand: rows of 32 steps (128 a full batch, a part rounded up
+    to a power of two or a multiple of 8) and of 64 steps (64 a full batch, multiples of 4) in batches of
+    1, 2, 4 or 8 rows, and the lone rows of 8 and 16 steps; for widths 8, 16 and 24: 30 programs, where
+    "all" has 168. On an accelerator "auto" is "all"."""
+    embedder = SentenceEmbedder(tiny_params, layers="all", batch_tokens=4096, devices=[0], tail_steps=16)
+    shapes = []
+
+    def dispatch(batch):
+        shapes.append(batch.shape)
+        rows, T2, _ = batch.shape
+        return np.zeros((rows, 3, T2, 32), np.float32)
+
+    monkeypatch.setattr(embedder.runner, "dispatch", dispatch)
+    for sentences in dynamic_batching.warmup_set(embedder, 512, "common"):
+        assert len(list(embedder.stream(sentences, window=len(sentences)))) == len(sentences)
+    rows = [(r, T2) for T2 in (32, 64) for r in (1, 2, 4, 8)] + [(1, 8), (1, 16)]
+    assert sorted(shapes) == sorted((r, T2, S) for r, T2 in rows for S in (8, 16, 24))
+    assert len(dynamic_batching.warmup_set(embedder, 512, "all")) == 168
+    config = serving.ServiceConfig()
+    assert serving.service.warmup_shapes(config, embedder) == "common"  # the test devices are CPUs
+    monkeypatch.setattr(embedder.runner, "devices", [types.SimpleNamespace(platform="tpu")])
+    assert serving.service.warmup_shapes(config, embedder) == "all"
+    assert serving.service.warmup_shapes(dataclasses.replace(config, warmup_shapes="common"), embedder) == "common"
+    with pytest.raises(ValueError, match="--warmup_shapes=some: expected auto, all or common"):
+        dataclasses.replace(config, warmup_shapes="some").check({})
 
 
 class GatedEmbedder:

@@ -276,6 +276,7 @@ def test_sigterm_during_the_warm_up_stops_within_the_shutdown_timeout(fixture_di
         "--workers=1",
         "--batch_tokens=8192",
         "--max_batch_tokens=8192",
+        "--warmup_shapes=all",
         f"--shutdown_timeout_s={shutdown_timeout_s}",
     )
     process = subprocess.Popen(argv, env=command_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -65,6 +65,10 @@ WAIT_MAX = threading.TIMEOUT_MAX
 # The warm-up's progress lines: one once both another tenth of its programs and 15 s have passed (a
 # warm-up read from the compilation cache takes seconds: one line at its start and one at its end).
 WARMUP_LINE_SHARE, WARMUP_LINE_EVERY_S = 0.1, 15.0
+# The warm-up's sets of shapes (`warmup_set`): every shape, or those of batches of up to COMMON_ROWS
+# rows of up to COMMON_ROW steps (sentences of up to 62 tokens).
+WARMUP_SHAPES = ("all", "common")
+COMMON_ROWS, COMMON_ROW = 8, 64
 # A request refused during the warm-up before its first batch is done (no rate to estimate from yet)
 # is told to retry after this many seconds.
 WARMUP_RETRY_UNKNOWN_S = 10
@@ -511,25 +515,40 @@ class DynamicBatcher:
 
 
 def warmup_sentences(
-    embedder: SentenceEmbedder, max_tokens: int, widths=(8, 16, 24), max_row: int = 128
+    embedder: SentenceEmbedder, max_tokens: int, widths=(8, 16, 24), max_row: int = 128, most_rows: int | None = None
 ) -> list[list[list[str]]]:
     """Warm-up batches for a service: one per program shape that requests of text merge into, so that
     they are compiled before the service says it is ready.
 
     A merged batch is packed (`packing`); the packer names the (rows, T2) its batches can have for
     sentences of up to `max_tokens` tokens (`RowPacker.shapes`, rows of at most `max_row` steps: 128,
-    sentences of up to 126 tokens), each with sentences that make it. A batch's char CNN width is that
-    of its widest word: each shape is embedded for each width bucket in `widths` (8, 16, 24: words of up
-    to 6, 14 and 22 bytes, most text). Shapes outside these (wider words, longer sentences) compile when
-    first met (the service's metrics count them).
+    sentences of up to 126 tokens; with `most_rows`, batches of at most that many rows), each with
+    sentences that make it. A batch's char CNN width is that of its widest word: each shape is embedded
+    for each width bucket in `widths` (8, 16, 24: words of up to 6, 14 and 22 bytes, most text). Shapes
+    outside these (wider words, longer sentences) compile when first met (the service's metrics count
+    them).
     """
     C = embedder.C
     packer = RowPacker(
         embedder.batch_tokens, C, row_multiple=embedder.runner.row_multiple, tail_steps=embedder.tail_steps
     )
     shapes = packer.shapes(min(max_tokens, embedder.batch_tokens), longest_row=max_row)
+    shapes = {shape: lengths for shape, lengths in shapes.items() if most_rows is None or shape[0] <= most_rows}
     batches = []
     for S in sorted({min(w, C) for w in widths}):
         word = "w" * (S - 2)  # with its begin and end marks, S wide: the batch's width bucket is S
         batches += [[[word] * n for n in lengths] for lengths in shapes.values()]
     return batches
+
+
+def warmup_set(embedder: SentenceEmbedder, max_tokens: int, shapes: str) -> list[list[list[str]]]:
+    """The warm-up batches of a service (`--warmup_shapes`): "all" the shapes `warmup_sentences` names
+    (168 programs for the small model's 4,096-token batches, 16 tail steps, one device), or "common" those
+    of batches of up to `COMMON_ROWS` rows of up to `COMMON_ROW` steps (30 there): what one request, or a
+    few small ones merged, runs into. On a 2-core CPU the rest cost 2-3 CPU-s each to compile when first
+    met, once, against every start's warm-up (docs/SERVING.md, "Warm-up", has the measured trade-off)."""
+    if shapes not in WARMUP_SHAPES:
+        raise ValueError(f"--warmup_shapes={shapes}: expected one of {', '.join(WARMUP_SHAPES)}")
+    if shapes == "common":
+        return warmup_sentences(embedder, max_tokens, max_row=COMMON_ROW, most_rows=COMMON_ROWS)
+    return warmup_sentences(embedder, max_tokens)

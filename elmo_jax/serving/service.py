@@ -79,6 +79,7 @@ class ServiceConfig:
     workers: int = 2
     tail_steps: int = 16
     warmup: bool = True
+    warmup_shapes: str = "auto"
     shutdown_timeout_s: float = 60.0
     compute_dtype: str = "float32"
 
@@ -98,6 +99,8 @@ class ServiceConfig:
                 raise ValueError(f"--{name}={value}: expected {bound} {lowest:g} and <= {highest:g} (a finite number)")
         if self.compute_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"--compute_dtype={self.compute_dtype}: expected float32 or bfloat16")
+        if self.warmup_shapes not in ("auto", "all", "common"):
+            raise ValueError(f"--warmup_shapes={self.warmup_shapes}: expected auto, all or common")
         _check_file_limit(self.max_connections)
         token = read_token(self.auth_token_file, environ)
         if token is None and not is_loopback(self.host):
@@ -213,7 +216,7 @@ def build_app(params, config: ServiceConfig, token: str | None, on_start=None, c
     model's width). `connections`: the server's `ConnectionGuard`, whose refusals /metrics counts;
     `allowed_hosts`: the Host values answered (`host_names` of the bound address; None: any)."""
     from elmo_jax.features.sentences import SentenceEmbedder
-    from elmo_jax.serving.dynamic_batching import DynamicBatcher, warmup_sentences
+    from elmo_jax.serving.dynamic_batching import DynamicBatcher, warmup_set
     from elmo_jax.serving.embed_requests import Limits
     from elmo_jax.serving.http_service import make_app
 
@@ -239,7 +242,9 @@ def build_app(params, config: ServiceConfig, token: str | None, on_start=None, c
         max_batch_tokens=config.max_batch_tokens,
         max_wait_s=config.max_wait_ms / 1000,
         max_queue_tokens=config.max_queue_tokens,
-        warmup=warmup_sentences(embedders[0], config.max_sentence_tokens) if config.warmup else (),
+        warmup=warmup_set(embedders[0], config.max_sentence_tokens, warmup_shapes(config, embedders[0]))
+        if config.warmup
+        else (),
     )
     return make_app(
         batcher,
@@ -253,6 +258,14 @@ def build_app(params, config: ServiceConfig, token: str | None, on_start=None, c
         connections=connections,
         allowed_hosts=allowed_hosts,
     )
+
+
+def warmup_shapes(config: ServiceConfig, embedder) -> str:
+    """The warm-up's set of shapes: --warmup_shapes, where "auto" is "common" on a CPU (each program
+    costs seconds to compile there; the rest compile when first met) and "all" on an accelerator."""
+    if config.warmup_shapes != "auto":
+        return config.warmup_shapes
+    return "common" if embedder.runner.devices[0].platform == "cpu" else "all"
 
 
 def http_server(app, config: ServiceConfig, connections):
