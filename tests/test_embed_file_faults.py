@@ -16,7 +16,6 @@ import contextlib
 import ctypes
 import errno
 import os
-import resource
 import signal
 import subprocess
 
@@ -29,7 +28,7 @@ from elmo_jax.formats import vector_spool, vectors_hdf5
 from elmo_jax.formats.vectors_hdf5 import VectorsWriter
 from elmo_jax.runtime import processes
 from elmo_jax.storage import atomic
-from tests.support.commands import error_line
+from tests.support.commands import error_line, file_size_limit
 from tests.support.embed_files import (
     FLAGS,
     OPTIONS,
@@ -252,19 +251,6 @@ def test_a_second_run_writing_the_same_output_is_refused_in_one_line(
 
 
 # ------------------------------------------------------------------------------ a full or read-only disk
-
-
-@contextlib.contextmanager
-def file_size_limit(limit: int):
-    """Every file this process writes is limited to `limit` bytes (a full disk: EFBIG, "File too large")."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, previous)
 
 
 def no_room(*args):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -36,7 +35,7 @@ from elmo_jax.training.checkpoint import TMP_SUFFIX
 from elmo_jax.training.metrics_log import MetricsLog
 from elmo_jax.training.start import restore_checkpoint
 from elmo_jax.training.workdir import LOCK_FILE
-from tests.support.commands import LIMIT_FILE_SIZE, REPO, command_argv, command_env
+from tests.support.commands import LIMIT_FILE_SIZE, REPO, command_argv, command_env, file_size_limit
 from tests.support.compare import TRAINING_EXPORT_FILES, assert_trees_equal, read_metrics, tree_digest, without_timing
 from tests.support.configs import tiny_config, tiny_flags
 
@@ -300,18 +299,52 @@ def test_disk_full_export_keeps_the_previous_export(tiny_params, tmp_path):
     loop.export_model(tiny_params, vocab, str(directory))
     before = tree_digest(directory)
     doubled = jax.tree.map(lambda w: w * 2, tiny_params.weights)
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, hard))
-    try:
-        with pytest.raises(OSError, match=f"^could not write the export to {directory} \\(.*File too large"):
-            loop.export_model(elmo_jax.BiLMParams(doubled, tiny_params.config), vocab, str(directory))
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, previous)
+    with (
+        file_size_limit(50_000),
+        pytest.raises(OSError, match=f"^could not write the export to {directory} \\(.*File too large"),
+    ):
+        loop.export_model(elmo_jax.BiLMParams(doubled, tiny_params.config), vocab, str(directory))
     assert sorted(os.listdir(directory)) == TRAINING_EXPORT_FILES
     assert tree_digest(directory) == before
     assert os.listdir(tmp_path) == ["export"]  # the new directory was built aside and removed
+
+
+def test_a_full_disk_under_an_hdf5_write_is_an_oserror(tiny_params, tmp_path):
+    """The weights and the token cache, written through h5py's file-object driver with every file
+    limited to 50 kB: an OSError saying "File too large", and nothing left. On Python 3.13 h5py turned
+    it into a SystemError (h5py/h5py#2221), which the export's one-line error did not catch."""
+    from elmo_jax.features import token_cache
+    from elmo_jax.formats import weights_hdf5
+
+    cache = token_cache.TokenCache(tuple(f"t{i}" for i in range(2000)), np.zeros((2000, 16), np.float32), 50)
+    writes = [
+        lambda: weights_hdf5.save_hdf5(tiny_params, tmp_path / "options.json", tmp_path / "weights.hdf5"),
+        lambda: token_cache.save_token_cache(cache, tmp_path / "cache.hdf5"),
+    ]
+    for write in writes:
+        with file_size_limit(50_000), pytest.raises(OSError, match=r"^\[Errno 27\] File too large$"):
+            write()
+        assert os.listdir(tmp_path) == []
+
+
+def test_hdf5_writer_raises_the_oserror_behind_a_systemerror(tmp_path):
+    """What h5py raises on Python 3.13 when a callback's write fails: a SystemError caused by the
+    OSError (written out, so every Python checks it); a SystemError with no OSError behind it stays."""
+    from elmo_jax.formats.hdf5_writing import hdf5_writer
+
+    def fail(cause):
+        try:
+            raise cause
+        except Exception as error:
+            raise SystemError("<method 'seekable' of '_io.FileIO' objects> returned a result") from error
+
+    with open(tmp_path / "x.h5", "w+b") as f:
+        with pytest.raises(OSError, match=r"^\[Errno 28\] No space left on device$") as raised:
+            with hdf5_writer(f):
+                fail(OSError(28, "No space left on device"))
+        assert isinstance(raised.value.__cause__, SystemError)
+        with pytest.raises(SystemError), hdf5_writer(f):
+            fail(ValueError("not a write"))
 
 
 # ----------------------------------------------------------------- issue #17: signals, metrics, failed writes

@@ -29,6 +29,7 @@ import h5py
 import jax
 import numpy as np
 
+from elmo_jax.formats.hdf5_writing import hdf5_writer
 from elmo_jax.model.char_cnn import content_bucket, token_embedding
 from elmo_jax.model.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, token_bytes, tokens_to_raw_ids
 from elmo_jax.model.params import BiLMParams, iter_flat
@@ -160,7 +161,7 @@ def save_token_cache(cache: TokenCache, path: str | os.PathLike) -> None:
             raise ValueError(f"token cache row {row}: token {token!r} cannot be written as UTF-8") from None
 
     def write(f):
-        with h5py.File(f, "w") as h5:
+        with hdf5_writer(f) as h5:
             h5.create_dataset("embedding", data=np.asarray(cache.embeddings, np.float32))
             h5.create_dataset("tokens", data=list(cache.tokens), dtype=h5py.string_dtype("utf-8"))
             h5.attrs["format"] = FORMAT

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax import storage
+from elmo_jax.formats.hdf5_writing import hdf5_writer
 from elmo_jax.model.config import BiLMConfig, read_options
 from elmo_jax.model.params import BiLMParams, check_finite, from_flat, iter_flat, weight_shapes
 from elmo_jax.storage import atomic
@@ -128,7 +129,7 @@ def save_hdf5(params: BiLMParams, options_file: str | os.PathLike, weight_file: 
     options_text = json.dumps(params.config.to_options(), indent=2, sort_keys=True) + "\n"
 
     def write_weights(f):
-        with h5py.File(f, "w") as h5:
+        with hdf5_writer(f) as h5:
             for key in expected:  # file order: char_embed, CNN, highway, projection, RNN_0, RNN_1
                 h5.create_dataset(key, data=np.asarray(flat[key], dtype=np.float32))
 

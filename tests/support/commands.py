@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +26,20 @@ LIMIT_FILE_SIZE = (
     "resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]),) * 2); "
     "os.execv(sys.executable, [sys.executable] + sys.argv[2:])"
 )
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int):
+    """Every file this process writes is limited to `limit` bytes (a full disk: EFBIG, "File too large"),
+    in-process: the limit of `LIMIT_FILE_SIZE`, SIGXFSZ ignored, both restored on leaving."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
 
 
 def command_env(devices: int = 1, **extra: str) -> dict[str, str]:
