@@ -3,7 +3,8 @@ it fast, and `run_main`'s kinds of ending.
 
 --help is checked in-process for what it prints; one loop of real processes checks what only a process
 shows: its exit status and the import cost (`python -m elmo_jax.X` imports the package face first, and
---help must answer without JAX: under 1.5 s of wall time, ~0.2 CPU-s each).
+--help must answer without JAX: no heavy library imported before it answers, ~0.2 CPU-s each; no
+wall-time bound, which failed on a loaded machine).
 """
 
 from __future__ import annotations
