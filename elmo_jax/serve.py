@@ -1,7 +1,8 @@
 """Serve ELMo vectors over HTTP: concurrent requests merged into batches on every local device.
 
     pip install 'elmo-jax[serve]'
-    python -m elmo_jax.serve --model=small                       # http://127.0.0.1:8080
+    python -m elmo_jax.serve --model=small --nowarmup            # a quick try: ready in seconds
+    python -m elmo_jax.serve --model=small                       # http://127.0.0.1:8080, after the warm-up
     curl -s localhost:8080/v1/embed -H 'Content-Type: application/json' -d '{"texts": ["The bank ."]}'
     ELMO_JAX_SERVE_TOKEN=... python -m elmo_jax.serve --model=original --host=0.0.0.0 --port=8080
 
@@ -12,7 +13,8 @@ every request to /v1/embed and /metrics must carry as `Authorization: Bearer TOK
 start-up without one; on loopback, only requests to its loopback names are answered (the Host header).
 Only JSON bodies (Content-Type: application/json) are read; connections are bounded (--max_connections,
 --header_timeout_s, --body_timeout_s). It is ready (GET /readyz) once the warm-up has compiled the common
-shapes.
+shapes (its progress in the log and /readyz; requests meanwhile get 503 with Retry-After); --nowarmup
+skips it, each shape then compiling when a request first meets it.
 SIGTERM or Ctrl-C stop it gracefully: no new connections, every accepted request answered, exit 0.
 
 The API, the limits, the figures and deployment notes: docs/SERVING.md.
