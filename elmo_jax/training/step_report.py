@@ -67,12 +67,12 @@ class StepLine:
     line: a window holding a checkpoint's write reads half as fast as the next), the training step's
     compiles still expected, every evaluation still due (the final one included) and the export.
 
-    Measured on the README's demo (2-core CPU, other work running): the time left was 0.63-1.45x the
-    printed ETA at the lines after the first minute, except those before a compile for a shape first met
-    later: steps 550 and 575 (1.6-1.7x) before step 585's, the first batch with no word over 14
-    characters in 600, which no count of the steps run foresees; on a loaded machine, steps 50-100
-    before those of steps 103 and 120 too. Before, the ETA left out compiles, the final evaluation
-    and the export: 1.3-2.5x short mid-run, 11x at step 575, and "ETA 0 s" 13 s before the end.
+    Measured on the README's demo (bench/eta_accuracy.py, a fresh clone, a quiet 2-core CPU; results in
+    bench/results_eta_accuracy.json): the time left was 0.84-1.26x the printed ETA at every line, the first
+    minute's included. A batch meeting a char CNN shape for the first time runs with a wider one already
+    compiled (`batch_feed.step_shape`), so the demo's one batch of short words (step 585 of 600) no longer
+    compiles the step unforeseen (1.6-1.7x at steps 550 and 575 before). Before this ETA, compiles, the
+    final evaluation and the export were left out: 1.3-2.5x short mid-run, and "ETA 0 s" 13 s before the end.
     """
 
     def __init__(self, start_step: int, total_steps: int, sampled: bool, end: RunEnd = RunEnd()):
