@@ -113,31 +113,38 @@ def test_every_failure_is_json_counted_and_an_unexpected_error_logged_once(monke
         raise RuntimeError("the encoder broke")
 
     monkeypatch.setattr(http_service, "encode", broken)
-    # Handlers on the two loggers themselves, not caplog's on the root: a command an earlier test ran in
-    # this process (absl's app.run) may leave absl's logger not propagating to the root.
+    # Handlers on the two loggers themselves, kept through every request below. The traceback is logged
+    # after the answer is sent (starlette sends the 500, then raises on to `_Answered`, which logs it), so
+    # the client may read the answer before the record exists: wait for it, and count at the end.
     records = {"absl": [], "uvicorn.error": []}
     handlers = {}
     for name, kept in records.items():
         handlers[name] = std_logging.Handler(std_logging.ERROR)
         handlers[name].emit = kept.append
+        std_logging.getLogger(name).addHandler(handlers[name])
+
+    def tracebacks():
+        return [r for r in records["absl"] if r.exc_info and "the encoder broke" in str(r.exc_info[1])]
+
     app, _ = app_of(ZeroEmbedder())
-    with running(app) as port:
-        for name, handler in handlers.items():
-            std_logging.getLogger(name).addHandler(handler)
-        try:
+    try:
+        with running(app) as port:
             status, headers, data = request(port, "POST", "/v1/embed", {"sentences": [["a"]]})
-        finally:
-            for name, handler in handlers.items():
-                std_logging.getLogger(name).removeHandler(handler)
-        assert status == 500 and headers["content-type"] == "application/json", data
-        assert "unexpected" in error_of(data)["message"]
-        tracebacks = [r for r in records["absl"] if r.exc_info and "the encoder broke" in str(r.exc_info[1])]
-        assert len(tracebacks) == 1 and not records["uvicorn.error"], records
-        for method, path, code in (("GET", "/nowhere", 404), ("GET", "/v1/embed", 405), ("POST", "/healthz", 405)):
-            status, headers, data = request(port, method, path)
-            assert status == code and headers["content-type"] == "application/json", data
-            assert error_of(data)["message"]
-        text = metrics(port)
+            assert status == 500 and headers["content-type"] == "application/json", data
+            assert "unexpected" in error_of(data)["message"]
+            deadline = time.monotonic() + 30
+            while not tracebacks():
+                assert time.monotonic() < deadline, "no traceback logged within 30 s"
+                time.sleep(0.01)
+            for method, path, code in (("GET", "/nowhere", 404), ("GET", "/v1/embed", 405), ("POST", "/healthz", 405)):
+                status, headers, data = request(port, method, path)
+                assert status == code and headers["content-type"] == "application/json", data
+                assert error_of(data)["message"]
+            text = metrics(port)
+    finally:
+        for name, handler in handlers.items():
+            std_logging.getLogger(name).removeHandler(handler)
+    assert len(tracebacks()) == 1 and not records["uvicorn.error"], records
     for line in (
         'elmo_requests_total{code="500"} 1.0',
         'elmo_requests_total{code="405"} 1.0',
