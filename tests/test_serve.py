@@ -201,13 +201,9 @@ def test_every_refusal_names_its_field(tiny_service):
     assert status == 200 and json.loads(data)["shapes"] == [[32], [32]]  # an empty text is an empty sentence
 
 
-def test_the_warm_up_embeds_once_each_shape_the_packer_names(tiny_params, monkeypatch):
-    """`warmup_sentences` runs one batch of each shape `RowPacker.shapes` names, for each width bucket.
-    By hand, for 256-step batches over the 8 test devices and sentences of up to 24 tokens: rows of 32
-    steps, 8 of them (a full batch, and a partly filled one rounded to the devices), and one row alone
-    shortened to 8 or 16 steps (rounded to 8 rows too), for S = 8, 16 and 24. The batches are recorded
-    where the embedder dispatches them (with zeros for results): nothing is compiled."""
-    embedder = SentenceEmbedder(tiny_params, layers="all", batch_tokens=256)
+def _dispatched_shapes(embedder, monkeypatch, batches) -> list[tuple]:
+    """The (rows, T2, S) of each batch `embedder` dispatches while it streams `batches` (zeros come back
+    for results: nothing is compiled)."""
     shapes = []
 
     def dispatch(batch):
@@ -216,8 +212,19 @@ def test_the_warm_up_embeds_once_each_shape_the_packer_names(tiny_params, monkey
         return np.zeros((rows, 3, T2, 32), np.float32)
 
     monkeypatch.setattr(embedder.runner, "dispatch", dispatch)
-    for sentences in warmup_sentences(embedder, max_tokens=24):
+    for sentences in batches:
         assert len(list(embedder.stream(sentences, window=len(sentences)))) == len(sentences)
+    return shapes
+
+
+def test_the_warm_up_embeds_once_each_shape_the_packer_names(tiny_params, monkeypatch):
+    """`warmup_sentences` runs one batch of each shape `RowPacker.shapes` names, for each width bucket.
+    By hand, for 256-step batches over the 8 test devices and sentences of up to 24 tokens: rows of 32
+    steps, 8 of them (a full batch, and a partly filled one rounded to the devices), and one row alone
+    shortened to 8 or 16 steps (rounded to 8 rows too), for S = 8, 16 and 24. The batches are recorded
+    where the embedder dispatches them (with zeros for results): nothing is compiled."""
+    embedder = SentenceEmbedder(tiny_params, layers="all", batch_tokens=256)
+    shapes = _dispatched_shapes(embedder, monkeypatch, warmup_sentences(embedder, max_tokens=24))
     assert sorted(shapes) == sorted((8, T2, S) for T2 in (8, 16, 32) for S in (8, 16, 24))
 
 
@@ -228,16 +235,7 @@ def test_the_common_warm_up_is_the_shapes_of_batches_of_up_to_8_rows_of_up_to_64
     1, 2, 4 or 8 rows, and the lone rows of 8 and 16 steps; for widths 8, 16 and 24: 30 programs, where
     "all" has 168. On an accelerator "auto" is "all"."""
     embedder = SentenceEmbedder(tiny_params, layers="all", batch_tokens=4096, devices=[0], tail_steps=16)
-    shapes = []
-
-    def dispatch(batch):
-        shapes.append(batch.shape)
-        rows, T2, _ = batch.shape
-        return np.zeros((rows, 3, T2, 32), np.float32)
-
-    monkeypatch.setattr(embedder.runner, "dispatch", dispatch)
-    for sentences in dynamic_batching.warmup_set(embedder, 512, "common"):
-        assert len(list(embedder.stream(sentences, window=len(sentences)))) == len(sentences)
+    shapes = _dispatched_shapes(embedder, monkeypatch, dynamic_batching.warmup_set(embedder, 512, "common"))
     rows = [(r, T2) for T2 in (32, 64) for r in (1, 2, 4, 8)] + [(1, 8), (1, 16)]
     assert sorted(shapes) == sorted((r, T2, S) for r, T2 in rows for S in (8, 16, 24))
     assert len(dynamic_batching.warmup_set(embedder, 512, "all")) == 168
