@@ -37,6 +37,7 @@ CLIS = (
     ("python -m elmo_jax.ablate", "elmo_jax/ablate.py"),
     ("python -m elmo_jax.serve", "elmo_jax/serve.py"),
     ("python -m elmo_jax.prepare_lm1b", "elmo_jax/prepare_lm1b.py"),
+    ("python -m elmo_jax.segment", "elmo_jax/segment.py"),
 )
 FLAX_MODULE_FIELDS = ("parent", "name")  # every Flax module has them; they are not the module's API
 

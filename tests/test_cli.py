@@ -33,6 +33,7 @@ COMMANDS = (
     "elmo_jax.ablate",
     "elmo_jax.serve",
     "elmo_jax.prepare_lm1b",
+    "elmo_jax.segment",
 )
 
 
