@@ -54,11 +54,10 @@ def run(argv: list[str]) -> None:
         layers_npz.check_target(FLAGS.output, FLAGS.overwrite, inputs=model.paths)
     sentences = read_sentences(argv[1:])
     params = model.load()
-    layers, mask = elmo_jax.embed(
-        params,
-        elmo_jax.batch_to_ids(sentences, params.config.max_characters_per_token),
-        compute_dtype=FLAGS.compute_dtype,
-    )
+    from elmo_jax.model.vocabulary import token_vocabulary
+
+    ids = token_vocabulary(params).batch_to_ids(sentences)  # the model's text -> ids
+    layers, mask = elmo_jax.embed(params, ids, compute_dtype=FLAGS.compute_dtype)
     layers, mask = np.asarray(layers), np.asarray(mask)
     print(word_contexts.describe(sentences, layers, mask))
     if FLAGS.output:

@@ -50,7 +50,6 @@ from elmo_jax.features.sentences import DEFAULT_WINDOW, SentenceEmbedder
 from elmo_jax.files.file_embedding import embed_file as embed_text_file
 from elmo_jax.files.file_options import Options
 from elmo_jax.formats.model_source import ModelSource
-from elmo_jax.model.chars import batch_to_ids
 from elmo_jax.model.params import BiLMParams
 
 DEFAULT_MODEL = "original"  # AllenNLP's ElmoEmbedder() default
@@ -129,7 +128,8 @@ class Embedder:
         """AllenNLP's `ElmoEmbedder.batch_to_embeddings`, as NumPy: (float32 (B, L+1, T, 2P) layers with
         zeros at padding, bool (B, T) mask) of one batch exactly as given (T its longest sentence): one
         program per batch shape (`embed`); `embed_batch` runs any number of sentences in a few."""
-        layers, mask = embed(self.params, batch_to_ids(batch), compute_dtype=self.compute_dtype)
+        ids = self.sentences.vocabulary.batch_to_ids(batch)  # the model's text -> ids
+        layers, mask = embed(self.params, ids, compute_dtype=self.compute_dtype)
         return np.asarray(layers), np.asarray(mask)
 
     def embed_file(

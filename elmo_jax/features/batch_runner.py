@@ -37,13 +37,14 @@ from elmo_jax.features.embed import check_params
 from elmo_jax.features.length_buckets import Batch
 from elmo_jax.features.output_modes import MODES, OutputMode
 from elmo_jax.features.packing import PackedBatch
-from elmo_jax.features.token_cache import TokenCache, check_token_cache, lookup_rows
+from elmo_jax.features.token_cache import TokenCache, check_bytes_model, check_token_cache, lookup_rows
 from elmo_jax.model.bilm import bilm_layers, contextual_layers, packed_layers, remove_boundaries
 from elmo_jax.model.char_cnn import token_embedding
 from elmo_jax.model.jax_versions import shard_map_unchecked
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.model.params import BiLMParams
 from elmo_jax.model.precision import ComputeOptions
+from elmo_jax.model.vocabulary import token_vocabulary
 
 AXIS = "batch"
 
@@ -91,12 +92,14 @@ class BatchRunner:
     def __init__(self, params: BiLMParams, output: OutputMode, *, devices=None, compute_dtype="float32", cache=None):
         check_params(params)
         if cache is not None:
+            check_bytes_model(params.config, "token_cache")
             if not isinstance(cache, TokenCache):
                 raise ValueError(f"token_cache must be a TokenCache, found {type(cache).__name__}")
             check_token_cache(cache, params, weights=False)
         if compute_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"--compute_dtype must be float32 or bfloat16, found {compute_dtype!r}")
         self.config, self.output, self.compute_dtype, self.cache = params.config, output, compute_dtype, cache
+        self.vocabulary = token_vocabulary(params)  # the model's text -> ids, for whoever feeds this runner
         self.devices = local_devices(devices)
         self.mesh = device_mesh(self.devices)
         replicated = NamedSharding(self.mesh, P())

@@ -14,14 +14,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.features.token_cache import TokenCache, check_token_cache, lookup
+from elmo_jax.features.token_cache import TokenCache, check_bytes_model, check_token_cache, lookup
 from elmo_jax.model.bilm import bilm_layers, contextual_layers, remove_boundaries
 from elmo_jax.model.char_cnn import content_bucket, token_embedding
 from elmo_jax.model.chars import count_truncated, warn_truncated
-from elmo_jax.model.config import N_SHIFTED_CHARACTERS
+from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.lstm import LSTMState, zero_state
 from elmo_jax.model.params import N_DIRECTIONS, BiLMParams, iter_flat
 from elmo_jax.model.precision import ComputeOptions
+from elmo_jax.model.vocabulary import pad_id
 
 # No unrolling by default: on the 2-core CPU, unrolling the LSTM scan 2, 4 or 20 times made the small
 # model's train step slower (measured: bench/RESULTS.md, "The train step, issue #8"): XLA:CPU does not
@@ -45,7 +46,9 @@ def embed(
       params: from `load_hdf5`, `init_params` or `load`.
       chars: int (B, T, C) from `batch_to_ids`: shifted ids in [0, 262), all-zero rows for padding tokens,
         which must come after a row's real tokens. Checked on the host before any compute (under an
-        outer `jax.jit` only shape and dtype can be checked).
+        outer `jax.jit` only shape and dtype can be checked). A model with its own vocabulary
+        (ELMoForManyLangs') takes (B, T, W) from `token_vocabulary(params).batch_to_ids(sentences)`:
+        its character ids, then its word id (`model/vocabulary.py`).
       initial_state: `LSTMState` with c (2, L, B, H) and h (2, L, B, P) to start from; zeros if None.
       return_state: also return the final `LSTMState` (forward after `</S>`, backward after `<S>`).
       keep_boundaries: return the `<S>`/`</S>` positions too (T + 2 steps), as AllenNLP's scalar mix
@@ -61,13 +64,13 @@ def embed(
       mask bool (B, T).
     """
     check_params(params)
-    C = params.config.max_characters_per_token
-    chars = check_char_ids(chars, C)
+    config = params.config
+    chars = check_char_ids(chars, config)
     if initial_state is None:
-        initial_state = zero_state(params.config, chars.shape[0])
+        initial_state = zero_state(config, chars.shape[0])
     else:
         _check_state(initial_state, params, chars.shape[0])
-    compute = ComputeOptions(dtype=compute_dtype, unroll=unroll, content_positions=_content_bucket(chars, C))
+    compute = ComputeOptions(dtype=compute_dtype, unroll=unroll, content_positions=_content_bucket(chars, config))
     return _embed_jit(
         params,
         chars,
@@ -78,11 +81,11 @@ def embed(
     )
 
 
-def _content_bucket(chars, max_characters_per_token: int) -> int | None:
+def _content_bucket(chars, config: BiLMConfig) -> int | None:
     """Characters per token the char CNN must look at; None (all) under an outer jit."""
     if isinstance(chars, jax.core.Tracer):
         return None
-    return content_bucket(np.asarray(chars), max_characters_per_token)
+    return content_bucket(np.asarray(chars), config.max_characters_per_token, pad_id(config))
 
 
 @functools.partial(jax.jit, static_argnames=("return_state", "keep_boundaries", "compute"))
@@ -124,6 +127,7 @@ def embed_tokens(
       as `embed`: layers float32 (B, L+1, T, 2P), mask bool (B, T)[, final state].
     """
     check_params(params)
+    check_bytes_model(params.config, "embed_tokens")
     if not isinstance(cache, TokenCache):
         raise ValueError(
             f"cache must be a TokenCache (from build_token_cache or load_token_cache), found {type(cache).__name__}"
@@ -201,31 +205,30 @@ def _forget_finite(key: int, _ref) -> None:
     _FINITE.pop(key, None)
 
 
-def check_char_ids(chars, max_characters_per_token: int):
-    """Validates character ids on the host; returns them as int32 NumPy (a tracer stays a tracer).
+def check_char_ids(chars, config: BiLMConfig):
+    """Validates the ids of a model (`config`) on the host; returns them as int32 NumPy (a tracer stays a
+    tracer).
 
     Raises ValueError naming the problem.
     """
+    max_characters_per_token, width = config.max_characters_per_token, config.ids_per_token
     shape, dtype = np.shape(chars), getattr(chars, "dtype", None)
     if dtype is None:
         chars = np.asarray(chars)
         shape, dtype = chars.shape, chars.dtype
     if not (np.issubdtype(dtype, np.integer)):
         raise ValueError(f"chars: expected integer character ids (from batch_to_ids), found dtype {dtype}")
-    if len(shape) != 3 or shape[2] != max_characters_per_token:
-        raise ValueError(f"chars: expected shape (batch, tokens, {max_characters_per_token}), found {tuple(shape)}")
+    if len(shape) != 3 or shape[2] != width:
+        raise ValueError(f"chars: expected shape (batch, tokens, {width}), found {tuple(shape)}")
     if shape[0] == 0 or shape[1] == 0:
         raise ValueError(f"chars: empty batch of shape {tuple(shape)}; need at least one sentence and one time step")
     if isinstance(chars, jax.core.Tracer):
         return chars.astype(jnp.int32)  # values are unknown under an outer jit
     host = np.asarray(chars)
-    low, high = int(host.min()), int(host.max())
-    if low < 0 or high >= N_SHIFTED_CHARACTERS:
-        bad = np.argwhere((host < 0) | (host >= N_SHIFTED_CHARACTERS))[0]
-        raise ValueError(
-            f"chars: ids must be in [0, {N_SHIFTED_CHARACTERS}) (shifted ids from batch_to_ids); "
-            f"found {int(host[tuple(bad)])} at index {tuple(int(i) for i in bad)}"
-        )
+    what = "character ids" if config.has_words else "ids"
+    _check_range(host[..., :max_characters_per_token], config.n_raw_characters + 1, what, 0)
+    if config.has_words:
+        _check_range(host[..., max_characters_per_token:], config.word_vocab_size + 1, "word ids", width - 1)
     present = np.any(host > 0, axis=-1)  # (B, T)
     gaps = present[:, 1:] & ~present[:, :-1]
     if gaps.any():
@@ -237,11 +240,22 @@ def check_char_ids(chars, max_characters_per_token: int):
     return host.astype(np.int32, copy=False)
 
 
+def _check_range(ids: np.ndarray, end: int, what: str, first_slot: int) -> None:
+    """Raises ValueError unless every id is in [0, end), naming the first one that is not."""
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= end):
+        bad = np.argwhere((ids < 0) | (ids >= end))[0]
+        index = (*(int(i) for i in bad[:-1]), int(bad[-1]) + first_slot)
+        raise ValueError(
+            f"chars: {what} must be in [0, {end}) (shifted ids from batch_to_ids or the model's "
+            f"token_vocabulary); found {int(ids[tuple(bad)])} at index {index}"
+        )
+
+
 def _check_state(state, params: BiLMParams, batch_size: int) -> None:
     config = params.config
     expected = {
         "c": (N_DIRECTIONS, config.n_layers, batch_size, config.lstm_dim),
-        "h": (N_DIRECTIONS, config.n_layers, batch_size, config.projection_dim),
+        "h": (N_DIRECTIONS, config.n_layers, batch_size, config.state_dim),
     }
     if not isinstance(state, LSTMState):
         raise ValueError(

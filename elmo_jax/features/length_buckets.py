@@ -96,7 +96,7 @@ class BucketBatcher:
 
     Args:
       batch_tokens: padded tokens per batch: a bucket of length T holds rows(T) = batch_tokens // T rows.
-      max_characters_per_token: C.
+      max_characters_per_token: ids per token, C (W for a model with word ids, `vocabulary.TokenVocabulary`).
       lengths: the length buckets.
       row_multiple: rows(T) is rounded up to a multiple of this (the number of devices the rows are
         split over).

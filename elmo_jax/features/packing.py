@@ -42,7 +42,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from elmo_jax.features.length_buckets import Piece, round_up
-from elmo_jax.model.chars import BOS_CHAR, EOS_CHAR, boundary_char_ids
+from elmo_jax.model.vocabulary import byte_boundary_ids
 
 MIN_ROW = 32  # time steps of the shortest row
 MIN_TAIL_ROW = 8  # ... and of the rows of a last, partly filled batch (`tail_length`)
@@ -152,6 +152,8 @@ class RowPacker:
       batch_tokens: time steps per batch: rows of T2 steps come rows(T2) = batch_tokens // T2 to a batch.
       max_characters_per_token: C.
       row_multiple: rows per batch are a multiple of this (the devices the rows are split over).
+      boundaries: the model's `<S>` and `</S>` ids, each (W,) (`vocabulary.boundary_ids`); None: a bytes
+        model's, W = C.
       chunk_batches: batches' worth of time steps collected before packing.
       tail_steps: a last, partly filled batch's rows are a multiple of 1/tail_steps of a full batch's
         (`tail_rows`): more steps, less padding in small batches and more programs.
@@ -163,6 +165,7 @@ class RowPacker:
         max_characters_per_token: int,
         *,
         row_multiple: int = 1,
+        boundaries: tuple[np.ndarray, np.ndarray] | None = None,
         chunk_batches: int = CHUNK_BATCHES,
         tail_steps: int = TAIL_STEPS,
     ):
@@ -175,8 +178,10 @@ class RowPacker:
         self.tail_steps = tail_steps
         self._waiting: list[Piece] = []
         self._steps = 0
-        self._bos = boundary_char_ids(BOS_CHAR, self.C) + 1
-        self._eos = boundary_char_ids(EOS_CHAR, self.C) + 1
+        if boundaries is None:
+            boundaries = (byte_boundary_ids("bos", self.C), byte_boundary_ids("eos", self.C))
+        self._bos, self._eos = boundaries
+        self.width = len(self._bos)  # ids per token
 
     @property
     def waiting(self) -> int:
@@ -294,7 +299,7 @@ class RowPacker:
         return merged
 
     def _batch(self, rows: list[list[Piece]], n_rows: int, T2: int, S: int) -> PackedBatch:
-        chars = np.zeros((n_rows, T2, self.C), np.int32)
+        chars = np.zeros((n_rows, T2, self.width), np.int32)
         starts = np.zeros((n_rows, T2), bool)
         segments = np.full((n_rows, T2), -1, np.int32)
         pieces, places = [], []

@@ -48,8 +48,9 @@ from elmo_jax.features.length_buckets import BucketBatcher, Piece
 from elmo_jax.features.output_modes import output_mode
 from elmo_jax.features.packing import TAIL_STEPS, PackedBatch, RowPacker, can_pack
 from elmo_jax.features.token_ids import CharIdTable, width_bucket
-from elmo_jax.model.chars import check_sentence, warn_truncated
+from elmo_jax.model.chars import check_sentence
 from elmo_jax.model.params import BiLMParams
+from elmo_jax.model.vocabulary import boundary_ids
 from elmo_jax.storage import compile_cache
 
 DEFAULT_WINDOW = 1024  # sentences `stream` holds at most
@@ -103,7 +104,8 @@ class SentenceEmbedder:
         self.runner = BatchRunner(params, output, devices=devices, compute_dtype=compute_dtype, cache=token_cache)
         self.batch_tokens, self.tail_steps = batch_tokens, tail_steps
         self.C = params.config.max_characters_per_token
-        self._ids = CharIdTable(self.C)
+        self.vocabulary = self.runner.vocabulary  # the model's text -> ids
+        self._ids = CharIdTable(self.vocabulary)
         self.stats = {
             "sentences": 0,
             "tokens": 0,
@@ -150,15 +152,26 @@ class SentenceEmbedder:
         truncated, tokens = self.stats["truncated_tokens"], self.stats["tokens"]
         yield from vectors
         truncated, tokens = self.stats["truncated_tokens"] - truncated, self.stats["tokens"] - tokens
-        warn_truncated(truncated, tokens, self.C)
+        self.vocabulary.warn_truncated(truncated, tokens)
 
     def _batcher(self):
         """Packed rows (`packing`) where the batches hold them; else (small `batch_tokens`, the token
         cache) one sentence per row in length x width buckets."""
         multiple = self.runner.row_multiple
         if self.runner.cache is None and can_pack(self.batch_tokens, multiple):
-            return RowPacker(self.batch_tokens, self.C, row_multiple=multiple, tail_steps=self.tail_steps)
-        return BucketBatcher(self.batch_tokens, self.C, row_multiple=multiple)
+            return RowPacker(
+                self.batch_tokens,
+                self.C,
+                row_multiple=multiple,
+                boundaries=self.boundaries,
+                tail_steps=self.tail_steps,
+            )
+        return BucketBatcher(self.batch_tokens, self.vocabulary.width, row_multiple=multiple)
+
+    @property
+    def boundaries(self) -> tuple:
+        """The model's `<S>` and `</S>` ids (`vocabulary.boundary_ids`), for a `RowPacker`."""
+        return boundary_ids(self.runner.config, "bos"), boundary_ids(self.runner.config, "eos")
 
     def _stream(self, sentences: Iterable[Sequence[str]], window: int) -> Iterator[np.ndarray]:
         batcher = self._batcher()

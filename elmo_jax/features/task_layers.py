@@ -86,7 +86,7 @@ class ElmoTaskLayers(nn.Module):
                 f"{self.num_output_representations!r}"
             )
         config = self.bilm.config
-        chars = check_char_ids(char_ids, config.max_characters_per_token)
+        chars = check_char_ids(char_ids, config)
         weights = self._weights()
 
         def run_bilm(weights, chars):

@@ -32,6 +32,7 @@ import numpy as np
 from elmo_jax.formats.hdf5_writing import hdf5_writer
 from elmo_jax.model.char_cnn import content_bucket, token_embedding
 from elmo_jax.model.chars import BOS_TOKEN, EOS_TOKEN, PAD_CHAR, token_bytes, tokens_to_raw_ids
+from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.params import BiLMParams, iter_flat
 from elmo_jax.model.precision import ComputeOptions
 from elmo_jax.storage import atomic
@@ -123,6 +124,17 @@ def token_vectors(params: BiLMParams, char_ids: np.ndarray, *, batch_size: int =
     return out
 
 
+def check_bytes_model(config: BiLMConfig, what: str) -> None:
+    """Raises ValueError for a model with its own vocabulary (`vocabulary.TokenVocabulary`): `what` (the
+    token cache) keeps char CNN vectors of UTF-8 byte ids, and such a model reads other ids (and a word
+    embedding, for ELMoForManyLangs' models)."""
+    if config.char_vocab_size or config.has_words:
+        raise ValueError(
+            f"{what}: the token cache is for models that read UTF-8 bytes; this model has its own character "
+            "vocabulary (ELMoForManyLangs'), so embed without a token cache"
+        )
+
+
 def build_token_cache(params: BiLMParams, tokens: Sequence[str], *, batch_size: int = DEFAULT_BATCH_SIZE) -> TokenCache:
     """Runs the char CNN once for every token (plus `<S>` and `</S>` if missing).
 
@@ -136,6 +148,7 @@ def build_token_cache(params: BiLMParams, tokens: Sequence[str], *, batch_size: 
     """
     if not isinstance(params, BiLMParams):
         raise ValueError(f"params must be BiLMParams, found {type(params).__name__}")
+    check_bytes_model(params.config, "build_token_cache")
     if isinstance(tokens, str) or not isinstance(tokens, Sequence):
         raise ValueError(f"tokens must be a sequence of str (a vocabulary), found {type(tokens).__name__}")
     if not isinstance(batch_size, int) or batch_size < 1:

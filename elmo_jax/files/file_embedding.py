@@ -65,7 +65,6 @@ from elmo_jax.formats import output_paths
 from elmo_jax.formats.model_source import ModelSource
 from elmo_jax.formats.vectors_hdf5 import VECTORS_FILE
 from elmo_jax.formats.vocab_file import Vocab
-from elmo_jax.model.chars import count_truncated, warn_truncated
 from elmo_jax.model.params import iter_flat
 from elmo_jax.runtime import processes
 from elmo_jax.runtime.progress import Progress
@@ -201,7 +200,7 @@ def _embed_local_file(
         devices=len(run.runner.devices),
         seconds=time.perf_counter() - start,
     )
-    _log_summary(run.summary, counts, options, run.runner.config.max_characters_per_token)
+    _log_summary(run.summary, counts, options, run.runner.vocabulary)
     return counts
 
 
@@ -331,14 +330,15 @@ def _embed_share(
     """Embeds this process's lines that the spool does not hold, appending each batch to the spool;
     `stop_point` is called before each line and after each appended batch (where the spool is whole)."""
     C, max_tokens = runner.config.max_characters_per_token, options.max_sentence_tokens
+    vocabulary = runner.vocabulary  # the model's text -> ids
     batcher_type = BucketBatcher if options.bucketing else InputOrderBatcher  # --bucketing=false: input order
-    batcher = batcher_type(options.batch_tokens, C, row_multiple=runner.row_multiple)
+    batcher = batcher_type(options.batch_tokens, vocabulary.width, row_multiple=runner.row_multiple)
     done = _DonePieces(spool.pieces.sorted())
     resumed = len(spool.pieces.lines())
     total_lines = -(-(summary.lines - summary.blank) // count)
     totals = {"sentences": total_lines - resumed, "tokens": -(-summary.tokens // count)}
     progress = Progress(totals, by="tokens", enabled=options.progress)
-    ids, keep_tokens = CharIdTable(C), runner.cache is not None
+    ids, keep_tokens = CharIdTable(vocabulary), runner.cache is not None
     pending: collections.deque = collections.deque()
     counts = {"batches": 0, "lines_read": 0, "resumed_truncated": 0}
 
@@ -358,7 +358,7 @@ def _embed_share(
         for offset in range(0, len(tokens), max_tokens):
             part = tokens[offset : offset + max_tokens]
             if done.has(line, offset):  # embedded by the stopped run: its cut tokens still count
-                counts["resumed_truncated"] += count_truncated([part], C)
+                counts["resumed_truncated"] += vocabulary.count_truncated([part])
                 continue
             chars, width = ids.ids(part)
             run(batcher.add(Piece(line, offset, chars, width_bucket(width, C), part if keep_tokens else None)))
@@ -404,7 +404,7 @@ class _DonePieces:
         return self.cursor < n and (lines[self.cursor].item(), offsets[self.cursor].item()) == (line, offset)
 
 
-def _log_summary(summary: sentence_input.InputSummary, counts: dict, options: Options, C: int) -> None:
+def _log_summary(summary: sentence_input.InputSummary, counts: dict, options: Options, vocabulary) -> None:
     logging.info(
         "embedded %d sentences (%d tokens) in %.1f s: %d batches, %d compiled shapes, %d lines resumed",
         counts["sentences"],
@@ -426,4 +426,4 @@ def _log_summary(summary: sentence_input.InputSummary, counts: dict, options: Op
             options.max_sentence_tokens,
             ", ".join(map(str, summary.first_long)),
         )
-    warn_truncated(counts["truncated_tokens"], counts["tokens"], C)
+    vocabulary.warn_truncated(counts["truncated_tokens"], counts["tokens"])

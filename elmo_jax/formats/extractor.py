@@ -32,6 +32,7 @@ from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.model.params import BiLMParams, from_flat, iter_flat
 from elmo_jax.model.precision import ComputeOptions
+from elmo_jax.model.vocabulary import pad_id
 
 PLATFORMS = ("cpu", "cuda", "tpu")
 
@@ -49,11 +50,12 @@ def _widest(width: int, C: int) -> np.ndarray:
     return ids
 
 
-def _bucket_index(chars: jax.Array, buckets: list[int]) -> jax.Array:
-    """On device: the index in `buckets` of `content_bucket(chars)` (same rule, traced)."""
+def _bucket_index(chars: jax.Array, buckets: list[int], pad: int = PAD_CHAR + 1) -> jax.Array:
+    """On device: the index in `buckets` of `content_bucket(chars)` (same rule, traced). chars (B, T, C):
+    the character ids only."""
     C = chars.shape[-1]
     real = jnp.any(chars > 0, axis=-1, keepdims=True)  # (B, T, 1)
-    content = (chars != PAD_CHAR + 1) & real
+    content = (chars != pad) & real
     width = jnp.max(jnp.where(content, jnp.arange(1, C + 1, dtype=jnp.int32), 0))
     width = jnp.maximum(width, 3)
     bucket = jnp.minimum((width + 7) // 8 * 8, C)
@@ -68,11 +70,13 @@ def extract_fn(config: BiLMConfig, compute_dtype="float32"):
     def extract(weights: dict[str, jax.Array], chars: jax.Array):
         nested = from_flat(weights)
         params = BiLMParams(weights=nested, config=config)
-        B, T, C = chars.shape
-        ids, mask = add_boundaries(chars, token_mask(chars))
-        flat_ids = ids.reshape(B * (T + 2), C)
+        B, T, W = chars.shape
+        ids, mask = add_boundaries(chars, token_mask(chars), config)
+        flat_ids = ids.reshape(B * (T + 2), W)
         branches = [lambda x, s=s: token_embedding(nested, config, x, compute.with_positions(s)) for s in buckets]
-        tokens = jax.lax.switch(_bucket_index(chars, buckets), branches, flat_ids).reshape(B, T + 2, -1)
+        characters = chars[..., : config.max_characters_per_token] if config.has_words else chars
+        bucket = _bucket_index(characters, buckets, pad_id(config))
+        tokens = jax.lax.switch(bucket, branches, flat_ids).reshape(B, T + 2, -1)
         layers, mask, _ = contextual_layers(params, tokens, mask, zero_state(config, B), compute=compute)
         return remove_boundaries(layers, mask)
 
@@ -84,6 +88,6 @@ def export_extractor(params: BiLMParams, compute_dtype="float32", platforms=PLAT
     config = params.config
     weights = {path: jax.ShapeDtypeStruct(np.shape(a), jnp.float32) for path, a in iter_flat(params.weights)}
     batch, time = jax.export.symbolic_shape("batch, time")
-    chars = jax.ShapeDtypeStruct((batch, time, config.max_characters_per_token), jnp.int32)
+    chars = jax.ShapeDtypeStruct((batch, time, config.ids_per_token), jnp.int32)
     exported = jax.export.export(jax.jit(extract_fn(config, compute_dtype)), platforms=tuple(platforms))(weights, chars)
     return bytes(exported.serialize())

@@ -8,6 +8,8 @@
       extractor.jax   `jax.export` StableHLO of the feature extractor, symbolic (batch, time), for CPU,
                       CUDA and TPU; runs with jax alone (see USAGE.md and `elmo_jax.formats.extractor`)
       vocab.txt       the training vocabulary, when there is one (bilm-tf format)
+      vocabulary.json a model's own text -> ids (characters, and words), when it reads no UTF-8 bytes
+                      (ELMoForManyLangs' models, `model.vocabulary.TokenVocabulary`)
       USAGE.md        how to run the extractor without elmo_jax
       manifest.json   format version, versions used, and the size and SHA-256 of every file above
 
@@ -39,17 +41,19 @@ from elmo_jax.formats import output_paths
 from elmo_jax.formats.output_paths import MODEL_FORMAT, MODEL_MANIFEST, is_model_directory
 from elmo_jax.model.config import BiLMConfig, read_options
 from elmo_jax.model.params import BiLMParams, check_finite, from_flat, iter_flat, lstm_cell_path, weight_shapes
+from elmo_jax.model.vocabulary import TokenVocabulary
 
 FORMAT = MODEL_FORMAT
 FORMAT_VERSION = 1
 MANIFEST = MODEL_MANIFEST
-OPTIONS, WEIGHTS, PARAMS, EXTRACTOR, VOCAB, USAGE = (
+OPTIONS, WEIGHTS, PARAMS, EXTRACTOR, VOCAB, USAGE, TOKENS = (
     "options.json",
     "weights.hdf5",
     "params.npz",
     "extractor.jax",
     "vocab.txt",
     "USAGE.md",
+    "vocabulary.json",
 )
 REQUIRED = (OPTIONS, WEIGHTS, PARAMS, EXTRACTOR, USAGE)
 
@@ -102,7 +106,7 @@ def write_model_dir(
 
 def _host_params(params: BiLMParams, target: str) -> BiLMParams:
     """`params` gathered to the host as NumPy arrays; ValueError naming `target` if one is not finite."""
-    host = BiLMParams(weights=jax.tree.map(np.asarray, jax.device_get(params.weights)), config=params.config)
+    host = params.replace(weights=jax.tree.map(np.asarray, jax.device_get(params.weights)))
     check_finite(host.weights, f"cannot write the model directory {target}")
     return host
 
@@ -129,6 +133,9 @@ def _write_files(
             f.write(storage.read_bytes(vocab_file))
     elif vocab is not None:
         vocab.save(os.path.join(staging, VOCAB))
+    if host.vocabulary is not None and not host.vocabulary.is_bytes:
+        with open(os.path.join(staging, TOKENS), "w", encoding="utf-8") as f:
+            json.dump(host.vocabulary.to_json(), f, ensure_ascii=False, sort_keys=True)
     with open(os.path.join(staging, USAGE), "w", encoding="utf-8") as f:
         f.write(usage_text(host.config) if extractor_dtype is not None else usage_without_extractor(source))
     manifest = _manifest(staging, host.config, source, extractor_dtype)
@@ -186,7 +193,24 @@ def _load_local(path: str, verify: bool) -> BiLMParams:
             raise ValueError(f"{params_file}: {key!r} is {flat[key].dtype} {flat[key].shape}, expected float32 {shape}")
     check_finite(flat, params_file)
     _check_same_weights(path, config, flat)
-    return BiLMParams(weights=from_flat({k: jax.numpy.asarray(v) for k, v in flat.items()}), config=config)
+    weights = from_flat({k: jax.numpy.asarray(v) for k, v in flat.items()})
+    return BiLMParams(weights=weights, config=config, vocabulary=_read_vocabulary(path, config))
+
+
+def _read_vocabulary(path: str, config: BiLMConfig) -> TokenVocabulary | None:
+    """The directory's vocabulary.json for a model that reads no UTF-8 bytes (None for one that does);
+    errors name the file."""
+    tokens_file = os.path.join(path, TOKENS)
+    if not config.char_vocab_size:
+        return None
+    if not os.path.exists(tokens_file):
+        raise FileNotFoundError(f"{path}: missing {TOKENS}, the vocabulary {os.path.join(path, OPTIONS)} names")
+    try:
+        with open(tokens_file, encoding="utf-8") as f:
+            data = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{tokens_file}: not valid JSON ({e})") from None
+    return TokenVocabulary.from_json(data, config, tokens_file)
 
 
 def _cross_checked(config: BiLMConfig) -> tuple[str, ...]:
@@ -259,6 +283,8 @@ def read_manifest(directory: str, *, verify: bool = True) -> dict[str, Any]:
 def usage_text(config: BiLMConfig) -> str:
     """USAGE.md: running the exported extractor with jax and NumPy only."""
     C = config.max_characters_per_token
+    if config.char_vocab_size:
+        return _vocabulary_usage_text(config)
     return f"""# Running this model without elmo_jax
 
 `extractor.jax` is a `jax.export` (StableHLO) program for CPU, CUDA and TPU with symbolic batch and
@@ -286,6 +312,46 @@ layers, mask = extract.call(weights, char_ids([["The", "bank", "."], ["Hello", "
 The tokens `<S>` and `</S>` are added inside the program, as `elmo_jax.embed` does (a literal `<S>` or
 `</S>` in the text is a special token for `elmo_jax.batch_to_ids`; this short version does not do that). With elmo_jax:
 `params = elmo_jax.load(MODEL_DIR)` then `elmo_jax.embed(params, elmo_jax.batch_to_ids(sentences))`.
+"""
+
+
+def _vocabulary_usage_text(config: BiLMConfig) -> str:
+    """USAGE.md of a model with its own vocabulary (vocabulary.json)."""
+    C = config.max_characters_per_token
+    _, _, bow, eow, pad = config.char_specials
+    word_line = (
+        '\n            out[b, t, C] = words.get(token, vocabulary["unknown_word"]) + 1' if config.has_words else ""
+    )
+    return f"""# Running this model without elmo_jax
+
+`extractor.jax` is a `jax.export` (StableHLO) program for CPU, CUDA and TPU with symbolic batch and
+length. It needs jax and NumPy only. This model reads its own vocabulary (`vocabulary.json`): a token is
+{C} character ids{" and then its word id" if config.has_words else ""}, each id + 1 (0 = no token):
+
+```python
+import json, jax, jax.export, numpy as np
+
+extract = jax.export.deserialize(open("extractor.jax", "rb").read())
+weights = dict(np.load("params.npz"))
+vocabulary = json.load(open("vocabulary.json", encoding="utf-8"))
+chars, words = vocabulary["characters"], vocabulary["words"]
+
+def ids(sentences, C={C}):
+    out = np.zeros((len(sentences), max(map(len, sentences)), {config.ids_per_token}), np.int32)
+    for b, sentence in enumerate(sentences):
+        for t, token in enumerate(sentence):
+            token = token[:C - 2]  # characters, not bytes
+            row = [{bow}] + [chars.get(c, vocabulary["unknown_character"]) for c in token] + [{eow}]
+            out[b, t, :C] = np.array(row + [{pad}] * (C - len(row))) + 1{word_line}
+    return out
+
+layers, mask = extract.call(weights, ids([["The", "bank", "."], ["Hello", "!"]]))
+# layers: float32 (batch, {config.n_output_layers}, time, {config.output_dim}); mask: bool (batch, time)
+```
+
+The sentence boundaries are added inside the program (a token equal to one of the vocabulary's
+`boundary_tokens` is a boundary for elmo_jax; this short version does not do that). With elmo_jax:
+`params = elmo_jax.load(MODEL_DIR)`, then `elmo_jax.embed_sentences(params, sentences)`.
 """
 
 
@@ -365,7 +431,7 @@ def is_exact_model_dir(directory: str) -> bool:
             return False
         names = set(storage.listdir(directory))
         if storage.is_unfinished_publish(directory, MANIFEST):
-            return names <= {OPTIONS, WEIGHTS, PARAMS, EXTRACTOR, VOCAB, USAGE}
+            return names <= {OPTIONS, WEIGHTS, PARAMS, EXTRACTOR, VOCAB, USAGE, TOKENS}
         if not is_model_directory(directory):
             return False
         listed = set(json.loads(storage.read_bytes(storage.join(directory, MANIFEST))).get("files", {}))

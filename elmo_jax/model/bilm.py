@@ -11,10 +11,11 @@ import jax
 import jax.numpy as jnp
 
 from elmo_jax.model.char_cnn import token_embedding
-from elmo_jax.model.chars import BOS_CHAR, EOS_CHAR, boundary_char_ids
+from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.lstm import LSTMState, lstm_stack, zero_state
 from elmo_jax.model.params import N_DIRECTIONS, BiLMParams
 from elmo_jax.model.precision import ComputeOptions
+from elmo_jax.model.vocabulary import boundary_ids, byte_boundary_ids
 
 
 def token_mask(char_ids: jax.Array) -> jax.Array:
@@ -22,20 +23,24 @@ def token_mask(char_ids: jax.Array) -> jax.Array:
     return jnp.any(char_ids > 0, axis=-1)
 
 
-def add_boundaries(char_ids: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+def add_boundaries(
+    char_ids: jax.Array, mask: jax.Array, config: BiLMConfig | None = None
+) -> tuple[jax.Array, jax.Array]:
     """Puts `<S>` before and `</S>` right after each row's tokens.
 
     Args:
-      char_ids: int (B, T, C) shifted ids, padding tokens after the real ones.
+      char_ids: int (B, T, W) shifted ids (W = `config.ids_per_token`), padding tokens after the real ones.
       mask: bool (B, T).
+      config: the model, whose boundary tokens these are (`vocabulary.boundary_ids`); None: a bytes
+        model with C = W.
 
     Returns:
-      (B, T2, C) ids and bool (B, T2) mask; a row of n tokens has n + 2 true entries.
+      (B, T2, W) ids and bool (B, T2) mask; a row of n tokens has n + 2 true entries.
     """
     B, T, C = char_ids.shape
     lengths = jnp.sum(mask, axis=1)  # (B,)
-    bos = jnp.asarray(boundary_char_ids(BOS_CHAR, C) + 1, char_ids.dtype)
-    eos = jnp.asarray(boundary_char_ids(EOS_CHAR, C) + 1, char_ids.dtype)
+    ids = (lambda w: boundary_ids(config, w)) if config is not None else (lambda w: byte_boundary_ids(w, C))
+    bos, eos = (jnp.asarray(ids(w), char_ids.dtype) for w in ("bos", "eos"))
     body = jnp.concatenate([jnp.broadcast_to(bos, (B, 1, C)), char_ids, jnp.zeros((B, 1, C), char_ids.dtype)], 1)
     positions = jnp.arange(T + 2)[None, :]  # (1, T2)
     is_eos = positions == (lengths + 1)[:, None]
@@ -78,7 +83,7 @@ def bilm_layers(
 
     Args:
       params: the biLM.
-      char_ids: int (B, T, C) shifted character ids (checked by the caller).
+      char_ids: int (B, T, W) shifted ids (`vocabulary.TokenVocabulary`; checked by the caller).
       initial_state: (D, L, B, ·) state each row starts from.
       compute: matmul dtype, LSTM scan unroll and the char CNN's position bound (`ComputeOptions`).
 
@@ -88,7 +93,7 @@ def bilm_layers(
     """
     config, weights = params.config, params.weights
     B, T, C = char_ids.shape
-    ids, mask = add_boundaries(char_ids, token_mask(char_ids))
+    ids, mask = add_boundaries(char_ids, token_mask(char_ids), config)
     tokens = token_embedding(weights, config, ids.reshape(B * (T + 2), C), compute).reshape(B, T + 2, -1)
     return contextual_layers(params, tokens, mask, initial_state, compute=compute)
 

@@ -21,6 +21,7 @@ from jax import lax
 from elmo_jax.model.chars import PAD_CHAR
 from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.precision import ComputeOptions, broadcast_trailing, linear, matmul
+from elmo_jax.model.vocabulary import pad_id
 
 # Tokens per block of the convolution: bounds the (tokens, C, F) intermediate (~400 MB for the
 # published model) whatever the batch size.
@@ -166,24 +167,27 @@ def _conv_max_bwd(last_start, n_blocks, compute_dtype, residuals, g):
 conv_max.defvjp(_conv_max_fwd, _conv_max_bwd)
 
 
-def content_width(char_ids: np.ndarray) -> int:
+def content_width(char_ids: np.ndarray, pad: int = PAD_CHAR + 1) -> int:
     """Host-side: 1 + the last position holding anything but PAD in any real token of the batch.
 
     Past this position every real token is all PAD, so every window starting there has the same value
     (see `token_embedding`). Padding tokens (all zeros) do not count: their vectors are masked out.
+    `pad`: the shifted padding character (`vocabulary.pad_id`). Only the first C ids of a token are
+    characters: give `char_ids[..., :C]` for a model with word ids.
     """
     real = np.any(char_ids > 0, axis=-1)  # (...,)
-    content = (char_ids != PAD_CHAR + 1) & real[..., None]  # shifted PAD
+    content = (char_ids != pad) & real[..., None]  # shifted PAD
     positions = np.nonzero(np.any(content.reshape(-1, char_ids.shape[-1]), axis=0))[0]
     return int(positions[-1]) + 1 if positions.size else 1
 
 
-def content_bucket(char_ids: np.ndarray, max_characters_per_token: int) -> int:
+def content_bucket(char_ids: np.ndarray, max_characters_per_token: int, pad: int = PAD_CHAR + 1) -> int:
     """`content_width` rounded up to a multiple of 8 (at least 3, for the `<S>`/`</S>` tokens), at most C.
 
-    Batches of a stream then compile at most C/8 variants of the char CNN.
+    Batches of a stream then compile at most C/8 variants of the char CNN. `char_ids` (..., W): ids of a
+    model with word ids hold them after the C characters, which do not count here.
     """
-    width = max(content_width(char_ids), 3)
+    width = max(content_width(char_ids[..., :max_characters_per_token], pad), 3)
     return min(-(-width // 8) * 8, max_characters_per_token)
 
 
@@ -255,7 +259,8 @@ def token_embedding(
     Args:
       weights: `BiLMParams.weights`.
       config: the architecture.
-      char_ids: int (N, C), shifted ids in [0, 262); 0 embeds as a zero vector.
+      char_ids: int (N, W), shifted ids: C characters in [0, n_raw_characters + 1), then for a model
+        with words (`config.has_words`) the word id in [0, word_vocab_size + 1); 0 embeds as zeros.
       compute: the matmul dtype, and `content_positions`: a static S <= C such that every real token
         holds only PAD from position S on (`content_width` computes it). Starts >= S all see the same
         all-PAD window, so one window value stands for them and only S starts are computed: words are
@@ -271,6 +276,8 @@ def token_embedding(
     C = config.max_characters_per_token
     compute_dtype, content_positions = compute.dtype, compute.content_positions
     S = C if content_positions is None else min(max(int(content_positions), 1), C)
+    word_ids = char_ids[:, C] if config.has_words else None
+    char_ids = char_ids[:, :C] if config.has_words else char_ids
     # Row 0 is the padding id, which the weight file does not store.
     table = jnp.concatenate([jnp.zeros((1, config.char_embed_dim), jnp.float32), weights["char_embed"]])
     kernel, last_start = _stacked_kernel(weights, config)
@@ -283,6 +290,9 @@ def token_embedding(
     x = jax.nn.relu(x) if config.activation == "relu" else jnp.tanh(x)
     for k in range(config.n_highway):
         x = highway(x, weights[f"CNN_high_{k}"], compute_dtype)
+    if word_ids is not None:  # ELMoForManyLangs' ConvTokenEmbedder: [word vector ; highway output]
+        words = jnp.concatenate([jnp.zeros((1, config.word_dim), jnp.float32), weights["word_embed"]])
+        x = jnp.concatenate([jnp.take(words, word_ids, axis=0), x], axis=-1)
     if config.has_cnn_projection:
         x = linear(x, weights["CNN_proj"]["W_proj"], weights["CNN_proj"]["b_proj"], compute_dtype)
     return x
@@ -336,7 +346,7 @@ def _with_pad_window(
     """`pooled` (N, F) raised to the all-PAD window's value (which every start from `n_starts` on sees)
     for the filters that have valid starts there."""
     wmax = max(w for w, _ in config.filters)
-    pad_window = jnp.tile(table[PAD_CHAR + 1], wmax)[None, None, :]  # (1, 1, Wmax*E)
+    pad_window = jnp.tile(table[pad_id(config)], wmax)[None, None, :]  # (1, 1, Wmax*E)
     pad_value = matmul(pad_window, kernel, compute_dtype)[0, 0]  # (F,)
     pad_value = jnp.where(jnp.asarray(last_start) >= n_starts, pad_value, -jnp.inf)
     return jnp.maximum(pooled, broadcast_trailing(pad_value, pooled.ndim))

@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from elmo_jax.model.config import BiLMConfig
-from elmo_jax.model.params import N_DIRECTIONS, get_path, lstm_cell_path
-from elmo_jax.model.precision import ComputeOptions
+from elmo_jax.model.params import N_DIRECTIONS, OUTPUT_PROJECTION, get_path, lstm_cell_path
+from elmo_jax.model.precision import ComputeOptions, linear
 from elmo_jax.model.recurrence import Settings, recurrence
 
 
@@ -34,7 +34,7 @@ class LSTMState(NamedTuple):
 
     Attributes:
       c: float32 (D, L, B, H) cell states; D = 2 (forward, backward), L layers.
-      h: float32 (D, L, B, P) projected outputs.
+      h: float32 (D, L, B, P) projected outputs (B, H for `BiLMConfig.lstm_output_projection`).
     """
 
     c: jax.Array
@@ -46,7 +46,7 @@ def zero_state(config: BiLMConfig, batch_size: int) -> LSTMState:
     D, L = N_DIRECTIONS, config.n_layers
     return LSTMState(
         c=jnp.zeros((D, L, batch_size, config.lstm_dim), jnp.float32),
-        h=jnp.zeros((D, L, batch_size, config.projection_dim), jnp.float32),
+        h=jnp.zeros((D, L, batch_size, config.state_dim), jnp.float32),
     )
 
 
@@ -151,6 +151,9 @@ def lstm_stack(
             compute=compute,
             resets=resets,
         )
+        if config.lstm_output_projection:  # one layer (`config_problems`); zeros kept past each row's length
+            projection = weights[OUTPUT_PROJECTION]
+            out = linear(out, projection["W_proj"], projection["b_proj"], compute.dtype) * mask[..., None]
         if layer > 0 and config.use_skip_connections:
             out = out + inputs  # residual on the output only, never on the carried state
         outputs.append(out)

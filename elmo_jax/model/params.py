@@ -15,9 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from elmo_jax.model.config import N_RAW_CHARACTERS, BiLMConfig
+from elmo_jax.model.config import BiLMConfig
 
 N_DIRECTIONS = 2  # RNN_0 forward, RNN_1 backward
+OUTPUT_PROJECTION = "RNN_proj"  # `BiLMConfig.lstm_output_projection`'s weights
 
 
 @flax.struct.dataclass
@@ -27,10 +28,13 @@ class BiLMParams:
     Attributes:
       weights: nested dict of float arrays; see `weight_shapes` for every path and shape.
       config: the static architecture (not a pytree leaf).
+      vocabulary: the model's text -> ids (`vocabulary.TokenVocabulary`, not a pytree leaf), or None for
+        UTF-8 bytes; read it through `vocabulary.token_vocabulary(params)`.
     """
 
     weights: dict[str, Any]
     config: BiLMConfig = flax.struct.field(pytree_node=False)
+    vocabulary: Any = flax.struct.field(pytree_node=False, default=None)
 
 
 def lstm_cell_path(direction: int, layer: int) -> str:
@@ -41,7 +45,9 @@ def lstm_cell_path(direction: int, layer: int) -> str:
 def weight_shapes(config: BiLMConfig) -> dict[str, tuple[int, ...]]:
     """Every weight-file dataset path of this architecture and its shape, in file order."""
     E, P, H = config.char_embed_dim, config.projection_dim, config.lstm_dim
-    shapes: dict[str, tuple[int, ...]] = {"char_embed": (N_RAW_CHARACTERS, E)}
+    shapes: dict[str, tuple[int, ...]] = {"char_embed": (config.n_raw_characters, E)}
+    if config.has_words:
+        shapes["word_embed"] = (config.word_vocab_size, config.word_dim)
     for i, (width, num) in enumerate(config.filters):
         shapes[f"CNN/W_cnn_{i}"] = (1, width, E, num)
         shapes[f"CNN/b_cnn_{i}"] = (num,)
@@ -51,15 +57,18 @@ def weight_shapes(config: BiLMConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"CNN_high_{k}/W_{name}"] = (F, F)
             shapes[f"CNN_high_{k}/b_{name}"] = (F,)
     if config.has_cnn_projection:
-        shapes["CNN_proj/W_proj"] = (F, P)
+        shapes["CNN_proj/W_proj"] = (config.word_dim + F, P)  # rows: the word vector's, then the filters'
         shapes["CNN_proj/b_proj"] = (P,)
     for d in range(N_DIRECTIONS):
         for layer in range(config.n_layers):
             cell = lstm_cell_path(d, layer)
-            shapes[f"{cell}/W_0"] = (P + P, 4 * H)
+            shapes[f"{cell}/W_0"] = (P + config.state_dim, 4 * H)
             shapes[f"{cell}/B"] = (4 * H,)
             if config.has_lstm_projection:
                 shapes[f"{cell}/W_P_0"] = (H, P)
+    if config.lstm_output_projection:  # one map for both directions' outputs
+        shapes[f"{OUTPUT_PROJECTION}/W_proj"] = (H, P)
+        shapes[f"{OUTPUT_PROJECTION}/b_proj"] = (P,)
     return shapes
 
 
@@ -134,13 +143,13 @@ def _init_one(path: str, shape: tuple[int, ...], key: jax.Array, config: BiLMCon
     # The barrier keeps a jitted (sharded) initialisation bit-identical to an eager one (see init_softmax).
     normal = lambda var: jnp.sqrt(var) * jax.lax.optimization_barrier(jax.random.normal(key, shape, jnp.float32))
     uniform = lambda lim: jax.random.uniform(key, shape, jnp.float32, -lim, lim)
-    if name == "char_embed":
+    if name in ("char_embed", "word_embed"):
         return uniform(1.0)
     if name.startswith("W_cnn_"):
         width = shape[1]
         return uniform(0.05) if config.activation == "relu" else normal(1.0 / (width * config.char_embed_dim))
     if name in ("W_carry", "W_transform", "W_proj"):
-        return normal(1.0 / config.n_filters)
+        return normal(1.0 / shape[0])
     if name == "b_carry":
         return jnp.full(shape, -2.0, jnp.float32)
     if name in ("W_0", "W_P_0"):

@@ -532,7 +532,11 @@ def warmup_sentences(
     """
     C = embedder.C
     packer = RowPacker(
-        embedder.batch_tokens, C, row_multiple=embedder.runner.row_multiple, tail_steps=embedder.tail_steps
+        embedder.batch_tokens,
+        C,
+        row_multiple=embedder.runner.row_multiple,
+        boundaries=embedder.boundaries,
+        tail_steps=embedder.tail_steps,
     )
     shapes = packer.shapes(min(max_tokens, embedder.batch_tokens), longest_row=max_row)
     shapes = {shape: lengths for shape, lengths in shapes.items() if most_rows is None or shape[0] <= most_rows}

@@ -40,6 +40,7 @@ import json
 import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -90,13 +91,21 @@ class _LongInteger:
 class Limits:
     """What one request may hold: sentences, tokens (all sentences together, and one sentence), bytes of
     the body (which bounds a token's length too); and the model's `max_characters_per_token` C, which
-    says which tokens are cut (over C-2 UTF-8 bytes) and counted, never refused."""
+    says which tokens are cut (over C-2 UTF-8 bytes) and counted, never refused, or the model's
+    `vocabulary` (`model.vocabulary.TokenVocabulary`), which says it for any model."""
 
     max_sentences: int = 256
     max_tokens: int = 16384
     max_sentence_tokens: int = 512
     max_body_bytes: int = 8 << 20
     max_characters_per_token: int = DEFAULT_MAX_CHARS
+    vocabulary: Any = None
+
+    def count_truncated(self, sentences) -> int:
+        """The tokens of `sentences` the model cuts."""
+        if self.vocabulary is not None:
+            return self.vocabulary.count_truncated(sentences)
+        return count_truncated(sentences, self.max_characters_per_token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +194,7 @@ def parse_request(body: bytes, answer_type: str | None, limits: Limits, n_layers
     if not isinstance(float16, bool):
         raise RequestError(400, "float16", f"expected true or false, found {_json_type(float16)}")
     output = _output(data.get("layers", "all"), n_layers, float16)
-    return EmbedRequest(sentences, output, answer_type, count_truncated(sentences, limits.max_characters_per_token))
+    return EmbedRequest(sentences, output, answer_type, limits.count_truncated(sentences))
 
 
 def _json(body: bytes):

@@ -216,6 +216,7 @@ def build_app(params, config: ServiceConfig, token: str | None, on_start=None, c
     model's width). `connections`: the server's `ConnectionGuard`, whose refusals /metrics counts;
     `allowed_hosts`: the Host values answered (`host_names` of the bound address; None: any)."""
     from elmo_jax.features.sentences import SentenceEmbedder
+    from elmo_jax.model.vocabulary import token_vocabulary
     from elmo_jax.serving.dynamic_batching import DynamicBatcher, warmup_set
     from elmo_jax.serving.embed_requests import Limits
     from elmo_jax.serving.http_service import make_app
@@ -225,6 +226,7 @@ def build_app(params, config: ServiceConfig, token: str | None, on_start=None, c
         max_tokens=config.max_tokens,
         max_sentence_tokens=config.max_sentence_tokens,
         max_characters_per_token=params.config.max_characters_per_token,  # longer tokens are cut and counted
+        vocabulary=token_vocabulary(params),
         max_body_bytes=config.max_body_bytes,
     )
     embedders = [
