@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import math
 import re
 
@@ -148,13 +149,29 @@ class Item:
     scatter_read_bytes: float = 0.0  # the read half of in-place combining scatters' updates, in HBM
     cycles: float | None = None  # the compiler's estimated_cycles x count; None: no estimate given
     collective: str = ""  # the kind of collective a fusion starts (TPU async collective fusions)
+    # The GPU compiler's estimates x count (`reification_cost`), seconds: {cost model: (exec, compute,
+    # memory)}, "" its own (reported first), "sol" speed of light, ...; empty: none given.
+    estimates: dict[str, tuple[float, float, float]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def estimate_s(self) -> float | None:
+        """The GPU compiler's own time for this kernel (its first, unnamed model), or None. Its "sol" (speed
+        of light), the only figure it gives a cuBLAS call, prices a bfloat16 GEMM at ~5-12 TFLOP/s on an
+        H100 (bench/RESULTS_gpu_compile.md), so it is summed apart and not used here."""
+        own = self.estimates.get("")
+        return None if own is None else own[0]
+
+    @property
+    def estimated(self) -> bool:
+        """Whether a compiler gave this kernel an estimate (TPU cycles or GPU time)."""
+        return self.cycles is not None or self.estimate_s is not None
 
     def seconds(self, peak_flops: float, hbm_bandwidth: float, clock_hz: float | None) -> dict[str, float]:
         """This kernel's FLOP, HBM (scatter reads included), serial (the larger) and estimated times."""
         flop_s = self.mxu_flops / peak_flops
         hbm_s = (self.hbm_bytes + self.scatter_read_bytes) / hbm_bandwidth
         serial_s = max(flop_s, hbm_s)
-        estimated = self.cycles / clock_hz if self.cycles is not None and clock_hz else None
+        estimated = self.cycles / clock_hz if self.cycles is not None and clock_hz else self.estimate_s
         return {
             "flop_s": flop_s,
             "hbm_s": hbm_s,
@@ -189,18 +206,32 @@ class Cost:
     def times(self, peak_flops: float, hbm_bandwidth: float, clock_hz: float | None) -> dict[str, float]:
         """Seconds per run of the program on a chip of these figures (see the module docstring):
         flop_s, hbm_s (scatter reads counted), serial_s (sum of per-kernel maxima), estimated_s (the
-        compiler's cycles at clock_hz plus the serial time of kernels without an estimate; None without a
-        clock), of which unestimated_s, and estimated_kernels (kernels with an estimate)."""
+        compiler's cycles at clock_hz, or the GPU compiler's times, plus the serial time of kernels without
+        an estimate; None without a TPU clock or GPU times), of which unestimated_s, and estimated_kernels
+        (kernels with an estimate)."""
         per = [i.seconds(peak_flops, hbm_bandwidth, clock_hz) for i in self.items]
-        unestimated = sum(t["serial_s"] for t, i in zip(per, self.items) if i.cycles is None)
+        unestimated = sum(t["serial_s"] for t, i in zip(per, self.items) if not i.estimated)
+        timed = clock_hz or any(i.estimates for i in self.items)
         return {
             "flop_s": self.mxu_flops / peak_flops,
             "hbm_s": (self.hbm_bytes + self.scatter_read_bytes) / hbm_bandwidth,
             "serial_s": sum(t["serial_s"] for t in per),
-            "estimated_s": sum(t["estimated_s"] for t in per) if clock_hz else None,
+            "estimated_s": sum(t["estimated_s"] for t in per) if timed else None,
             "unestimated_s": unestimated,
-            "estimated_kernels": sum(i.cycles is not None for i in self.items),
+            "estimated_kernels": sum(i.estimated for i in self.items),
         }
+
+    def gpu_estimates(self) -> dict[str, dict[str, float]]:
+        """The GPU compiler's estimates summed per cost model ("" its own, "sol", ...): {model: {"exec_s",
+        "compute_s", "memory_s", "kernels"}}, over the kernels that model priced (loops counted)."""
+        sums: dict[str, dict[str, float]] = {}
+        for item in self.items:
+            for model, times in item.estimates.items():
+                row = sums.setdefault(model, dict.fromkeys(("exec_s", "compute_s", "memory_s", "kernels"), 0.0))
+                for key, value in zip(("exec_s", "compute_s", "memory_s"), times):
+                    row[key] += value
+                row["kernels"] += 1
+        return sums
 
     def by_kind(self, peak_flops: float, hbm_bandwidth: float, clock_hz: float | None) -> dict[str, dict[str, float]]:
         """The times of `Item.seconds` summed by kind of kernel (`kind`), each kind split into kernels that run
@@ -241,7 +272,7 @@ UNESTIMATED = "no estimate (HBM time)"  # gathers and scatters of custom fusions
 
 def kind(item: Item) -> str:
     """Which of PRODUCTS, ELEMENTWISE and UNESTIMATED a kernel is."""
-    if item.cycles is None:
+    if not item.estimated:
         return UNESTIMATED
     return PRODUCTS if item.mxu_flops > 0 else ELEMENTWISE
 
@@ -422,6 +453,30 @@ def _estimated_cycles(attrs: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+_REIFICATION = re.compile(r'"reification_cost":(\[[^\]]*\])')
+
+
+def _reification(attrs: str) -> dict[str, tuple[float, float, float]]:
+    """The GPU compiler's estimates for one run of a kernel (its backend config's `reification_cost`, written
+    with `--xla_gpu_collect_cost_model_stats=true`): {cost model: (exec, compute, memory) seconds}."""
+    m = _REIFICATION.search(attrs)
+    if not m:
+        return {}
+    micro = lambda entry, key: float(entry.get(key, 0.0)) * 1e-6  # noqa: E731
+    return {
+        e.get("name", ""): (micro(e, "exec_time_us"), micro(e, "compute_time_us"), micro(e, "memory_access_time_us"))
+        for e in json.loads(m.group(1))
+    }
+
+
+def _gemm_dimensions(instr: Instr) -> dict | None:
+    """A library GEMM's dot dimensions (a cuBLAS custom-call's `gemm_backend_config`), or None."""
+    if instr.opcode != "custom-call" or '"gemm_backend_config"' not in instr.attrs:
+        return None
+    m = re.search(r'"lhs_contracting_dimensions":\[([^\]]*)\]', instr.attrs)
+    return {"lhs_contracting": [int(d) for d in re.findall(r"\d+", m.group(1))]} if m else None
+
+
 def _trip_count(instr: Instr, computations) -> int:
     m = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', instr.attrs)
     if m:
@@ -450,7 +505,11 @@ def _dot_flops(instr: Instr, shapes: dict[str, str]) -> float:
     out = array_shapes(instr.shape)
     if not out:
         return 0.0
-    out_elems = math.prod(out[0][1])
+    out_elems = math.prod(out[0][1])  # a cuBLAS call's first result (its workspace follows)
+    gemm = _gemm_dimensions(instr)
+    if gemm is not None:
+        lhs = array_shapes(shapes.get(instr.operands[0], ""))
+        return 2.0 * out_elems * math.prod(lhs[0][1][d] for d in gemm["lhs_contracting"]) if lhs else 0.0
     if instr.opcode == "dot":
         lhs = array_shapes(shapes.get(instr.operands[0], ""))
         m = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", instr.attrs)
@@ -685,6 +744,8 @@ class _Analyser:
         if i.opcode.endswith("-done") or i.opcode in FREE_OPS:
             return 0.0, 0.0
         written = _bytes(i.shape, hbm)
+        if _gemm_dimensions(i) is not None:  # (result, workspace): the scratch workspace is not traffic
+            written = _bytes(_tuple_elements(i.shape)[0], hbm)
         if i.opcode == "fusion":
             _, reads, root_written, _ = self.fused(_attr(i.attrs, "calls"))
             read = 0.0
@@ -772,6 +833,7 @@ class _Analyser:
                     scatter_read_bytes=self.scatter_read(i) * count,
                     cycles=_estimated_cycles(i.attrs) * count if _estimated_cycles(i.attrs) is not None else None,
                     collective=started.opcode if started is not None else "",
+                    estimates={k: tuple(x * count for x in v) for k, v in _reification(i.attrs).items()},
                 )
             )
 

@@ -66,8 +66,14 @@ sys.path.insert(0, str(REPO))  # bench/, configs/
 
 from absl import app, flags  # noqa: E402
 
+from bench import accelerators  # noqa: E402
+from bench.accelerators import CHIPS, GIB, TOPOLOGIES, Chip  # noqa: E402,F401  (the tables, by their old names)
+
 FLAGS = flags.FLAGS
-flags.DEFINE_list("cases", [], "TOPOLOGY/WORKLOAD/DTYPE/DATAxMODEL/BATCH[/VARIANT] cases (default: DEFAULT_CASES).")
+flags.DEFINE_list(
+    "cases", [], "TOPOLOGY/WORKLOAD/DTYPE/DATAxMODEL/BATCH[/VARIANT] cases (default: --platform's DEFAULT_CASES)."
+)
+flags.DEFINE_enum("platform", "tpu", ["tpu", "cuda"], "Default cases: TPU (DEFAULT_CASES), NVIDIA GPU (GPU_CASES).")
 flags.DEFINE_string("results", "", "Append each case's result to this JSON-lines file as it finishes.")
 flags.DEFINE_string("table", "", "Print the markdown table of a results file (no compiling).")
 flags.DEFINE_string(
@@ -90,64 +96,15 @@ flags.DEFINE_string(
 flags.DEFINE_string("child", None, "Internal: compile one case in this process and print its result as JSON.")
 flags.DEFINE_string("source_dir", "", "Internal: import elmo_jax and configs from this directory.")
 
-GIB = 2**30
 LM1B_VOCAB_SIZE = 793_471
 EMBED_TOKENS = 40
 
 
-@dataclasses.dataclass(frozen=True)
-class Chip:
-    """Published per-chip figures (from `source`, the chip's page): dense bfloat16 FLOP/s, HBM bytes and
-    HBM bytes/s, MXUs per chip and the bidirectional inter-chip interconnect (ICI) bytes/s, None where no
-    public source gives them."""
-
-    kind: str
-    peak_flops: float
-    hbm_bytes: float
-    hbm_bandwidth: float
-    source: str
-    mxus: int | None = None
-    ici_bandwidth: float | None = None
-
-    @property
-    def clock_hz(self) -> float | None:
-        """The TensorCore clock (cycles/s: the unit of the compiler's `estimated_cycles`), derived from the
-        peak (see the note above CHIPS), or None."""
-        return self.peak_flops / (self.mxus * _MXU_FLOPS_PER_CYCLE) if self.mxus else None
-
-
-# The clocks are derived from public figures: peak bfloat16 FLOP/s = clock x MXUs per chip x 16,384
-# multiply-accumulates per MXU per cycle x 2 FLOPs ("Each MXU is capable of performing 16K multiply-
-# accumulate operations per cycle": https://cloud.google.com/tpu/docs/system-architecture-tpu-vm; MXUs per
-# TensorCore and TensorCores per chip: each chip's page). v5e: 197e12 / (1 x 4 x 16384 x 2) = 1.50 GHz;
-# v4: 275e12 / (2 x 4 x 16384 x 2) = 1.05 GHz; v5p: 459e12 / (2 x 4 x 16384 x 2) = 1.75 GHz. v6e: its page
-# documents two 256 x 256 MXUs per TensorCore, which would give 3.5 GHz; not used until a source states
-# the clock, so v6e has no `mxus` and its rows no compiler-estimated time. ICI: "Bidirectional inter-chip
-# interconnect (ICI) bandwidth (per chip)" on each chip's page (v4's page gives none).
-_MXU_FLOPS_PER_CYCLE = 16384 * 2
-CHIPS = {
-    "v4": Chip("TPU v4", 275e12, 32 * GIB, 1200e9, "https://cloud.google.com/tpu/docs/v4", mxus=8),
-    "v5e": Chip("TPU v5 lite", 197e12, 16 * GIB, 819e9, "https://cloud.google.com/tpu/docs/v5e", 4, 400e9),
-    "v5p": Chip("TPU v5", 459e12, 95 * GIB, 2765e9, "https://cloud.google.com/tpu/docs/v5p", 8, 1200e9),
-    "v6e": Chip("TPU v6 lite", 918e12, 32 * GIB, 1638e9, "https://cloud.google.com/tpu/docs/v6e", ici_bandwidth=800e9),
-}
-
-# Our name -> (chip, libtpu topology name, extra arguments of get_topology_desc). v4 and v5p chips have
-# two TensorCores; Cloud TPU VMs drive them as one device ("megacore"), so a v4-8 or v5p-8 is 4 devices.
-TOPOLOGIES = {
-    "v5e-1": ("v5e", "v5e:1x1", {"chips_per_host_bounds": [1, 1, 1]}),
-    "v6e-1": ("v6e", "v6e:1x1", {"chips_per_host_bounds": [1, 1, 1]}),
-    "v5e-8": ("v5e", "v5e:2x4", {}),
-    "v6e-8": ("v6e", "v6e:2x4", {}),
-    "v4-8": ("v4", "v4:2x2x1", {"chip_config_name": "megacore"}),
-    "v5p-8": ("v5p", "v5p:2x2x1", {"chip_config_name": "megacore"}),
-    "v5e-32": ("v5e", "v5e:4x8", {}),
-    "v5e-64": ("v5e", "v5e:8x8", {}),
-}
 WORKLOADS = {"large": "configs.bilm_large", "small": "configs.bilm_small"}  # and "embed"
 # Variants change StepConfig settings from the default, for before/after figures of an optimisation.
 # "every_token" runs the char CNN over every token instead of each device's distinct ones (`distinct_slots`).
-VARIANTS: dict[str, dict] = {"dense": {"sparse_softmax_update": False}, "every_token": {}}
+# "triton" (GPU only) compiles the same step with Triton GEMMs (`accelerators.compiler_flags`).
+VARIANTS: dict[str, dict] = {"dense": {"sparse_softmax_update": False}, "every_token": {}, "triton": {}}
 
 # The train step is compiled for the distinct tokens a device's share of a 1B Word batch is expected to
 # hold (`ComputeOptions.distinct_tokens`, rounded as the trainer rounds a batch's count): words drawn by
@@ -171,6 +128,19 @@ DEFAULT_CASES = [
     *[f"{t}/small/{d}/1x1/128" for t in ("v5e-1", "v6e-1") for d in ("bfloat16", "float32")],
     # the feature extractor (embed_file's program) on one chip
     *[f"{t}/embed/{d}/1x1/{b}" for t in ("v5e-1", "v6e-1") for d in ("bfloat16", "float32") for b in (64, 512)],
+]
+
+# NVIDIA GPUs (--platform=cuda): bilm_small and bilm_large at 128 rows per GPU (as bilm-tf trained) on one
+# GPU and an 8-GPU server, the feature extractor on one GPU; the cuBLAS program first, then the Triton-GEMM
+# program of the one-GPU cases; then bilm_large's largest batches on one GPU (which fits 80 / 141 GB).
+GPU_CASES = [
+    *[f"{g}-{n}/small/bfloat16/{n}x1/{128 * n}" for g in ("h100", "h200") for n in (1, 8)],
+    *[f"{g}-1/embed/bfloat16/1x1/512" for g in ("h100", "h200")],
+    *[f"{g}-{n}/large/bfloat16/{n}x1/{128 * n}" for g in ("h100", "h200") for n in (1, 8)],
+    "a100-1/small/bfloat16/1x1/128",
+    *[f"{g}-1/{w}/bfloat16/1x1/128/triton" for w in ("small", "large") for g in ("h100", "h200")],
+    "h100-1/embed/bfloat16/1x1/512/triton",
+    *[f"h100-1/large/bfloat16/1x1/{b}" for b in (512, 1024)],
 ]
 
 
@@ -198,6 +168,10 @@ class Case:
             or (case.variant and case.variant not in VARIANTS)
         ):
             raise ValueError(f"case {text!r}: unknown topology, workload or variant")
+        gpu = case.chip.platform == "cuda"
+        if (case.variant == "triton" and not gpu) or (gpu and dtype != "bfloat16"):
+            # float32 products are weighted as a TPU runs them (`hlo_cost.mxu_passes`), not as a GPU does
+            raise ValueError(f"case {text!r}: 'triton' is a GPU variant, and a GPU case compiles bfloat16")
         return case
 
     @property
@@ -207,17 +181,10 @@ class Case:
 
     @property
     def chip(self) -> Chip:
-        return CHIPS[TOPOLOGIES[self.topology][0]]
+        return accelerators.chip(self.topology)
 
 
 # ------------------------------------------------------------------------------------------------ child
-
-
-def tpu_devices(topology: str):
-    from jax.experimental import topologies
-
-    _, name, kwargs = TOPOLOGIES[topology]
-    return topologies.get_topology_desc(topology_name=name, platform="tpu", **kwargs).devices
 
 
 def expected_distinct(tokens: int, vocab: int = LM1B_VOCAB_SIZE, exponent: float = ZIPF_EXPONENT) -> float:
@@ -316,13 +283,14 @@ def cost_fields(text: str, chip: Chip) -> dict:
             "flops": i.mxu_flops,
             "cycles": i.cycles,
             **{key.replace("_s", "_ms"): 1e3 * value for key, value in t.items()},
+            **({"gpu_ms": [1e3 * x for x in i.estimates[""]]} if "" in i.estimates else {}),  # exec, compute, memory
         }
         for i, t in cost.top_by_time(
             max(FLAGS.top, 20),
             chip.peak_flops,
             chip.hbm_bandwidth,
             chip.clock_hz,
-            key="estimated_s" if chip.clock_hz else "serial_s",
+            key="estimated_s" if chip.clock_hz or chip.gpu_spec else "serial_s",
         )
     ]
     ms = lambda seconds: None if seconds is None else 1e3 * seconds  # noqa: E731
@@ -342,6 +310,12 @@ def cost_fields(text: str, chip: Chip) -> dict:
         "estimated_kernels": times["estimated_kernels"],
         "kernels_counted": len(cost.items),
         "clock_hz": chip.clock_hz,
+        "launches": sum(i.count for i in cost.items),  # kernels run per step, loop trips counted
+        # the GPU compiler's estimates summed per cost model (ms; "" its own), where it gives them
+        "gpu_estimates": {
+            model: {k.replace("_s", "_ms"): (v * 1e3 if k != "kernels" else v) for k, v in t.items()}
+            for model, t in cost.gpu_estimates().items()
+        },
         "loops": [[name, trips] for name, trips, _ in cost.loops],
         "top": top,
         "kernels": kernels,
@@ -373,7 +347,7 @@ def reanalyse(results: pathlib.Path, hlo_dir: pathlib.Path) -> None:
 def compile_case(case: Case) -> dict:
     """Compiles one case in this process; see the module docstring for what is measured."""
 
-    devices = tpu_devices(case.topology)
+    devices = accelerators.devices(case.topology)
     chips = case.data * case.model
     if chips > len(devices):
         raise ValueError(f"{case.name}: the mesh needs {chips} chips, {case.topology} has {len(devices)}")
@@ -385,7 +359,7 @@ def compile_case(case: Case) -> dict:
     compile_s = time.perf_counter() - start - lower_s
     m = compiled.memory_analysis()
     xla = compiled.cost_analysis()
-    xla = xla[0] if isinstance(xla, list) else xla
+    xla = (xla[0] if isinstance(xla, list) else xla) or {}  # the GPU compiler gives None without a device
     text = compiled.as_text()
     path = ""
     if FLAGS.hlo_dir:
@@ -415,6 +389,7 @@ def compile_case(case: Case) -> dict:
         "model_flops_per_chip": model_flops / chips,
         "tokens": tokens,
         "distinct_slots": slots,  # per chip (`distinct_slots`); None: the char CNN over every token
+        **({"xla_flags": flags} if (flags := accelerators.compiler_flags(case.topology, case.variant)) else {}),
     }
 
 
@@ -424,6 +399,7 @@ def compile_case(case: Case) -> dict:
 def run_case(case: Case) -> dict:
     """`compile_case` in a child process (libtpu and the compiler's memory are the child's alone)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    env["XLA_FLAGS"] = " ".join([env.get("XLA_FLAGS", ""), *accelerators.compiler_flags(case.topology, case.variant)])
     argv = [sys.executable, __file__, f"--child={case.name}", f"--positions={FLAGS.positions}"]
     argv += [f"--hlo_dir={FLAGS.hlo_dir}"] if FLAGS.hlo_dir else []
     argv += [f"--revision={FLAGS.revision}", f"--source_dir={_source(FLAGS.revision)}"] if FLAGS.revision else []
@@ -541,6 +517,31 @@ def table(results: list[dict]) -> list[str]:
     return lines
 
 
+GPU_COLUMNS = (
+    "| case | revision | GEMMs | est. ms | own-estimate kernels: exec ms (compute, memory) | "
+    "kernels without one (serial roofline) ms | kernels run per step | compiler's speed of light ms |"
+)
+
+
+def gpu_table(results: list[dict]) -> list[str]:
+    """The GPU compiler's estimates of GPU rows: est. ms (its own per-kernel times, loop trips counted, plus
+    the serial roofline of the kernels it gives none: cuBLAS calls, copies), the sums of its own times,
+    and of its speed-of-light model's ("sol", kept apart: see `hlo_cost.Item.estimate_s`)."""
+    lines = [GPU_COLUMNS, "|" + "---|" * (GPU_COLUMNS.count("|") - 1)]
+    for r in results:
+        if "error" in r or "gpu_estimates" not in r or not Case.parse(r["case"]).chip.gpu_spec:
+            continue
+        own, sol = r["gpu_estimates"].get("", {}), r["gpu_estimates"].get("sol", {})
+        gemms = "Triton (default tiles)" if Case.parse(r["case"]).variant == "triton" else "cuBLAS"
+        lines.append(
+            f"| {r['case']} | {r.get('revision', '')} | {gemms} | {r['estimated_ms']:.2f} | "
+            f"{own.get('exec_ms', 0):.2f} ({own.get('compute_ms', 0):.2f}, {own.get('memory_ms', 0):.2f}) "
+            f"x{int(own.get('kernels', 0))} | {r['unestimated_ms']:.2f} "
+            f"x{r['kernels_counted'] - int(own.get('kernels', 0))} | {r['launches']:,} | {sol.get('exec_ms', 0):.1f} |"
+        )
+    return lines
+
+
 def char_cnn_tokens(r: dict) -> str:
     """The tokens a chip's char CNN runs on: its distinct-token slots, or all of them (rows before the
     slots were recorded, the "every_token" variant, the feature extractor)."""
@@ -589,7 +590,10 @@ def main(argv):
         return
     if FLAGS.table:
         results = [json.loads(line) for line in pathlib.Path(FLAGS.table).read_text().splitlines() if line.strip()]
-        print("\n".join(table(results if FLAGS.all_rows else current_rows(results))))
+        rows = results if FLAGS.all_rows else current_rows(results)
+        print("\n".join(table(rows)))
+        if any("gpu_estimates" in r for r in rows):
+            print("\n" + "\n".join(gpu_table(rows)))
         return
     if FLAGS.kernels:
         results = [json.loads(line) for line in pathlib.Path(FLAGS.kernels).read_text().splitlines() if line.strip()]
@@ -599,15 +603,17 @@ def main(argv):
         return
     import jax
 
-    cases = [Case.parse(c) for c in (FLAGS.cases or DEFAULT_CASES)]
-    print(f"jax {jax.__version__}, libtpu {_libtpu_version()}; {len(cases)} cases, one process each", flush=True)
+    cases = [Case.parse(c) for c in (FLAGS.cases or (GPU_CASES if FLAGS.platform == "cuda" else DEFAULT_CASES))]
+    versions = _compiler_versions()
+    print(f"jax {jax.__version__}, {versions}; {len(cases)} cases, one process each", flush=True)
     results = []
     for case in cases:
         r = run_case(case)
         results.append(r)
         if FLAGS.results:
             with open(FLAGS.results, "a") as f:
-                f.write(json.dumps({**r, "jax": jax.__version__, "libtpu": _libtpu_version()}) + "\n")
+                compiler = {k: v for k, v in versions.items() if (k == "libtpu") != (case.chip.platform == "cuda")}
+                f.write(json.dumps({**r, "jax": jax.__version__, **compiler}) + "\n")
         print(table([r])[-1], flush=True)
         if FLAGS.top and "top" in r:
             print_top(r)
@@ -635,13 +641,17 @@ def _revision() -> str:
     return last + ("+dirty" if git("status", "--porcelain", "--", "elmo_jax", "configs") else "")
 
 
-def _libtpu_version() -> str:
+def _compiler_versions() -> dict[str, str]:
+    """The installed compilers: libtpu's and the CUDA plugin's versions ("not installed" where absent)."""
     from importlib import metadata
 
-    try:
-        return metadata.version("libtpu")
-    except metadata.PackageNotFoundError:
-        return "not installed"
+    versions = {}
+    for name in ("libtpu", "jax-cuda12-plugin"):
+        try:
+            versions[name.replace("-", "_")] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name.replace("-", "_")] = "not installed"
+    return versions
 
 
 if __name__ == "__main__":

@@ -1,21 +1,31 @@
-"""The first thing to run on a real TPU VM: measured train-step times beside the compiler-side estimates.
+"""The first thing to run on a real TPU or GPU VM: measured train-step times beside the compiler-side estimates.
 
     pip install -e '.[tpu]'
     python bench/tpu_first_run.py                         # every train case of the results table this slice runs
     python bench/tpu_first_run.py --cases=v5e-8/large/bfloat16/8x1/1024 --steps=20
+    pip install -e . 'jax[cuda12]'                        # an NVIDIA GPU VM (docs/GPU.md)
+    python bench/tpu_first_run.py --estimates=bench/results_gpu_compile.jsonl
     python bench/tpu_first_run.py --smoke                 # CPU, configs/tiny.py, seconds: checks the script
 
-bench/tpu_compile.py estimated each case's step without a TPU (bench/RESULTS_tpu_compile.md): the roofline
-(the larger of FLOP time and HBM time, scatter reads counted), the serial per-kernel roofline and the
-compiler's own per-kernel estimate. This script runs the same train step (`jitted_steps.jit_steps` on the
-case's mesh, the config's model and optimiser, bilm-tf's 1B Word vocabulary of 793,471 words, the char CNN
-at the case's 24 positions) on the devices it finds: for every current row of the results file (--estimates) whose TPU
-type (`device_kind`) and chip count match this machine, it initialises a state, builds one window of
+bench/tpu_compile.py estimated each case's step without the accelerator (bench/RESULTS_tpu_compile.md,
+bench/RESULTS_gpu_compile.md): the roofline (the larger of FLOP time and HBM time, scatter reads counted),
+the serial per-kernel roofline and the compiler's own per-kernel estimate. This script runs the same train
+step (`jitted_steps.jit_steps` on the case's mesh, the config's model and optimiser, bilm-tf's 1B Word
+vocabulary of 793,471 words, the char CNN at the case's 24 positions) on the devices it finds: for every
+current row of the results file (--estimates) whose device type (`device_kind`, `accelerators.same_kind`)
+and device count match this machine, smallest batch first, it initialises a state, builds one window of
 random sentences (`bench.workloads.synthetic_window`), runs --warmup steps (the first compiles), then
 times --steps steps one by one (each waited for) and prints the median and best step time beside the
-three estimates, with the measured util. (FLOP time at the chip's peak / measured time). Each case is
-also a JSON line in --output, so the first real run calibrates the estimates (which of them predicts a
-TPU's step time, and by how much it is off).
+three estimates, with the measured util. (FLOP time at the chip's peak / measured time). It starts no case
+after --minutes (the whole run stays near that), and a case that fails (out of memory) is a line saying
+so. Each case is also a JSON line in --output, so the first real run calibrates the estimates (which of
+them predicts a step time, and by how much it is off).
+
+On a GPU the step runs as JAX compiles it there (Triton and cuBLAS GEMMs autotuned); its rows' estimates
+are of the cuBLAS program, and the Triton-GEMM program's estimate (the variant "triton", untuned tiles)
+is printed beside them. `XLA_FLAGS=--xla_gpu_enable_triton_gemm=false` times the cuBLAS program itself.
+JAX lets a GPU process take 75% of its memory by default; this script raises that to 95%
+(XLA_PYTHON_CLIENT_MEM_FRACTION, unless set), as the rows' memory plans are judged against the whole.
 
 --smoke runs configs/tiny.py, cut to one LSTM layer, two filters, no highway layer and 4 x 2 windows of
 random 4-letter words, its 100-word softmax updated densely, on the default device (CPU) with a 1 x 1
@@ -38,7 +48,7 @@ sys.path.insert(0, str(REPO))  # bench/, configs/
 
 from absl import app, flags  # noqa: E402
 
-from bench import tpu_compile  # noqa: E402  (defines --cases and --positions, used here in the same sense)
+from bench import accelerators, tpu_compile  # noqa: E402  (tpu_compile defines --cases and --positions, used here too)
 
 FLAGS = flags.FLAGS
 
@@ -52,6 +62,7 @@ def define_flags() -> None:
         "output", str(REPO / "bench" / "out" / "tpu_first_run.jsonl"), "Append a JSON line per case here ('': none)."
     )
     flags.DEFINE_bool("smoke", False, "CPU smoke run: configs/tiny.py cut smaller, 1 x 1 mesh, 4 rows, no estimates.")
+    flags.DEFINE_float("minutes", 9.0, "Start no case after this many minutes (0: no limit).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +74,7 @@ class Options:
     positions: int = 24  # the char CNN's positions, as bench/tpu_compile.py compiles
     output: str = ""
     smoke: bool = False
+    minutes: float = 0.0  # start no case after this long (0: no limit)
 
 
 SMOKE_CASE = "smoke/tiny/float32/1x1/4"
@@ -91,12 +103,17 @@ def estimates(row: dict | None) -> dict:
 
 
 def runnable_cases(rows: list[dict], device_kind: str, n_devices: int) -> list[str]:
-    """Train cases (not the feature extractor's) of rows compiled for this TPU type and chip count."""
-    return [
+    """Train cases (not the feature extractor's, nor the Triton-GEMM variant of a GPU row: the same step) of
+    rows compiled for this device type and count, smallest batch first."""
+    cases = [
         r["case"]
         for r in rows
-        if r.get("device_kind") == device_kind and r.get("chips") == n_devices and r["case"].split("/")[1] != "embed"
+        if accelerators.same_kind(r.get("device_kind", ""), device_kind)
+        and r.get("chips") == n_devices
+        and r["case"].split("/")[1] != "embed"
+        and not r["case"].endswith("/triton")
     ]
+    return sorted(cases, key=lambda c: (tpu_compile.Case.parse(c).batch, c.split("/")[1] != "small"))
 
 
 def time_case(case_name: str, o: Options, row: dict | None = None) -> dict:
@@ -176,8 +193,9 @@ def _smoke_batch(cfg, rows: int) -> dict:
     }
 
 
-def report(case_name: str, measured: dict, row: dict | None, device_kind: str) -> dict:
-    """One case's JSON line: measured times and the estimates of its results row, all in ms."""
+def report(case_name: str, measured: dict, row: dict | None, device_kind: str, triton: dict | None = None) -> dict:
+    """One case's JSON line: measured times and the estimates of its results row (and of its Triton-GEMM
+    variant's row on a GPU, `triton`), all in ms."""
     median_ms = 1e3 * statistics.median(measured["step_s"])
     e = estimates(row)
     ratio = lambda ms: None if ms is None else median_ms / ms  # noqa: E731
@@ -198,6 +216,7 @@ def report(case_name: str, measured: dict, row: dict | None, device_kind: str) -
         "measured_over_roofline": ratio(e["roofline_ms"]),
         "measured_over_serial": ratio(e["serial_ms"]),
         "measured_over_estimated": ratio(e["estimated_ms"]),
+        "estimated_triton_ms": estimates(triton)["estimated_ms"],
     }
 
 
@@ -206,13 +225,14 @@ def line(r: dict) -> str:
     return (
         f"| {r['case']} | {r['median_ms']:.2f} | {r['best_ms']:.2f} | {r['tokens_per_s']:,.0f} | "
         f"{f(r['roofline_ms'], '.2f')} | {f(r['serial_ms'], '.2f')} | {f(r['estimated_ms'], '.2f')} | "
-        f"{f(r['measured_util'], '.1%')} | {f(r['measured_over_estimated'], '.2f')} |"
+        f"{f(r['measured_util'], '.1%')} | {f(r['measured_over_estimated'], '.2f')} | "
+        f"{f(r.get('estimated_triton_ms'), '.2f')} |"
     )
 
 
 HEAD = (
     "| case | measured ms (median) | best ms | tokens/s | roofline ms | serial ms | compiler-estimated ms | "
-    "measured util. | measured / estimated |\n|---|---|---|---|---|---|---|---|---|"
+    "measured util. | measured / estimated | estimated ms, Triton GEMMs (GPU) |\n" + "|---" * 10 + "|"
 )
 
 
@@ -232,9 +252,17 @@ def run(o: Options) -> list[dict]:
         )
     print(f"jax {jax.__version__}, {jax.device_count()} x {device_kind}; {len(cases)} cases", flush=True)
     print(HEAD, flush=True)
-    out = []
+    out, start = [], time.monotonic()
     for case in cases:
-        r = report(case, time_case(case, o, rows.get(case)), rows.get(case), device_kind)
+        if o.minutes and time.monotonic() - start > 60 * o.minutes:
+            print(f"| {case} | not started: past --minutes={o.minutes:g} |", flush=True)
+            continue
+        try:
+            measured = time_case(case, o, rows.get(case))
+        except Exception as e:  # noqa: BLE001  (out of memory, most likely: the next case may fit)
+            print(f"| {case} | **{type(e).__name__}: {str(e).splitlines()[0][:200]}** |", flush=True)
+            continue
+        r = report(case, measured, rows.get(case), device_kind, rows.get(f"{case}/triton"))
         out.append(r)
         print(line(r), flush=True)
         if o.output:
@@ -254,6 +282,10 @@ def _revision() -> str:
 
 def main(argv):
     del argv
+    import os
+
+    # Before JAX starts a GPU backend: the memory plans are judged against all of a GPU's memory, not 75%.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.95")
     run(
         Options(
             cases=tuple(FLAGS.cases),
@@ -263,6 +295,7 @@ def main(argv):
             positions=FLAGS.positions,
             output=FLAGS.output,
             smoke=FLAGS.smoke,
+            minutes=FLAGS.minutes,
         )
     )
 

@@ -244,3 +244,72 @@ def test_a_collective_overlapped_with_a_loop_is_counted_once():
     assert step.flops == 10 * 2 * 64 * 128 * 128
     assert done.hbm_bytes == 0 and done.collective_bytes == 0
     assert cost.hbm_bytes == start.hbm_bytes + step.hbm_bytes + 10 * 3 * 4  # and the loop counter's add
+
+
+# The GPU compiler's program (as `--xla_gpu_collect_cost_model_stats=true` writes it): a loop of 3 trips
+# running a cuBLAS GEMM (a custom-call whose result is (product, scratch workspace), priced only by the
+# compiler's speed-of-light model "sol") and an elementwise fusion it prices with its own model ("") and
+# "sol"; after the loop a copy with no estimate. Times in microseconds, as the compiler writes them.
+GPU_HLO = """HloModule g, entry_computation_layout={()->bf16[64,128]}
+
+%tanh_fused (a0: bf16[64,128]) -> bf16[64,128] {
+  %a0 = bf16[64,128]{1,0} parameter(0)
+  ROOT %th = bf16[64,128]{1,0} tanh(%a0)
+}
+
+%body (t: (s32[], bf16[64,128], bf16[128,128])) -> (s32[], bf16[64,128], bf16[128,128]) {
+  %t = (s32[], bf16[64,128]{1,0}, bf16[128,128]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %h = bf16[64,128]{1,0} get-tuple-element(%t), index=1
+  %w = bf16[128,128]{1,0} get-tuple-element(%t), index=2
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one)
+  %gemm = (bf16[64,128]{1,0}, s8[1048576]{0}) custom-call(%h, %w), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}},"reification_cost":[{"end_to_end_cycles":0,"exec_time_us":5,"compute_time_us":0,"memory_access_time_us":0,"name":"sol"}]}
+  %product = bf16[64,128]{1,0} get-tuple-element(%gemm), index=0
+  %h.1 = bf16[64,128]{1,0} fusion(%product), kind=kLoop, calls=%tanh_fused, backend_config={"reification_cost":[{"end_to_end_cycles":10,"exec_time_us":2,"compute_time_us":0.5,"memory_access_time_us":1.5,"name":""},{"end_to_end_cycles":0,"exec_time_us":1,"compute_time_us":0,"memory_access_time_us":0,"name":"sol"}]}
+  ROOT %t.1 = (s32[], bf16[64,128]{1,0}, bf16[128,128]{1,0}) tuple(%next, %h.1, %w)
+}
+
+%cond (u: (s32[], bf16[64,128], bf16[128,128])) -> pred[] {
+  %u = (s32[], bf16[64,128]{1,0}, bf16[128,128]{1,0}) parameter(0)
+  %j = s32[] get-tuple-element(%u), index=0
+  %three = s32[] constant(3)
+  ROOT %lt = pred[] compare(%j, %three), direction=LT
+}
+
+ENTRY %main (h0: bf16[64,128], k: bf16[128,128]) -> bf16[64,128] {
+  %h0 = bf16[64,128]{1,0} parameter(0)
+  %k = bf16[128,128]{1,0} parameter(1)
+  %zero = s32[] constant(0)
+  %init = (s32[], bf16[64,128]{1,0}, bf16[128,128]{1,0}) tuple(%zero, %h0, %k)
+  %loop = (s32[], bf16[64,128]{1,0}, bf16[128,128]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  %last = bf16[64,128]{1,0} get-tuple-element(%loop), index=1
+  ROOT %out = bf16[64,128]{1,0} copy(%last)
+}
+"""  # noqa: E501 (HLO lines as the compiler writes them)
+
+H, W = 64 * 128 * 2, 128 * 128 * 2  # bytes of the state and of the kernel, bf16
+
+
+def test_the_gpu_compilers_estimates_and_cublas_gemms():
+    cost = hlo_cost.analyse(GPU_HLO)
+    gemm, tanh, copy, counter = (item(cost, op) for op in ("custom-call", "fusion", "copy", "add"))
+    # the GEMM's FLOPs from its dot dimensions; its traffic without the 1 MiB workspace, 3 trips
+    assert gemm.flops == 3 * 2 * 64 * 128 * 128 and gemm.hbm_bytes == 3 * (H + W + H)
+    assert tanh.hbm_bytes == 3 * 2 * H and copy.hbm_bytes == 2 * H
+    # the compiler's own time where it gives one (the fusion); "sol" alone (the GEMM) is not used as one
+    assert tanh.estimate_s == pytest.approx(3 * 2e-6) and gemm.estimate_s is None and copy.estimate_s is None
+    assert [tanh.estimated, gemm.estimated, copy.estimated] == [True, False, False]
+    t = cost.times(PEAK, BANDWIDTH, None)
+    serial = lambda i: max(i.mxu_flops / PEAK, i.hbm_bytes / BANDWIDTH)  # noqa: E731
+    unestimated = serial(gemm) + serial(copy) + serial(counter)  # (the loop counter's add: 3 x 12 bytes)
+    assert t["unestimated_s"] == pytest.approx(unestimated)
+    assert t["estimated_s"] == pytest.approx(3 * 2e-6 + unestimated)
+    assert t["estimated_kernels"] == 1
+    # summed per model, loop trips counted: (exec, compute, memory) and the kernels each priced
+    sums = cost.gpu_estimates()
+    assert sums[""] == pytest.approx({"exec_s": 6e-6, "compute_s": 1.5e-6, "memory_s": 4.5e-6, "kernels": 1})
+    assert sums["sol"] == pytest.approx({"exec_s": 3 * 5e-6 + 3 * 1e-6, "compute_s": 0, "memory_s": 0, "kernels": 2})
+    kinds = cost.by_kind(PEAK, BANDWIDTH, None)
+    assert kinds[f"{hlo_cost.UNESTIMATED}, in loops"]["kernels"] == 2  # the GEMM and the counter's add
+    assert kinds[f"{hlo_cost.ELEMENTWISE}, in loops"]["estimated_s"] == pytest.approx(6e-6)
