@@ -47,3 +47,19 @@ def test_the_smoke_run_times_the_train_step_and_writes_a_json_line(tmp_path, cap
     assert r["estimated_ms"] is None  # no results row for the smoke case
     assert json.loads(output.read_text()) == r
     assert f"| {tpu_first_run.SMOKE_CASE} |" in capsys.readouterr().out
+
+
+def test_a_gpu_runs_its_rows_smallest_first_with_the_triton_programs_estimate_beside():
+    h100 = {**ROW, "device_kind": "NVIDIA H100 80GB HBM3"}
+    large = {**h100, "case": "h100-1/large/bfloat16/1x1/128"}
+    small = {**h100, "case": "h100-1/small/bfloat16/1x1/128"}
+    triton = {**small, "case": "h100-1/small/bfloat16/1x1/128/triton", "estimated_ms": 5.0}
+    bigger = {**h100, "case": "h100-1/small/bfloat16/1x1/64"}
+    rows = [large, triton, small, bigger]
+    expected = [bigger["case"], small["case"], large["case"]]  # by batch, then bilm_small first
+    assert tpu_first_run.runnable_cases(rows, "NVIDIA H100 80GB HBM3", 1) == expected
+    assert tpu_first_run.runnable_cases(rows, "NVIDIA H100 PCIe", 1) == []  # another part: other figures
+    measured = {"first_s": 9.0, "step_s": [0.016], "tokens": 5120, "distinct_slots": None}
+    r = tpu_first_run.report(small["case"], measured, small, "NVIDIA H100 80GB HBM3", triton)
+    assert r["estimated_ms"] == 8.0 and r["estimated_triton_ms"] == 5.0
+    assert tpu_first_run.line(r).endswith("| 2.00 | 5.00 |")  # measured / estimated, then Triton's estimate
