@@ -14,7 +14,7 @@ named after the config file:
 Without ":DATA_DIR" it reads TFDS's own `lm1b`, prepared with TFDS (`--config.data.tfds_data_dir=...`).
 """
 
-from configs import default
+from elmo_jax.configs import default
 
 TRAIN_TOKENS = 768_648_884
 

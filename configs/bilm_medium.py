@@ -1,6 +1,6 @@
 """The published "medium" ELMo shape (2x2048_256_2048cnn_1xhighway): H 2048, P 256, 1 highway."""
 
-from configs import default
+from elmo_jax.configs import default
 
 
 def get_config():

@@ -3,7 +3,7 @@
 python train.py --config=configs/demo.py --workdir=/tmp/elmo_demo
 """
 
-from configs import default
+from elmo_jax.configs import default
 
 
 def get_config():

@@ -13,7 +13,7 @@ a v5e-4 or v6e-8 slice, several GPUs, or the CPU; the softmax's rows are split o
 import json
 import os
 
-from configs import bilm_small, default, demo
+from elmo_jax.configs import bilm_small, default, demo
 
 ROWS_PER_TPU_CHIP = 128  # bilm-tf trained with 128 rows per GPU; a v5e chip holds this easily (see bench)
 ROWS_PER_GPU = 128

@@ -8,7 +8,7 @@ Without corpus files it trains on the embedded default corpus (its vocabulary is
 a model can use; give it a small corpus).
 """
 
-from configs import default
+from elmo_jax.configs import default
 
 
 def get_config():

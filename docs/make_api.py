@@ -19,6 +19,7 @@ import dataclasses
 import importlib
 import inspect
 import sys
+import tomllib
 import typing
 from pathlib import Path
 
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "docs" / "API.md"
 # (how to run it, source file), in the order a user meets them.
 CLIS = (
-    ("python train.py", "train.py"),
+    ("python train.py", "elmo_jax/train.py"),  # the repository's train.py runs elmo_jax/train.py
     ("python -m elmo_jax.vocab", "elmo_jax/vocab.py"),
     ("python -m elmo_jax.evaluate", "elmo_jax/evaluate.py"),
     ("python -m elmo_jax.export", "elmo_jax/export.py"),
@@ -222,9 +223,13 @@ def command_line_tools() -> list[str]:
         "Each exits 1 with a one-line error (no traceback) on bad flags or input.",
         "",
     ]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    scripts = {target.split(":")[0]: name for name, target in pyproject["project"]["scripts"].items()}
     for command, source in CLIS:
         tree = ast.parse((ROOT / source).read_text(encoding="utf-8"), filename=source)
-        lines += [f"### `{command}`", "", f"Source: `{source}`.", ""]
+        script = scripts.get(source[: -len(".py")].replace("/", "."))
+        heading = f"`{command}`" + (f" or `{script}` (the console script)" if script else "")
+        lines += [f"### {heading}", "", f"Source: `{source}`.", ""]
         lines += _doc_block(ast.get_docstring(tree))
         rows = _flag_rows(tree)
         if rows:

@@ -24,9 +24,7 @@ FLAGS = flags.FLAGS
 
 def define_flags() -> None:
     cli.define_labelled_targets_flags()
-    flags.DEFINE_string(
-        "plot", None, "Write the sample-efficiency plot here (.png; needs matplotlib: pip install 'elmo-jax[plot]')."
-    )
+    flags.DEFINE_string("plot", None, "Write the sample-efficiency plot here (.png; needs matplotlib, the plot extra).")
     flags.DEFINE_list(
         "variants",
         "baseline,token,top,average,learned,learned_l2",
@@ -88,5 +86,10 @@ def main(argv) -> None:
     cli.run_main(run, argv, check=check_flags)
 
 
-if __name__ == "__main__":
+def start() -> None:
+    """The command: `elmo-ablate` (pyproject.toml's [project.scripts]) and `python -m elmo_jax.ablate`."""
     cli.start(main, define_flags)
+
+
+if __name__ == "__main__":
+    start()

@@ -200,9 +200,11 @@ def require(*names: str) -> None:
 
 def check_installed(flag: str, module: str, extra: str) -> None:
     """Raises ValueError when the flag `flag` was given and needs `module`, which is not installed,
-    naming the package's extra that installs it (for a command's `check`: before any work is done)."""
+    naming the package's extra that installs it (for a command's `check`: before any work is done). The
+    line says `pip install MODULE` (the package is not on PyPI: `pip install 'elmo-jax[EXTRA]'` would find
+    nothing, and the extra's spelling depends on where the package was installed from)."""
     if flags.FLAGS[flag].value and importlib.util.find_spec(module) is None:
-        raise ValueError(f"--{flag} needs {module}, which is not installed: pip install 'elmo-jax[{extra}]'")
+        raise ValueError(f"--{flag} needs {module}, which is not installed: pip install {module} (the {extra} extra)")
 
 
 def define_compilation_cache_flag() -> None:
@@ -328,7 +330,10 @@ def start(
 ) -> None:
     """A command's `__main__` block: defines its flags (only when run as a program, so importing the
     module adds no global flags), parses them (`flags_parser`, default `parse_flags`) and runs `main`
-    with the remaining arguments under absl (logging set up as absl sets it up)."""
+    with the remaining arguments under absl (logging set up as absl sets it up). The module that defines
+    `main` is the command whose usage and flags --help prints: a console script (`elmo-vocab`) imports it
+    under its own name, and the process's `__main__` is the script."""
+    _started.append(sys.modules[main.__module__])
     if define_flags is not None:
         define_flags()
     app.run(main, flags_parser=flags_parser or parse_flags)
@@ -410,7 +415,15 @@ def command_help(program: str, *, full: bool = False) -> str:
 
 
 def _command_module(program: str):
-    """The running command's module: `__main__` in its own process; where a test runs its `main` in-process
-    (tests/support/inprocess.py), the module argv[0] names ("elmo_jax.vocab", "train.py")."""
+    """The running command's module: the one `start` ran; where a test runs a command's `main` in-process
+    (tests/support/inprocess.py), the module argv[0] names ("elmo_jax.vocab"; "train.py", the repository's
+    entry point: the module of the `main` it imports, elmo_jax.train)."""
+    if _started:
+        return _started[-1]
     name = program[: -len(".py")].replace("/", ".") if program.endswith(".py") else program
-    return sys.modules.get(name) or sys.modules["__main__"]
+    module = sys.modules.get(name) or sys.modules["__main__"]
+    return sys.modules.get(getattr(getattr(module, "main", None), "__module__", None), module)
+
+
+# The command module `start` ran (one per process; empty in a test that runs a command's `main` itself).
+_started: list = []

@@ -37,7 +37,13 @@ def main(argv: Sequence[str]) -> None:
     )
 
 
-if __name__ == "__main__":
+def start() -> None:
+    """The command: `elmo-default-corpus` (pyproject.toml's [project.scripts]) and
+    `python -m elmo_jax.default_corpus`."""
     from elmo_jax import cli
 
     cli.start(main)
+
+
+if __name__ == "__main__":
+    start()

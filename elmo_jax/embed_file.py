@@ -30,7 +30,7 @@ TPU pod slice / SLURM, as train.py): each embeds every N-th line on its own devi
 writes the one output file, the same as a single process writes. --output must be on a file system
 every process sees.
 
---model, --input and --output may be gs://BUCKET/PATH (pip install 'elmo-jax[gcs]'): a gs:// input is
+--model, --input and --output may be gs://BUCKET/PATH (the gcs extra, docs/CLOUD_STORAGE.md): a gs:// input is
 downloaded first, a gs:// output is written on this machine (where a stopped run resumes) and uploaded
 in one piece when complete; it takes one process (docs/CLOUD_STORAGE.md).
 """
@@ -161,5 +161,10 @@ def _process_lost() -> tuple[type[BaseException], ...]:
     return (ProcessLost,)
 
 
-if __name__ == "__main__":
+def start() -> None:
+    """The command: `elmo-embed-file` (pyproject.toml's [project.scripts]) and `python -m elmo_jax.embed_file`."""
     cli.start(main, define_flags)
+
+
+if __name__ == "__main__":
+    start()

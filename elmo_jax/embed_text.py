@@ -69,5 +69,10 @@ def main(argv: list[str]) -> None:
     cli.run_main(lambda: run(argv))  # the arguments are the sentences
 
 
-if __name__ == "__main__":
+def start() -> None:
+    """The command: `elmo-embed-text` (pyproject.toml's [project.scripts]) and `python -m elmo_jax.embed_text`."""
     cli.start(main, define_flags)
+
+
+if __name__ == "__main__":
+    start()

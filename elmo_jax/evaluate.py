@@ -58,5 +58,10 @@ def main(argv) -> None:
     cli.run_main(run, argv, check=lambda: cli.require("workdir"))
 
 
-if __name__ == "__main__":
+def start() -> None:
+    """The command: `elmo-evaluate` (pyproject.toml's [project.scripts]) and `python -m elmo_jax.evaluate`."""
     cli.start(main, define_flags)
+
+
+if __name__ == "__main__":
+    start()

@@ -100,5 +100,10 @@ def main(argv) -> None:
     cli.run_main(run, argv, check=check_flags)
 
 
-if __name__ == "__main__":
+def start() -> None:
+    """The command: `elmo-export` (pyproject.toml's [project.scripts]) and `python -m elmo_jax.export`."""
     cli.start(main, define_flags)
+
+
+if __name__ == "__main__":
+    start()

@@ -63,5 +63,10 @@ def main(argv: Sequence[str]) -> None:
     cli.run_main(run, list(argv), check=check_flags)
 
 
-if __name__ == "__main__":
+def start() -> None:
+    """The command: `elmo-prepare-lm1b` (pyproject.toml's [project.scripts]) and `python -m elmo_jax.prepare_lm1b`."""
     cli.start(main, define_flags)
+
+
+if __name__ == "__main__":
+    start()

@@ -24,7 +24,7 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     cli.define_labelled_targets_flags()
     flags.DEFINE_string(
-        "plot", None, "Write a bar chart of the accuracies here (.png; needs matplotlib: pip install 'elmo-jax[plot]')."
+        "plot", None, "Write a bar chart of the accuracies here (.png; needs matplotlib, the plot extra)."
     )
     # The seed goes to NumPy's default_rng (any integer >= 0) and jax.random.key (an int64): checked
     # with the flags, before the model loads.
@@ -66,5 +66,10 @@ def main(argv) -> None:
     cli.run_main(run, argv, check=check_flags)
 
 
-if __name__ == "__main__":
+def start() -> None:
+    """The command: `elmo-probe` (pyproject.toml's [project.scripts]) and `python -m elmo_jax.probe`."""
     cli.start(main, define_flags)
+
+
+if __name__ == "__main__":
+    start()

@@ -46,5 +46,10 @@ def main(argv: Sequence[str]) -> None:
     cli.run_main(run, list(argv), hint="; pass the text with --input=FILE", check=check)
 
 
-if __name__ == "__main__":
+def start() -> None:
+    """The command: `elmo-segment` (pyproject.toml's [project.scripts]) and `python -m elmo_jax.segment`."""
     cli.start(main, define_flags)
+
+
+if __name__ == "__main__":
+    start()

@@ -1,7 +1,7 @@
 """Serve ELMo vectors over HTTP: concurrent requests merged into batches on every local device.
 
-    pip install 'elmo-jax[serve]'
-    python -m elmo_jax.serve --model=small --nowarmup            # a quick try: ready in seconds
+    pip install -e '.[serve]'     # the serve extra, in a clone (a wheel: pip install 'WHEEL[serve]'; BUILD.md)
+    python -m elmo_jax.serve --model=small --nowarmup            # a quick try: ready in seconds (or elmo-serve)
     python -m elmo_jax.serve --model=small                       # http://127.0.0.1:8080, after the warm-up
     curl -s localhost:8080/v1/embed -H 'Content-Type: application/json' -d '{"texts": ["The bank ."]}'
     ELMO_JAX_SERVE_TOKEN=... python -m elmo_jax.serve --model=original --host=0.0.0.0 --port=8080
@@ -91,5 +91,10 @@ def main(argv: list[str]) -> None:
     cli.run_main(run, argv, interrupted=" before serving")
 
 
-if __name__ == "__main__":
+def start() -> None:
+    """The command: `elmo-serve` (pyproject.toml's [project.scripts]) and `python -m elmo_jax.serve`."""
     cli.start(main, define_flags)
+
+
+if __name__ == "__main__":
+    start()

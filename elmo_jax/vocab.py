@@ -53,5 +53,10 @@ def main(argv: Sequence[str]) -> None:
     cli.run_main(run, list(argv), hint="; pass the corpus with --files=GLOB")
 
 
-if __name__ == "__main__":
+def start() -> None:
+    """The command: `elmo-vocab` (pyproject.toml's [project.scripts]) and `python -m elmo_jax.vocab`."""
     cli.start(main, define_flags)
+
+
+if __name__ == "__main__":
+    start()

@@ -395,7 +395,7 @@ def test_plot_without_matplotlib_is_refused_before_the_model_loads(files, monkey
         f"--test={files['good']}",
         f"--plot={files['root'] / 'plot.png'}",
     ]
-    check_refusal(files, ["--plot", "matplotlib", "pip install 'elmo-jax[plot]'"], lambda: run_in_process(*argv))
+    check_refusal(files, ["--plot", "matplotlib", "pip install matplotlib"], lambda: run_in_process(*argv))
 
 
 def test_a_million_character_token_is_cut_as_allennlp_cuts_it(files, tiny_params, tmp_path):

@@ -117,3 +117,41 @@ def test_the_package_names_no_jax_api_the_running_jax_deprecates():
             if name in getattr(owner, "_deprecations", {}):
                 deprecated.append(f"{path.relative_to(package.parent)}: {module}.{name}")
     assert not deprecated, deprecated
+
+
+def _pyproject() -> dict:
+    import pathlib
+    import tomllib
+
+    return tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def test_the_wheel_lists_every_package_and_ships_the_configs_inside_elmo_jax():
+    """pyproject.toml lists the packages (packages.find cannot map configs/ to elmo_jax.configs): a package
+    added under elmo_jax/ and not listed would be missing from every installed copy, and nothing at the
+    top level but elmo_jax is installed (a `configs` in site-packages would collide with users' own)."""
+    import pathlib
+
+    package = pathlib.Path(__file__).parents[1] / "elmo_jax"
+    found = {".".join(path.parent.relative_to(package.parent).parts) for path in package.rglob("__init__.py")} | {
+        "elmo_jax.configs"
+    }
+    setuptools = _pyproject()["tool"]["setuptools"]
+    assert set(setuptools["packages"]) == found
+    assert setuptools["package-dir"] == {"elmo_jax.configs": "configs"}
+
+
+def test_every_command_has_a_console_script_named_after_it():
+    """Each command module (elmo_jax/NAME.py with a `__main__` block: `python -m elmo_jax.NAME`) is the
+    console script elmo-NAME (dashes for underscores), which calls its `start`, as the `__main__` block does."""
+    import pathlib
+    import re
+
+    package = pathlib.Path(__file__).parents[1] / "elmo_jax"
+    main_block = re.compile(r'^if __name__ == "__main__":$', re.MULTILINE)
+    commands = {path.stem for path in package.glob("*.py") if main_block.search(path.read_text(encoding="utf-8"))}
+    expected = {f"elmo-{name.replace('_', '-')}": f"elmo_jax.{name}:start" for name in commands}
+    assert _pyproject()["project"]["scripts"] == expected
+    for name in commands:
+        source = (package / f"{name}.py").read_text(encoding="utf-8")
+        assert source.rstrip().endswith('if __name__ == "__main__":\n    start()'), name

@@ -4,7 +4,7 @@ resumed, the service restarted, a notebook's runtime restarted).
 
     compile_cache.use()            # every command (cli.run_main), Embedder, embed_sentences, training
     compile_cache.use("none")      # off for this process
-    compile_cache.use("/scratch/xla")   # or gs://BUCKET/PATH (pip install 'elmo-jax[gcs]')
+    compile_cache.use("/scratch/xla")   # or gs://BUCKET/PATH (the gcs extra, docs/CLOUD_STORAGE.md)
 
 Where (`directory`): the setting (a command's --compilation_cache, training's config.compilation_cache),
 else $ELMO_JAX_COMPILATION_CACHE, else `compilation_cache` in the package's cache

@@ -378,7 +378,9 @@ def _check_client(path: str | os.PathLike) -> None:
         try:
             import gcsfs  # noqa: F401
         except ImportError:
-            raise OSError(f"{os.fspath(path)}: gs:// paths need gcsfs: pip install 'elmo-jax[gcs]'") from None
+            raise OSError(
+                f"{os.fspath(path)}: gs:// paths need gcsfs: pip install gcsfs google-cloud-storage (the gcs extra)"
+            ) from None
         outage.install()
 
 

@@ -100,8 +100,10 @@ def error_line(result: subprocess.CompletedProcess, *expected: str) -> str:
 
 
 def command_module(command: str):
-    """The module of a command named as `elmo_jax.NAME` or as a script (`train.py`)."""
-    return importlib.import_module(command[: -len(".py")] if command.endswith(".py") else command)
+    """The module of a command named as `elmo_jax.NAME` or as a script (`train.py`: the module of the `main`
+    it imports, elmo_jax.train, which defines the flags and holds the usage)."""
+    module = importlib.import_module(command[: -len(".py")] if command.endswith(".py") else command)
+    return importlib.import_module(module.main.__module__) if hasattr(module, "main") else module
 
 
 def defined_flags(command: str) -> set[str]:

@@ -17,7 +17,6 @@ one real subprocess in the suite for those (docs/TESTING.md lists them).
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import logging as std_logging
 import os
@@ -28,7 +27,7 @@ from collections.abc import Iterator
 from absl import flags, logging
 
 from elmo_jax import cli
-from tests.support.commands import REPO
+from tests.support.commands import REPO, command_module
 
 
 class _Exit(SystemExit):
@@ -82,11 +81,6 @@ def _fresh_flags(module_name: str) -> Iterator[None]:
         logging.get_absl_logger().setLevel(level)
 
 
-def _module(command: str):
-    """The command's module: train.py (from the repository root) or a module name."""
-    return importlib.import_module(command[: -len(".py")] if command.endswith(".py") else command)
-
-
 def run_in_process(
     command: str, *args, input: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
@@ -101,7 +95,7 @@ def run_in_process(
     Returns:
       a CompletedProcess: returncode (0 when `main` returned), the captured stdout and stderr.
     """
-    module = _module(command)
+    module = command_module(command)
     argv = [command, *(str(a) for a in args)]
     out, err = io.StringIO(), io.StringIO()
     parse = getattr(module, "parse_flags", cli.parse_flags)
