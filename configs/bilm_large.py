@@ -14,7 +14,10 @@ named after the config file:
 Without ":DATA_DIR" it reads TFDS's own `lm1b`, prepared with TFDS (`--config.data.tfds_data_dir=...`).
 """
 
-from elmo_jax.configs import default
+try:  # the package's copy (installed, or this clone's editable install)
+    from elmo_jax.configs import default
+except ModuleNotFoundError:  # this clone on sys.path in a process begun before its install (a Colab kernel)
+    from configs import default
 
 TRAIN_TOKENS = 768_648_884
 

@@ -1,6 +1,9 @@
 """The published "medium" ELMo shape (2x2048_256_2048cnn_1xhighway): H 2048, P 256, 1 highway."""
 
-from elmo_jax.configs import default
+try:  # the package's copy (installed, or this clone's editable install)
+    from elmo_jax.configs import default
+except ModuleNotFoundError:  # this clone on sys.path in a process begun before its install (a Colab kernel)
+    from configs import default
 
 
 def get_config():

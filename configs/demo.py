@@ -3,7 +3,10 @@
 python train.py --config=configs/demo.py --workdir=/tmp/elmo_demo
 """
 
-from elmo_jax.configs import default
+try:  # the package's copy (installed, or this clone's editable install)
+    from elmo_jax.configs import default
+except ModuleNotFoundError:  # this clone on sys.path in a process begun before its install (a Colab kernel)
+    from configs import default
 
 
 def get_config():

@@ -13,7 +13,10 @@ a v5e-4 or v6e-8 slice, several GPUs, or the CPU; the softmax's rows are split o
 import json
 import os
 
-from elmo_jax.configs import bilm_small, default, demo
+try:  # the package's copy (installed, or this clone's editable install)
+    from elmo_jax.configs import bilm_small, default, demo
+except ModuleNotFoundError:  # this clone on sys.path in a process begun before its install (a Colab kernel)
+    from configs import bilm_small, default, demo
 
 ROWS_PER_TPU_CHIP = 128  # bilm-tf trained with 128 rows per GPU; a v5e chip holds this easily (see bench)
 ROWS_PER_GPU = 128

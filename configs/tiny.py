@@ -8,7 +8,10 @@ Without corpus files it trains on the embedded default corpus (its vocabulary is
 a model can use; give it a small corpus).
 """
 
-from elmo_jax.configs import default
+try:  # the package's copy (installed, or this clone's editable install)
+    from elmo_jax.configs import default
+except ModuleNotFoundError:  # this clone on sys.path in a process begun before its install (a Colab kernel)
+    from configs import default
 
 
 def get_config():

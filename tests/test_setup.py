@@ -155,3 +155,29 @@ def test_every_command_has_a_console_script_named_after_it():
     for name in commands:
         source = (package / f"{name}.py").read_text(encoding="utf-8")
         assert source.rstrip().endswith('if __name__ == "__main__":\n    start()'), name
+
+
+def test_the_configs_import_from_a_clone_whose_install_the_process_has_not_seen():
+    """A Colab kernel runs `pip install -e CLONE`, puts the clone on sys.path and imports `configs.notebooks`
+    in the same process, which never read the editable install's import finder: there is no
+    elmo_jax.configs, and the presets import their base from `configs` instead. A process with site-packages
+    on its path but no .pth files read (`-S`) is that kernel."""
+    import pathlib
+    import site
+    import subprocess
+    import sys
+
+    repo = pathlib.Path(__file__).parents[1]
+    path = [str(repo), *site.getsitepackages()]
+    check = (
+        "import importlib.util, sys; assert importlib.util.find_spec('elmo_jax.configs') is None; "
+        "from configs import notebooks, tiny; print(tiny.default.__name__, tiny.get_config().batch_size)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", check],
+        cwd=repo,
+        env={"PYTHONPATH": ":".join(path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert result.stdout.split() == ["configs.default", "8"], result.stdout + result.stderr
