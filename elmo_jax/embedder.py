@@ -20,6 +20,11 @@ The same names, arguments and outputs as AllenNLP's class, so that changing the 
         output_format, batch_size,                       output_format, forget_sentences=..., **options)
         forget_sentences, use_sentence_keys)
 
+It is ELMoForManyLangs' `Embedder` too (`from elmoformanylangs import Embedder` -> `from elmo_jax import
+Embedder`, docs/MANY_LANGUAGES.md): `Embedder(efml_model_dir)` reads its directory (converted once into
+the cache) and `sents2elmo(sents, output_layer=-1)` answers as its does (-1 the average of the layers,
+-2 all of them, 0, 1, 2 one layer).
+
 A model is what `formats.model_source` says a command's --model is: a published name (downloaded once,
 docs/PRETRAINED.md), a model directory, or an options JSON + HDF5 pair; `params=` takes one already
 loaded (`load_hdf5`, `init_params`, a training run's export). Sentences go through one
@@ -46,6 +51,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from elmo_jax.features.embed import embed
+from elmo_jax.features.output_modes import efml_output_layer
 from elmo_jax.features.sentences import DEFAULT_WINDOW, SentenceEmbedder
 from elmo_jax.files.file_embedding import embed_file as embed_text_file
 from elmo_jax.files.file_options import Options
@@ -73,6 +79,7 @@ class Embedder:
       batch_tokens: time steps per batch (`SentenceEmbedder`): bounds the device memory.
       devices: indices into `jax.local_devices()` to run on (instead of `cuda_device`); None: all.
       compute_dtype: "float32" or "bfloat16" matrix products.
+      batch_size: ELMoForManyLangs' argument; no effect (batches are `batch_tokens` time steps).
 
     Attributes:
       params: the biLM.
@@ -91,7 +98,9 @@ class Embedder:
         batch_tokens: int = 4096,
         devices: Sequence[int] | None = None,
         compute_dtype: str = "float32",
+        batch_size: int | None = None,
     ):
+        del batch_size  # ELMoForManyLangs' Embedder(model_dir, batch_size=64)
         if params is not None and (model or options_file or weight_file):
             raise ValueError("Embedder: pass params, or a model (or options_file and weight_file), not both")
         if not isinstance(cuda_device, int) or isinstance(cuda_device, bool) or cuda_device < -1:
@@ -123,6 +132,20 @@ class Embedder:
         `batch_size` has no effect (batches are `batch_tokens` time steps)."""
         del batch_size
         return self.sentences.stream(sentences, window=DEFAULT_WINDOW, warn=True)
+
+    def sents2elmo(self, sents: Sequence[Sequence[str]], output_layer: int = -1) -> list[np.ndarray]:
+        """ELMoForManyLangs' `Embedder.sents2elmo`: one float32 array per sentence, in order: (n, 2P) for
+        output_layer -1 (the average of the L+1 layers) or a layer 0..L (0 the token layer), (L+1, n, 2P)
+        for -2 (every layer); the output mode of `output_modes.efml_output_layer`."""
+        layers = efml_output_layer(output_layer, self.params.config.n_output_layers)
+        embedder = SentenceEmbedder(
+            self.params,
+            layers=layers,
+            batch_tokens=self.batch_tokens,
+            devices=self.devices,
+            compute_dtype=self.compute_dtype,
+        )
+        return embedder.embed(sents)
 
     def batch_to_embeddings(self, batch: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
         """AllenNLP's `ElmoEmbedder.batch_to_embeddings`, as NumPy: (float32 (B, L+1, T, 2P) layers with

@@ -297,3 +297,21 @@ def mix_weights(scalars: Sequence[float], gamma: float) -> np.ndarray:
     s = np.asarray(scalars, np.float64)
     weights = np.exp(s - s.max())
     return (gamma * weights / weights.sum()).astype(np.float32)
+
+
+def efml_output_layer(output_layer: int, n_layers: int) -> str | int:
+    """The output mode of ELMoForManyLangs' `Embedder.sents2elmo(sents, output_layer)`: -1 the average of
+    the `n_layers` layers ("average"), -2 all of them ("all"), 0 .. n_layers - 1 that layer (0 the token
+    layer, then the LSTM layers). ValueError naming the argument otherwise."""
+    if isinstance(output_layer, bool) or not isinstance(output_layer, (int, np.integer)):
+        raise ValueError(f"output_layer must be an integer, found {output_layer!r}")
+    if output_layer == -1:
+        return Average.name
+    if output_layer == -2:
+        return AllLayers.name
+    if not 0 <= output_layer < n_layers:
+        raise ValueError(
+            f"output_layer must be -2 (all layers), -1 (their average) or a layer 0..{n_layers - 1}, "
+            f"found {output_layer}"
+        )
+    return int(output_layer)

@@ -31,7 +31,8 @@ def names_published_model(source: str) -> bool:
 
 def model_directory(model: str, *, flag: str = "--model") -> str:
     """The model directory `model` names: itself if it exists, else the cached published model of that
-    name (downloaded first if needed, `pretrained.fetch`).
+    name (downloaded first if needed, `pretrained.fetch`); for an ELMoForManyLangs model directory, its
+    conversion in the cache (`efml.efml_model_dir`, converted the first time).
 
     Raises:
       FileNotFoundError: neither a path nor a published name.
@@ -47,7 +48,9 @@ def model_directory(model: str, *, flag: str = "--model") -> str:
         )
     if not storage.exists(model):  # a URL with nothing under it, a dangling link
         raise FileNotFoundError(f"{flag}={model}: no such model directory")
-    return model
+    from elmo_jax.formats import efml  # imports JAX: the model is about to be read anyway
+
+    return efml.efml_model_dir(model) if efml.is_efml_dir(model) else model
 
 
 def check_model_flags(model: str | None, options_file: str | None, weight_file: str | None) -> None:
