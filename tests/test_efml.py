@@ -19,12 +19,17 @@ import shutil
 import zipfile
 from pathlib import Path
 
+import jax
+import jax.export
 import numpy as np
 import pytest
 
 import elmo_jax
+from elmo_jax.analysis import probing
+from elmo_jax.formats import model_source
 from elmo_jax.formats.efml import read_efml
 from elmo_jax.formats.torch_pickle import LEGACY_MAGIC, LEGACY_PROTOCOL, read_state_dict
+from elmo_jax.model.vocabulary import token_vocabulary
 from elmo_jax.serving.service import ServiceConfig, build_app
 from tests.support.embed_files import read_all
 from tests.support.service_client import request, running
@@ -137,6 +142,27 @@ def test_an_efml_directory_embedded_served_and_through_embed_file_gives_the_same
         n = terms(config, len(sentence))
         assert_close_up_to_order(datasets[str(i)], reference[i], n, f"embed_file, line {i + 1}")
         assert_close_up_to_order(served[str(i)], reference[i], n, f"service, sentence {i}")
+
+
+def test_the_converted_directory_s_extractor_and_the_probes_read_the_model_s_vocabulary(efml, cache):
+    """The model directory `--model=EFML_DIR` converts to holds vocabulary.json and an extractor.jax that,
+    fed the vocabulary's ids, gives `embed`'s layers; the probes' embedding path takes the same ids."""
+    directory = model_source.model_directory(str(FIXTURES / "lstm"))
+    assert os.path.isfile(os.path.join(directory, "vocabulary.json"))
+    params = elmo_jax.load(directory)
+    sentences = [SENTENCES[0], SENTENCES[5]]
+    ids = token_vocabulary(params).batch_to_ids(sentences)
+    layers, mask = (np.asarray(a) for a in elmo_jax.embed(params, ids))
+    with open(os.path.join(directory, "extractor.jax"), "rb") as f:
+        exported = jax.export.deserialize(f.read())
+    weights = dict(np.load(os.path.join(directory, "params.npz")))
+    extracted, extracted_mask = (np.asarray(a) for a in exported.call(weights, ids))
+    np.testing.assert_array_equal(extracted_mask, mask)
+    assert_close_up_to_order(extracted, layers, terms(params.config, 6))
+    for sentence, probed, row in zip(
+        sentences, probing.sentence_layers(params, [tuple(s) for s in sentences], 64), layers
+    ):
+        assert_close_up_to_order(probed, row[:, : len(sentence)], terms(params.config, len(sentence)))
 
 
 def copy_of(name: str, tmp_path: Path) -> Path:

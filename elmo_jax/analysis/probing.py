@@ -33,8 +33,9 @@ from elmo_jax.analysis.probe_data import ProbeItem
 from elmo_jax.features.embed import embed
 from elmo_jax.features.length_buckets import BucketBatcher, Piece
 from elmo_jax.features.mix import mix_weights, scalar_mix
-from elmo_jax.model.chars import tokens_to_raw_ids
+from elmo_jax.model.char_cnn import content_bucket
 from elmo_jax.model.params import BiLMParams
+from elmo_jax.model.vocabulary import pad_id, token_vocabulary
 
 DEV_FRACTION = 0.1
 BATCH_SIZE = 256
@@ -145,8 +146,8 @@ def target_vectors(params: BiLMParams, items: Sequence[ProbeItem], batch_tokens:
 
 def sentence_layers(params: BiLMParams, sentences: list[tuple[str, ...]], batch_tokens: int) -> list[np.ndarray]:
     """(L+1, n, 2P) of each sentence, in order."""
-    C = params.config.max_characters_per_token
-    batcher, out = BucketBatcher(batch_tokens, C), [None] * len(sentences)
+    vocabulary = token_vocabulary(params)  # the model's text -> ids
+    batcher, out = BucketBatcher(batch_tokens, vocabulary.width), [None] * len(sentences)
 
     def run(batch):
         layers = np.asarray(embed(params, batch.chars)[0])
@@ -154,7 +155,9 @@ def sentence_layers(params: BiLMParams, sentences: list[tuple[str, ...]], batch_
             out[piece.line] = layers[row, :, : piece.n_tokens]
 
     for i, tokens in enumerate(sentences):
-        for batch in batcher.add(Piece(i, 0, tokens_to_raw_ids(list(tokens), C) + 1)):
+        ids = np.array([vocabulary.token_ids(token) for token in tokens], np.int32).reshape(-1, vocabulary.width)
+        S = content_bucket(ids, vocabulary.C, pad_id(params.config))  # the model's padding id
+        for batch in batcher.add(Piece(i, 0, ids, S)):
             run(batch)
     for batch in batcher.flush():
         run(batch)

@@ -329,8 +329,8 @@ def efml_model_dir(directory: str | os.PathLike, *, cache: str | None = None) ->
     directory = os.path.abspath(os.fspath(directory))
     target = os.path.join(cache or cache_dir(), "models", f"efml-dir-{efml_digest(directory)[:16]}")
     if not is_model_directory(target):
+        params = read_efml(directory)  # a bad directory leaves nothing in the cache
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        params = read_efml(directory)
         model_dir.write_model_dir(
             params, target, source=f"ELMoForManyLangs model directory {directory}", overwrite=True
         )
