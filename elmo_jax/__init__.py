@@ -44,6 +44,8 @@ _LAZY = {
     "LSTMState": "elmo_jax.model.lstm",
     "zero_state": "elmo_jax.model.lstm",
     "BiLMParams": "elmo_jax.model.params",
+    "TokenVocabulary": "elmo_jax.model.vocabulary",
+    "token_vocabulary": "elmo_jax.model.vocabulary",
     "count_parameters": "elmo_jax.model.params",
     "init_params": "elmo_jax.model.params",
 }

@@ -56,7 +56,7 @@ def run(argv: list[str]) -> None:
     params = model.load()
     from elmo_jax.model.vocabulary import token_vocabulary
 
-    ids = token_vocabulary(params).batch_to_ids(sentences)  # the model's text -> ids
+    ids = token_vocabulary(params).batch_ids(sentences)  # the model's text -> ids
     layers, mask = elmo_jax.embed(params, ids, compute_dtype=FLAGS.compute_dtype)
     layers, mask = np.asarray(layers), np.asarray(mask)
     print(word_contexts.describe(sentences, layers, mask))

@@ -151,7 +151,7 @@ class Embedder:
         """AllenNLP's `ElmoEmbedder.batch_to_embeddings`, as NumPy: (float32 (B, L+1, T, 2P) layers with
         zeros at padding, bool (B, T) mask) of one batch exactly as given (T its longest sentence): one
         program per batch shape (`embed`); `embed_batch` runs any number of sentences in a few."""
-        ids = self.sentences.vocabulary.batch_to_ids(batch)  # the model's text -> ids
+        ids = self.sentences.vocabulary.batch_ids(batch)  # the model's text -> ids
         layers, mask = embed(self.params, ids, compute_dtype=self.compute_dtype)
         return np.asarray(layers), np.asarray(mask)
 

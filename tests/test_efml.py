@@ -151,7 +151,7 @@ def test_the_converted_directory_s_extractor_and_the_probes_read_the_model_s_voc
     assert os.path.isfile(os.path.join(directory, "vocabulary.json"))
     params = elmo_jax.load(directory)
     sentences = [SENTENCES[0], SENTENCES[5]]
-    ids = token_vocabulary(params).batch_to_ids(sentences)
+    ids = token_vocabulary(params).batch_ids(sentences)
     layers, mask = (np.asarray(a) for a in elmo_jax.embed(params, ids))
     with open(os.path.join(directory, "extractor.jax"), "rb") as f:
         exported = jax.export.deserialize(f.read())

@@ -45,6 +45,14 @@ OWNERS = [
         },
         {"storage/compile_cache.py"},
     ),
+    (
+        # issue #53: a model's text -> ids is the model's (bytes, or its own characters and words); every
+        # path asks model/vocabulary.token_vocabulary(params). Bytes only: the token cache (refused for a
+        # vocabulary model) and training's batch stream; __init__ re-exports the names.
+        "a token's ids",
+        {"batch_to_ids", "token_to_raw_ids", "tokens_to_raw_ids", "boundary_char_ids"},
+        {"model/chars.py", "model/vocabulary.py", "__init__.py", "features/token_cache.py", "data/batch_stream.py"},
+    ),
 ]
 
 

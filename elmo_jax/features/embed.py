@@ -47,7 +47,7 @@ def embed(
       chars: int (B, T, C) from `batch_to_ids`: shifted ids in [0, 262), all-zero rows for padding tokens,
         which must come after a row's real tokens. Checked on the host before any compute (under an
         outer `jax.jit` only shape and dtype can be checked). A model with its own vocabulary
-        (ELMoForManyLangs') takes (B, T, W) from `token_vocabulary(params).batch_to_ids(sentences)`:
+        (ELMoForManyLangs') takes (B, T, W) from `token_vocabulary(params).batch_ids(sentences)`:
         its character ids, then its word id (`model/vocabulary.py`).
       initial_state: `LSTMState` with c (2, L, B, H) and h (2, L, B, P) to start from; zeros if None.
       return_state: also return the final `LSTMState` (forward after `</S>`, backward after `<S>`).

@@ -23,7 +23,7 @@ DEFAULT_MAX_TYPES = 1 << 18  # 262,144 types x C=50 int32: 52 MB at most
 
 
 class CharIdTable:
-    """A model's shifted ids (`TokenVocabulary.batch_to_ids`'s values) of tokens, memoized per type.
+    """A model's shifted ids (`TokenVocabulary.batch_ids`'s values) of tokens, memoized per type.
 
     Args:
       vocabulary: the model's (`vocabulary.token_vocabulary(params)`).

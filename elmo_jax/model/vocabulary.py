@@ -1,5 +1,8 @@
 """A model's text -> ids: the one owner every path asks (`token_vocabulary(params)`).
 
+    ids = elmo_jax.token_vocabulary(params).batch_ids([["今天", "天气", "很", "好"]])  # any model
+    layers, mask = elmo_jax.embed(params, ids)
+
 A biLM reads each token as `ids_per_token` int32 ids, shifted by one so that 0 marks a padding token:
 C character ids, then (for a model with a word embedding) its word id. Which ids a text gets is the
 model's, so it travels with the parameters (`BiLMParams.vocabulary`), and the library, `embed_file`,
@@ -151,7 +154,7 @@ class TokenVocabulary:
             ids[self.C] = self.words.get(kept, self.unknown_word) + 1
         return ids
 
-    def batch_to_ids(self, sentences: Sequence[Sequence[str]]) -> np.ndarray:
+    def batch_ids(self, sentences: Sequence[Sequence[str]]) -> np.ndarray:
         """Shifted ids int32 (B, T, W) of tokenized sentences, zeros for padding tokens (`chars.batch_to_ids`
         for a bytes model); one warning says how many tokens were cut."""
         if self.is_bytes:
