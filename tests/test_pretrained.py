@@ -303,7 +303,7 @@ def test_the_registry():
     for name, model in published_models.MODELS.items():
         assert model.name == name and model.description
         for file in model.files:
-            assert file.url(published_models.BASE_URL) == published_models.BASE_URL + file.path
+            assert file.published_url == file.host.url + file.path
             assert (file.sha256 is None) == (file.bytes is None) == (not file.checksum_source)
     # The original's pinned size against its parameter count (docs/ELMO.md): float32 weights plus a
     # small HDF5 overhead.

@@ -15,7 +15,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from elmo_jax import storage
-from elmo_jax.formats.published_models import MODELS, is_published_name
+from elmo_jax.formats.published_models import is_published_name, names_text
 
 if TYPE_CHECKING:
     from elmo_jax.model.params import BiLMParams
@@ -44,7 +44,7 @@ def model_directory(model: str, *, flag: str = "--model") -> str:
         return pretrained.fetch(model)
     if not storage.is_location(model):
         raise FileNotFoundError(
-            f"{flag}={model}: no such model directory, and not a published model name ({', '.join(MODELS)})"
+            f"{flag}={model}: no such model directory, and not a published model name ({names_text()})"
         )
     if not storage.exists(model):  # a URL with nothing under it, a dangling link
         raise FileNotFoundError(f"{flag}={model}: no such model directory")
@@ -58,7 +58,7 @@ def check_model_flags(model: str | None, options_file: str | None, weight_file: 
     (the flags' values; nothing is read)."""
     if bool(model) == bool(options_file or weight_file):
         raise ValueError(
-            f"pass either --model=MODEL_DIR (or a published model: {', '.join(MODELS)}), or --options=FILE "
+            f"pass either --model=MODEL_DIR (or a published model: {names_text()}), or --options=FILE "
             "--weights=FILE"
         )
     if not model and not (options_file and weight_file):

@@ -8,13 +8,16 @@ The cache (`cache_dir()`: $ELMO_JAX_CACHE, else $XDG_CACHE_HOME/elmo_jax, else ~
     CACHE/
       models/NAME/           a model directory (`formats.model_dir`): options, weights, params.npz,
                              extractor.jax, USAGE.md, manifest.json with every file's SHA-256
-      downloads/NAME/        the published files while they download (FILE.part) and convert
+                             (NAME is "efml-LANG" for efml:LANG: no colon in a file name on Windows)
+      downloads/NAME/        the published files while they download (FILE.part) and convert (an EFML
+                             archive unpacked in unpacked/)
       known_files.json       size and SHA-256 of each published file the first time it was downloaded
 
 What is checked: each file's size and SHA-256 against the published checksum where there is one
 (`published_models`), else against `known_files.json` (trust on first use: the first download is
 recorded, every later one must match); then the pair structurally (`load_hdf5`: every dataset against
-the options, and the options against the model's published shape). Downloads resume where a broken
+the options, and the options against the model's published shape), or an ELMoForManyLangs archive
+(`efml:LANG`) unpacked in its download folder and read by the EFML reader. Downloads resume where a broken
 connection left them (`formats.download`). A model directory appears under `models/` complete or not at
 all, and the downloads are removed once it is written. Two processes fetching the same model take turns
 (`download.locked` on a lock file in its download folder). Nothing is requested for a model already in
@@ -28,12 +31,12 @@ import datetime
 import json
 import os
 import shutil
+import zipfile
 
 from elmo_jax.formats import download, model_dir
 from elmo_jax.formats.output_paths import is_model_directory
 from elmo_jax.formats.published_models import (
-    BASE_URL,
-    BASE_URL_VARIABLE,
+    EfmlModel,
     PublishedFile,
     PublishedModel,
     find,
@@ -54,7 +57,7 @@ class PretrainedError(download.DownloadError):
 
 def model_path(name: str, cache: str | None = None) -> str:
     """The model directory `fetch(name)` makes (it may not exist yet; nothing is downloaded)."""
-    return os.path.join(cache or cache_dir(), "models", find(name).name)
+    return os.path.join(cache or cache_dir(), "models", find(name).cache_name)
 
 
 def fetch(name: str, *, cache: str | None = None, progress: bool = True) -> str:
@@ -62,7 +65,8 @@ def fetch(name: str, *, cache: str | None = None, progress: bool = True) -> str:
     does not hold it yet.
 
     Args:
-      name: "small", "medium", "original", "original-5.5b" or "pubmed" (`published_models.MODELS`).
+      name: "small", "medium", "original", "original-5.5b", "pubmed", or "efml:LANG" (ELMoForManyLangs;
+        `published_models.MODELS`).
       cache: the cache directory (default `cache_dir()`).
       progress: report the download on standard error.
 
@@ -76,11 +80,12 @@ def fetch(name: str, *, cache: str | None = None, progress: bool = True) -> str:
     """
     model = find(name)
     root = os.path.abspath(cache or cache_dir())
-    target = os.path.join(root, "models", model.name)
+    target = os.path.join(root, "models", model.cache_name)
     if is_model_directory(target):
         return target  # already converted: no request (model_dir.load checks every file)
-    mirror_url()  # a malformed $ELMO_JAX_MODELS_URL fails here, before anything is created or tried
-    downloads = os.path.join(root, "downloads", model.name)
+    for file in model.files:  # a malformed $ELMO_JAX_MODELS_URL fails here, before anything is created or tried
+        mirror_url(file.host)
+    downloads = os.path.join(root, "downloads", model.cache_name)
     try:
         os.makedirs(downloads, exist_ok=True)
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -92,10 +97,12 @@ def fetch(name: str, *, cache: str | None = None, progress: bool = True) -> str:
         if os.path.lexists(target):
             raise PretrainedError(f"{target} exists but is not a model directory; remove it and try again")
         files = [_available(model, f, downloads, root, progress) for f in model.files]
-        params = _check_structure(model, *files)
-        _record(root, model, files)
         source = f"published model {model.name!r}: " + ", ".join(f"{f.url()} (SHA-256 {d})" for f, _, _, d in files)
-        model_dir.write_model_dir(params, target, source=source)
+        if isinstance(model, EfmlModel):
+            _convert_efml(model, files[0], downloads, target, source)
+        else:
+            model_dir.write_model_dir(_check_structure(model, *files), target, source=source)
+        _record(root, model, files)
         shutil.rmtree(downloads, ignore_errors=True)  # the model directory holds everything now
         with contextlib.suppress(OSError):
             os.rmdir(os.path.dirname(downloads))  # when no other model is downloading
@@ -122,7 +129,7 @@ def load(name: str, *, cache: str | None = None, progress: bool = True, verify: 
         raise type(e)(f"{e} (a damaged cached model: remove {path} and it is downloaded again)") from None
 
 
-def _available(model: PublishedModel, file: PublishedFile, downloads: str, root: str, progress: bool):
+def _available(model: PublishedModel | EfmlModel, file: PublishedFile, downloads: str, root: str, progress: bool):
     """(file, path, size, SHA-256) of one published file in the download folder: a copy placed there by
     hand is checked, otherwise it is downloaded (resuming a `.part`)."""
     path = os.path.join(downloads, file.name)
@@ -154,14 +161,15 @@ def _available(model: PublishedModel, file: PublishedFile, downloads: str, root:
     return file, path, size, digest
 
 
-def _by_hand(model: PublishedModel, downloads: str, offline: bool) -> str:
+def _by_hand(model: PublishedModel | EfmlModel, downloads: str, offline: bool) -> str:
     """How to place a model's files by hand, for error messages (`offline`: the network failed)."""
-    urls = " and ".join(f.url(BASE_URL) for f in model.files)  # the published addresses, whatever the mirror
-    mirror = os.environ.get(BASE_URL_VARIABLE)
+    urls = " and ".join(f.published_url for f in model.files)  # the published addresses, whatever the mirror
+    variable = model.files[0].host.variable
+    mirror = os.environ.get(variable)
     where = (
-        f"The address comes from ${BASE_URL_VARIABLE}={mirror!r}; unset it for the published files, or "
+        f"The address comes from ${variable}={mirror!r}; unset it for the published files, or "
         if mirror
-        else f"${BASE_URL_VARIABLE} names a mirror. Or "
+        else f"${variable} names a mirror. Or "
     )
     return (
         f"{'Offline or behind a proxy? ' if offline else ''}{where}download {urls} by any means into "
@@ -217,7 +225,54 @@ def _check_structure(model: PublishedModel, options, weights) -> BiLMParams:
     return params
 
 
-def _record(root: str, model: PublishedModel, files) -> None:
+EFML_FILES = ("config.json", "char.dic", "word.dic", "token_embedder.pkl", "encoder.pkl")  # an EFML model directory
+
+
+def _convert_efml(model: EfmlModel, archive, downloads: str, target: str, source: str) -> None:
+    """Unpacks the downloaded archive into the download folder and converts the EFML model directory in
+    it into the model directory `target`; an archive that is not the model is deleted."""
+    _, archive_path, *_ = archive
+    from elmo_jax.formats.efml import read_efml
+
+    try:
+        params = read_efml(_unpack_efml(archive_path, os.path.join(downloads, "unpacked")))
+    except (ValueError, FileNotFoundError) as e:  # not the model (PretrainedError: the disk, kept)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(archive_path)
+        raise ValueError(f"published model {model.name!r}: {e}; the downloaded archive was deleted") from None
+    model_dir.write_model_dir(params, target, source=source)
+
+
+def _unpack_efml(archive_path: str, unpacked: str) -> str:
+    """The EFML model directory in the zip archive `archive_path`, unpacked into `unpacked` (at its top,
+    or in the one folder that holds config.json). zipfile keeps every member inside `unpacked` (a name's
+    leading "/" and its ".." parts are dropped).
+
+    Raises:
+      ValueError: not a zip archive, or no folder in it holds an EFML model's files.
+      PretrainedError: the files cannot be written (a full cache disk).
+    """
+    shutil.rmtree(unpacked, ignore_errors=True)
+    try:
+        with zipfile.ZipFile(archive_path) as archive:
+            archive.extractall(unpacked)
+    except zipfile.BadZipFile as e:
+        raise ValueError(f"{archive_path} is not a zip archive ({e})") from None
+    except OSError as e:
+        raise PretrainedError(
+            f"cannot unpack {archive_path} into {unpacked} ({e.strerror or e}); free space there, or set "
+            f"${CACHE_VARIABLE} to a cache on another disk"
+        ) from None
+    found = sorted(folder for folder, _, names in os.walk(unpacked) if "config.json" in names)
+    if len(found) != 1 or not all(os.path.isfile(os.path.join(found[0], f)) for f in EFML_FILES):
+        raise ValueError(
+            f"{archive_path} does not hold one ELMoForManyLangs model directory (expected {', '.join(EFML_FILES)} "
+            f"together; found config.json in {len(found)} folders)"
+        )
+    return found[0]
+
+
+def _record(root: str, model: PublishedModel | EfmlModel, files) -> None:
     """Adds the size and SHA-256 of files with no published checksum to known_files.json (first use)."""
     new = {
         file.path: {"bytes": size, "sha256": digest, "url": file.url(), "recorded": _now()}

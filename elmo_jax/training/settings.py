@@ -13,7 +13,7 @@ from elmo_jax import storage
 from elmo_jax.data.text_files import INVALID_UTF8_POLICIES
 from elmo_jax.data.training_corpus import data_problems
 from elmo_jax.formats.model_source import names_published_model
-from elmo_jax.formats.published_models import MODELS
+from elmo_jax.formats.published_models import names_text
 from elmo_jax.formats.vocab_file import SPECIALS
 from elmo_jax.model.config import BiLMConfig, InvalidBiLMConfig
 from elmo_jax.model.precision import COMPUTE_DTYPES, ComputeOptions
@@ -223,7 +223,7 @@ def init_from_problem(source: str) -> str | None:
     if not storage.isdir(source):
         return (
             f"--config.init_from={source}: not a directory (expected a training workdir, "
-            f"a model directory with options.json and weights.hdf5, or a published model: {', '.join(MODELS)})"
+            f"a model directory with options.json and weights.hdf5, or a published model: {names_text()})"
         )
     return None
 
