@@ -104,10 +104,6 @@ class TokenVocabulary:
         kind = "UTF-8 bytes" if self.is_bytes else f"{len(self.characters)} characters"
         return f"TokenVocabulary({kind}, {len(self.words or ())} words, C={self.C})"
 
-    def limit_unit(self) -> str:
-        """What a token's length limit counts: "UTF-8 bytes" or "characters"."""
-        return "UTF-8 bytes" if self.is_bytes else "characters"
-
     def is_truncated(self, token: str) -> bool:
         """Whether `token` is cut to its first C-2 bytes (or characters); boundary tokens never are."""
         if self.is_bytes:
@@ -171,7 +167,9 @@ class TokenVocabulary:
         return out
 
     def to_json(self) -> dict:
-        """The vocabulary file's content (`from_json` reads it back); {} says UTF-8 bytes."""
+        """The vocabulary file's content (`from_json` reads it back): `"characters": "bytes"` for a bytes
+        model, else the characters and words with their raw ids, the unknown ones' ids and the boundary
+        tokens."""
         if self.is_bytes:
             return {"format": FORMAT, "characters": "bytes", "max_characters_per_token": self.C}
         return {
