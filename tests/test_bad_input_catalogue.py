@@ -66,6 +66,11 @@ CLI_CASES = {
         lambda f: ["train.py", "--config=configs/no_such_config.py", f"--workdir={f['root'] / 'w0'}"],
         ["--config=configs/no_such_config.py: no such file"],
     ),
+    # Issue #52: a config named by name (--config=demo) that the package does not ship: the names it does.
+    "train: unknown config name": (
+        lambda f: ["train.py", "--config=bilm_smal", f"--workdir={f['root'] / 'w0'}"],
+        ["--config=bilm_smal: no such file, nor a config of that name", "bilm_large, bilm_medium, bilm_small, "],
+    ),
     # Issue #51: ml_collections' message ("Failed loading config file config_config ...") said twice, once as
     # a log line; a file that is no Python or whose get_config fails ended in a traceback.
     "train: config path is a directory": (

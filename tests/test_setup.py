@@ -162,6 +162,7 @@ def test_the_configs_import_from_a_clone_whose_install_the_process_has_not_seen(
     in the same process, which never read the editable install's import finder: there is no
     elmo_jax.configs, and the presets import their base from `configs` instead. A process with site-packages
     on its path but no .pth files read (`-S`) is that kernel."""
+    import os
     import pathlib
     import site
     import subprocess
@@ -176,7 +177,7 @@ def test_the_configs_import_from_a_clone_whose_install_the_process_has_not_seen(
     result = subprocess.run(
         [sys.executable, "-S", "-c", check],
         cwd=repo,
-        env={"PYTHONPATH": ":".join(path), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": os.pathsep.join(path)},
         capture_output=True,
         text=True,
     )
