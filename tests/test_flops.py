@@ -32,3 +32,23 @@ def test_sampled_softmax_never_counts_more_candidates_than_the_vocabulary():
     small = dataclasses.replace(ORIGINAL, lstm_dim=1024, projection_dim=128, n_highway=1)
     capped = train_flops(small, 2, 4, vocab_size=500, n_negative_samples=8192)
     assert capped == train_flops(small, 2, 4, vocab_size=500, n_negative_samples=500)
+
+
+def test_elmoformanylangs_shaped_models_count_the_word_columns_and_the_output_projection():
+    """The released ELMoForManyLangs architecture (docs/MANY_LANGUAGES.md): the original model's char CNN
+    with char_dim 50 and a 100-wide word vector joined before the projection ((100 + 2048) -> 512); its
+    'lstm' encoder, one plain layer of 4096 cells whose [x; h] is 512 + 4096 wide, projected after."""
+    efml = dataclasses.replace(
+        ORIGINAL,
+        char_embed_dim=50,
+        char_vocab_size=100,
+        char_specials=(0, 1, 2, 3, 4),
+        word_vocab_size=50,
+        word_dim=100,
+        word_specials=(2, 3),
+    )
+    convolutions = sum(2 * w * 50 * n * (50 - w + 1) for w, n in ORIGINAL.filters)
+    assert char_cnn_flops_per_token(efml) == convolutions + 33_554_432 + 2 * 2148 * 512
+    assert lstm_flops_per_token(efml) == ORIGINAL_LSTM
+    lstm = dataclasses.replace(efml, n_layers=1, cell_clip=None, proj_clip=None, lstm_output_projection=True)
+    assert lstm_flops_per_token(lstm) == 2 * (2 * (512 + 4096) * 16384 + 2 * 4096 * 512)

@@ -12,18 +12,21 @@ from elmo_jax.model.params import N_DIRECTIONS
 
 
 def char_cnn_flops_per_token(config: BiLMConfig) -> int:
-    """Convolutions (all valid starts), highway layers and projection for one token."""
+    """Convolutions (all valid starts), highway layers and projection (of the word vector too, for a model
+    with words: a lookup costs no FLOPs) for one token."""
     C, E, F, P = config.max_characters_per_token, config.char_embed_dim, config.n_filters, config.projection_dim
     conv = sum(2 * width * E * num * (C - width + 1) for width, num in config.filters)
     highway = config.n_highway * 2 * (2 * F * F)
-    projection = 2 * F * P if config.has_cnn_projection else 0
+    projection = 2 * (config.word_dim + F) * P if config.has_cnn_projection else 0
     return conv + highway + projection
 
 
 def lstm_flops_per_token(config: BiLMConfig) -> int:
-    """All LSTM layers of both directions for one token: gates from [x; h], then the projection."""
+    """All LSTM layers of both directions for one token: gates from [x; h], then the projection (inside the
+    recurrence, or after it for `lstm_output_projection`)."""
     P, H = config.projection_dim, config.lstm_dim
-    per_cell = 2 * (2 * P) * (4 * H) + (2 * H * P if config.has_lstm_projection else 0)
+    projected = config.has_lstm_projection or config.lstm_output_projection
+    per_cell = 2 * (P + config.state_dim) * (4 * H) + (2 * H * P if projected else 0)
     return N_DIRECTIONS * config.n_layers * per_cell
 
 
