@@ -11,6 +11,7 @@ named after the config file:
     python -m elmo_jax.prepare_lm1b --data_dir=/data/lm1b
     python train.py --config=configs/bilm_large.py:/data/lm1b --workdir=... \
         --config.data.vocab_file=vocab-2016-09-10.txt
+(installed, outside a clone: elmo-train --config=bilm_large:/data/lm1b ...)
 Without ":DATA_DIR" it reads TFDS's own `lm1b`, prepared with TFDS (`--config.data.tfds_data_dir=...`).
 """
 

@@ -1,7 +1,7 @@
 """Download and prepare the 1B Word Benchmark (TFDS's `lm1b`) for training, without TensorFlow or TFDS.
 
     python -m elmo_jax.prepare_lm1b --data_dir=/data/lm1b
-    python train.py --config=configs/bilm_large.py:/data/lm1b --workdir=... --config.data.vocab_file=VOCAB
+    elmo-train --config=bilm_large:/data/lm1b --workdir=... --config.data.vocab_file=VOCAB
 
 Downloads the archive from statmt.org (~1.7 GB; `--source` takes a downloaded copy or another URL),
 extracts its 99 training and 50 heldout files (~4.2 GB) and writes them as ArrayRecord shards (their

@@ -208,7 +208,8 @@ def report(data_dir: str, corpus: local_corpus.PreparedCorpus) -> str:
     train, heldout = text_globs(data_dir)
     return (
         f"{summary(corpus)}\nprepared in {location(data_dir, corpus)}\n"
-        f"train with: python train.py --config=configs/bilm_large.py:{data_dir} --workdir=WORKDIR\n"
+        f"train with: elmo-train --config=bilm_large:{data_dir} --workdir=WORKDIR (in a clone: python train.py "
+        f"--config=configs/bilm_large.py:{data_dir})\n"
         f"or, with another config: --config.data.train_files='{train}' --config.data.heldout_files='{heldout}' "
         f"--config.data.cache_dir={data_dir}"
     )
