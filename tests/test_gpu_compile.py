@@ -48,6 +48,7 @@ def test_gpu_cases_compile_with_the_estimates_and_cublas_or_triton_gemms():
     assert accelerators.GPU_ESTIMATES in flags and accelerators.CUBLAS_GEMMS in flags
     assert accelerators.CUBLAS_GEMMS not in accelerators.compiler_flags("h100-1", "triton")
     assert accelerators.compiler_flags("v5e-8", "") == []
+    assert accelerators.GPU_ESTIMATES not in accelerators.compiler_flags("a100-1", "")  # no sm_80 tables
     assert tpu_compile.Case.parse("h200-8/large/bfloat16/8x1/1024").chip.kind == "NVIDIA H200 141GB HBM3e"
     for bad in ("v5e-1/small/bfloat16/1x1/128/triton", "h100-1/small/float32/1x1/128", "h100-2/small/bfloat16/1x1/8"):
         with pytest.raises(ValueError, match="case"):
