@@ -3,6 +3,7 @@
     python -m elmo_jax.export --workdir=runs/demo --output=models/demo            # newest checkpoint
     python -m elmo_jax.export --workdir=runs/demo --step=400 --output=models/demo-400
     python -m elmo_jax.export --options=elmo_options.json --weights=elmo_weights.hdf5 --output=models/elmo
+    python -m elmo_jax.export --efml=zh.model --output=models/zh      # an ELMoForManyLangs model
 
 The directory holds the published-format options.json + weights.hdf5, the frozen parameters
 (params.npz), the vocabulary of a training run, and `extractor.jax`: the feature extractor as a
@@ -27,6 +28,7 @@ def define_flags() -> None:
     flags.DEFINE_integer("step", None, "With --workdir: the checkpoint step to export (default: the newest).")
     cli.define_hdf5_flags()
     flags.DEFINE_string("vocab", None, "With --options/--weights: a bilm-tf vocabulary file to include.")
+    flags.DEFINE_string("efml", None, "An ELMoForManyLangs model directory to convert (docs/MANY_LANGUAGES.md).")
     flags.DEFINE_enum(
         "compute_dtype",
         "float32",
@@ -46,11 +48,13 @@ def define_flags() -> None:
 def check_flags() -> None:
     """The flags' mistakes that need no library: refused before anything is imported or read."""
     cli.require("output")
-    if bool(FLAGS.workdir) == bool(FLAGS.options or FLAGS.weights):
-        raise ValueError("pass either --workdir=DIR or --options=FILE --weights=FILE")
-    if FLAGS.workdir and FLAGS.vocab:
+    if bool(FLAGS.workdir) + bool(FLAGS.options or FLAGS.weights) + bool(FLAGS.efml) != 1:
+        raise ValueError(
+            "pass either --workdir=DIR or --options=FILE --weights=FILE, or --efml=DIR (an ELMoForManyLangs model)"
+        )
+    if (FLAGS.workdir or FLAGS.efml) and FLAGS.vocab:
         raise ValueError("--vocab goes with --options/--weights; a workdir's own vocabulary is exported")
-    if not FLAGS.workdir and not (FLAGS.options and FLAGS.weights):
+    if (FLAGS.options or FLAGS.weights) and not (FLAGS.options and FLAGS.weights):
         raise ValueError("--options and --weights go together")
     if not FLAGS.workdir and FLAGS.step is not None:
         raise ValueError("--step goes with --workdir")
@@ -59,10 +63,10 @@ def check_flags() -> None:
 def run() -> dict:
     from elmo_jax.formats import model_dir
 
-    inputs = [p for p in (FLAGS.workdir, FLAGS.options, FLAGS.weights, FLAGS.vocab) if p]
+    inputs = [p for p in (FLAGS.workdir, FLAGS.options, FLAGS.weights, FLAGS.vocab, FLAGS.efml) if p]
     # Fail on an unwritable target before loading anything (a large model takes a while to load).
     model_dir.check_target(FLAGS.output, FLAGS.overwrite, inputs=inputs)
-    params, vocab_file, source = _from_workdir() if FLAGS.workdir else _from_hdf5()
+    params, vocab_file, source = _from_workdir() if FLAGS.workdir else _from_efml() if FLAGS.efml else _from_hdf5()
     manifest = model_dir.write_model_dir(
         params,
         FLAGS.output,
@@ -84,6 +88,12 @@ def _from_workdir():
 
     params, cfg, config, vocab_file, step = load_trained(FLAGS.workdir, FLAGS.step)
     return BiLMParams(weights=params["bilm"], config=cfg.model), vocab_file, f"{FLAGS.workdir} step {step}"
+
+
+def _from_efml():
+    from elmo_jax.formats.efml import read_efml
+
+    return read_efml(FLAGS.efml), None, f"ELMoForManyLangs model directory {FLAGS.efml}"
 
 
 def _from_hdf5():

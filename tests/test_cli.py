@@ -124,7 +124,7 @@ def test_the_package_face_resolves_every_public_name_on_first_use():
     module's object, and the face re-exports only model, formats and features, and the pretrained and
     embedder facades (the layer rule of tests/test_layers.py, which cannot see imports made by name)."""
     names = set(elmo_jax.__all__)
-    assert len(names) == len(elmo_jax.__all__) == 32
+    assert len(names) == len(elmo_jax.__all__) == 34
     assert names <= set(dir(elmo_jax))
     for name in elmo_jax.__all__:
         module = elmo_jax._LAZY[name]

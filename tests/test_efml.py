@@ -29,9 +29,12 @@ from elmo_jax.analysis import probing
 from elmo_jax.formats import model_source
 from elmo_jax.formats.efml import read_efml
 from elmo_jax.formats.torch_pickle import LEGACY_MAGIC, LEGACY_PROTOCOL, read_state_dict
+from elmo_jax.model.params import get_path, iter_flat
 from elmo_jax.model.vocabulary import token_vocabulary
 from elmo_jax.serving.service import ServiceConfig, build_app
+from tests.support.commands import error_line
 from tests.support.embed_files import read_all
+from tests.support.inprocess import run_in_process
 from tests.support.service_client import request, running
 from tests.support.tolerance import assert_close_up_to_order, char_cnn_terms
 
@@ -235,3 +238,20 @@ def test_a_pickle_that_is_not_a_state_dict_is_refused_before_its_code_runs(tmp_p
         ValueError, match=r"truncated\.pkl: not a PyTorch state dict of tensors: storage .* bytes, expected"
     ):
         read_state_dict(truncated)
+
+
+def test_export_converts_an_efml_directory_and_a_bad_one_is_one_error_line(efml, tmp_path):
+    """`python -m elmo_jax.export --efml=DIR --output=OUT` writes a model directory that loads as the
+    reader's model (vocabulary and weights); a damaged directory ends in one error line naming the file."""
+    out = tmp_path / "zh"
+    result = run_in_process("elmo_jax.export", f"--efml={FIXTURES / 'elmo'}", f"--output={out}", "--noextractor")
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded = elmo_jax.load(str(out))
+    assert loaded.config == efml["elmo"].config and loaded.vocabulary == efml["elmo"].vocabulary
+    for path, array in iter_flat(efml["elmo"].weights):
+        np.testing.assert_array_equal(np.asarray(get_path(loaded.weights, path)), np.asarray(array), err_msg=path)
+    broken = copy_of("lstm", tmp_path)
+    (broken / "encoder.pkl").write_bytes(b"not a pickle")
+    result = run_in_process("elmo_jax.export", f"--efml={broken}", f"--output={tmp_path / 'x'}")
+    error_line(result, "encoder.pkl", "cannot read it as a file of torch.save")
+    assert not (tmp_path / "x").exists()
