@@ -86,17 +86,19 @@ def test_every_layer_of_every_sentence_equals_the_packages_own(efml, name):
         assert_close_up_to_order(layers, expected, terms(params.config, len(sentence)), f"{name} sentence {i}")
 
 
-def test_the_fixtures_hold_both_pickle_formats_and_the_reader_takes_each():
-    """The released models' legacy format (elmo/) and torch's zip format (lstm/) are both exercised, and
-    each state dict comes back whole (every tensor the package's modules hold)."""
-    assert not zipfile.is_zipfile(FIXTURES / "elmo" / "encoder.pkl")
-    assert zipfile.is_zipfile(FIXTURES / "lstm" / "encoder.pkl")
-    legacy, zipped = (
-        read_state_dict(FIXTURES / "elmo" / "encoder.pkl"),
-        read_state_dict(FIXTURES / "lstm" / "encoder.pkl"),
-    )
-    assert len(legacy) == 16 and legacy["forward_layer_1.state_projection.weight"].shape == (8, 16)
-    assert len(zipped) == 10 and zipped["encoder.weight_hh_l0_reverse"].shape == (64, 16)
+def test_both_pickle_formats_of_each_state_dict_read_the_same():
+    """Each model's state dicts saved by torch.save in both formats (the released models' legacy one and
+    today's zip; `other_format/` holds the one its directory does not use) read to the same arrays, every
+    tensor the package's modules hold."""
+    for name, legacy in (("elmo", True), ("lstm", False)):
+        for part in ("token_embedder", "encoder"):
+            own, other = FIXTURES / name / f"{part}.pkl", FIXTURES / name / "other_format" / f"{part}.pkl"
+            assert zipfile.is_zipfile(own) != legacy and zipfile.is_zipfile(other) == legacy
+            a, b = read_state_dict(own), read_state_dict(other)
+            assert sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
+    encoder = read_state_dict(FIXTURES / "elmo" / "encoder.pkl")
+    assert len(encoder) == 16 and encoder["forward_layer_1.state_projection.weight"].shape == (8, 16)
+    assert read_state_dict(FIXTURES / "lstm" / "encoder.pkl")["encoder.weight_hh_l0_reverse"].shape == (64, 16)
 
 
 def test_sents2elmo_answers_as_the_packages_output_layer_does(efml):
