@@ -43,6 +43,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.vocab_file = ""  # bilm-tf vocab file; "" = build one from the training text into WORKDIR
     config.data.min_count = 1  # when building the vocab: drop rarer words
     config.data.max_vocab_size = 0  # when building the vocab: keep at most this many entries (0 = all)
+    # What the char CNN reads: "bytes" (bilm-tf, AllenNLP: UTF-8 bytes, 261 ids) or "corpus" (the model's own
+    # characters, counted from the training text into WORKDIR/characters.json: one id per character, so
+    # model.max_characters_per_token counts characters; for Chinese, Japanese, ... docs/SEGMENTATION.md).
+    config.data.characters = "bytes"
     config.data.max_line_chars = 100_000  # longer lines are skipped and counted
     config.data.invalid_utf8 = "replace"  # lines with invalid UTF-8: "replace" (U+FFFD) or "skip"
     config.data.cache_dir = ""  # where local corpora are prepared as TFDS datasets ("" = WORKDIR/data)

@@ -87,7 +87,8 @@ def _from_workdir():
     from elmo_jax.training.start import load_trained
 
     params, cfg, config, vocab_file, step = load_trained(FLAGS.workdir, FLAGS.step)
-    return BiLMParams(weights=params["bilm"], config=cfg.model), vocab_file, f"{FLAGS.workdir} step {step}"
+    bilm = BiLMParams(weights=params["bilm"], config=cfg.model, vocabulary=cfg.vocabulary)
+    return bilm, vocab_file, f"{FLAGS.workdir} step {step}"
 
 
 def _from_efml():

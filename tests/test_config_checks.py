@@ -48,6 +48,7 @@ BAD_VALUES: dict[str, tuple[str, dict[str, str]]] = {
     "data.max_vocab_size": ("2", {}),  # fewer than <S>, </S>, <UNK>
     "data.max_line_chars": ("-1", {}),
     "data.invalid_utf8": ("ignore", {}),
+    "data.characters": ("unicode", {}),  # bytes or corpus
     "data.cache_dir": (TRAIN_FILE, {}),  # a file
     "batch_size": ("0", {}),
     "unroll_steps": ("0", {}),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grain
@@ -27,6 +27,7 @@ import numpy as np
 
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.chars import BOS_TOKEN, EOS_TOKEN, token_to_raw_ids
+from elmo_jax.model.vocabulary import TokenVocabulary
 
 DIRECTIONS = ("forward", "backward")
 # Words whose character ids are cached; the cache stops growing past this (a 1B-Word vocabulary is
@@ -129,12 +130,25 @@ class _Direction:
             self._ahead[r].append((p, record))
 
 
+def _raw_char_ids(vocabulary: TokenVocabulary | None, max_chars: int) -> Callable[[str], np.ndarray]:
+    """token -> its raw character ids (C,): the vocabulary's (its shifted ids less one), else UTF-8 bytes."""
+    if vocabulary is None or vocabulary.is_bytes:
+        return lambda token: token_to_raw_ids(token, max_chars)
+    if vocabulary.width != max_chars:
+        raise ValueError(
+            f"training reads character ids only: the vocabulary gives {vocabulary.width} ids per token, "
+            f"max_characters_per_token is {max_chars} (a word embedding is not trained here)"
+        )
+    return lambda token: vocabulary.token_ids(token) - 1
+
+
 class BiLMBatchStream:
     """Windows of the forward and backward LM streams for this process's share of the global batch.
 
     Each `next(stream)` returns {"forward": w, "backward": w}, each w a dict of NumPy arrays for the
     b = batch_size / process_count local rows:
-      char_ids  int32 (b, T, C): raw character ids (0..260) of the input tokens, OOV words included;
+      char_ids  int32 (b, T, C): raw character ids (0..260, or the vocabulary's) of the input tokens, OOV
+                words included;
       token_ids int32 (b, T): vocabulary ids of the inputs (OOV -> <UNK>);
       targets   int32 (b, T): the next token's id in the direction of reading (OOV -> <UNK>);
       mask      bool  (b, T): real positions; false only past the end of a finite (repeat=False) pass;
@@ -153,6 +167,8 @@ class BiLMBatchStream:
       repeat: cycle over epochs forever (training) or make one pass (evaluation).
       process_index, process_count: this process's share of the rows.
       max_characters_per_token: C.
+      vocabulary: a model's own character vocabulary (`model.vocabulary.TokenVocabulary`, characters only:
+        ids_per_token == C), whose raw ids `char_ids` then holds; None: UTF-8 bytes (bilm-tf).
       reset_probability: chance that a sentence is read from a zero LSTM state instead of the state the
         row carries. bilm-tf never resets (0.0), and then a model never sees `<S>` from a zero state
         after the first window, which is exactly how `embed` and AllenNLP run it; small models trained
@@ -174,6 +190,7 @@ class BiLMBatchStream:
         process_count: int = 1,
         max_characters_per_token: int = 50,
         reset_probability: float = 0.0,
+        vocabulary: TokenVocabulary | None = None,
     ):
         if len(sentences) == 0:
             raise ValueError("the sentence source is empty")
@@ -205,9 +222,11 @@ class BiLMBatchStream:
         self._directions = {
             d: _Direction(sentences, seed, i, repeat, self.rows, batch_size) for i, d in enumerate(DIRECTIONS)
         }
+        self._raw_chars = _raw_char_ids(vocabulary, max_characters_per_token)
         # word -> (vocabulary id, row of its raw char ids in _char_table): one dict lookup per token.
         self._words: dict[str, tuple[int, int]] = {}
-        self._char_table = np.zeros((1024, max_characters_per_token), np.int16)
+        wide = vocabulary is not None and vocabulary.config.n_raw_characters > np.iinfo(np.int16).max
+        self._char_table = np.zeros((1024, max_characters_per_token), np.int32 if wide else np.int16)
         self.windows = 0
 
     def __iter__(self):
@@ -238,8 +257,8 @@ class BiLMBatchStream:
         rows = np.fromiter((e[1] for e in entries), np.int64, len(entries))
         if rows.min() < 0:  # a word past the cache limit: its characters are computed on the spot
             return ids, np.stack(
-                [self._char_table[r] if r >= 0 else token_to_raw_ids(w, self.max_chars) for w, r in zip(words, rows)]
-            ).astype(np.int16)
+                [self._char_table[r] if r >= 0 else self._raw_chars(w) for w, r in zip(words, rows)]
+            ).astype(self._char_table.dtype)
         return ids, self._char_table[rows]
 
     def _word_entry(self, word: str) -> tuple[int, int]:
@@ -251,7 +270,7 @@ class BiLMBatchStream:
                 return self.vocab.word_to_id(word), -1
             if n == len(self._char_table):
                 self._char_table = np.concatenate([self._char_table, np.zeros_like(self._char_table)])
-            self._char_table[n] = token_to_raw_ids(word, self.max_chars)
+            self._char_table[n] = self._raw_chars(word)
             entry = self._words[word] = (self.vocab.word_to_id(word), n)
         return entry
 

@@ -7,7 +7,9 @@ Three corpora, in this order of precedence:
   3. neither: the embedded default corpus (Python standard library docstrings), built on first use.
 The vocabulary is `data.vocab_file` if given, else `WORKDIR/vocab.txt` from an earlier run of the same
 workdir, else counted from the training text and written to `WORKDIR/vocab.txt` (so a resumed or
-exported run keeps exactly the ids it trained with).
+exported run keeps exactly the ids it trained with). With `data.characters = "corpus"` the model's
+character vocabulary is resolved the same way: `WORKDIR/characters.json` from an earlier run, else the
+characters of the training text's words (`char_vocabulary`), written there.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Iterator
 from absl import logging
 
 from elmo_jax import storage
-from elmo_jax.data import default_corpus, local_corpus, text_files, tfds_corpus, vocab_builder
+from elmo_jax.data import char_vocabulary, default_corpus, local_corpus, text_files, tfds_corpus, vocab_builder
 from elmo_jax.data.sentence_source import SentenceSource
 from elmo_jax.formats.vocab_file import Vocab
 
@@ -31,6 +33,7 @@ class TrainingData:
     train: SentenceSource
     heldout: SentenceSource | None
     description: str
+    characters: list[str] | None = None  # the model's own characters (data.characters "corpus"), else None
 
 
 def check_data(data) -> None:
@@ -83,6 +86,9 @@ def data_problems(data) -> Iterator[str]:
             local_corpus.split_files(data.train_files, data.heldout_files)
         except ValueError as e:
             yield f"--config.data.heldout_files={data.heldout_files!r}: {e}"
+    characters = data.get("characters", "bytes")  # configs saved before the key existed read bytes
+    if characters not in char_vocabulary.CHARACTERS:
+        yield f"--config.data.characters={characters!r}: expected one of {', '.join(char_vocabulary.CHARACTERS)}"
     if data.vocab_file:
         try:
             Vocab.load(data.vocab_file)
@@ -146,7 +152,9 @@ def open_training_data(data, workdir: str, *, write_files: bool = True) -> Train
         corpus = local_corpus.prepare_local_corpus(train_files, heldout_files, cache_dir, **read_options)
         train = local_corpus.open_split(corpus, "train")
         heldout = local_corpus.open_split(corpus, "test") if heldout_files else None
-    vocab = _resolve_vocab(data, workdir, train_files, train, read_options, write_files)
+    counted = _Counts(train_files, train, read_options)
+    vocab = _resolve_vocab(data, workdir, counted, write_files)
+    characters = _resolve_characters(data, workdir, counted, write_files)
     logging.info(
         "corpus: %s; %d training sentences, %s heldout; vocabulary of %d",
         description,
@@ -154,7 +162,9 @@ def open_training_data(data, workdir: str, *, write_files: bool = True) -> Train
         len(heldout) if heldout is not None else "no",
         len(vocab),
     )
-    return TrainingData(vocab=vocab, train=train, heldout=heldout, description=description)
+    if characters is not None:
+        logging.info("the model's own characters: %d, counted from the training text", len(characters))
+    return TrainingData(vocab=vocab, train=train, heldout=heldout, description=description, characters=characters)
 
 
 def heldout_sentences(
@@ -195,22 +205,46 @@ def _optional_split(split: str, **kwargs) -> SentenceSource | None:
         return None
 
 
-def _resolve_vocab(
-    data, workdir: str, train_files, train: SentenceSource, read_options: dict, write_files: bool
-) -> Vocab:
+class _Counts:
+    """The training text's word counts, counted once when first asked for (a file corpus in one streaming
+    pass, a TFDS dataset sentence by sentence)."""
+
+    def __init__(self, train_files, train: SentenceSource, read_options: dict):
+        self.train_files, self.train, self.read_options = train_files, train, read_options
+        self._counts = None
+
+    def get(self) -> collections.Counter:
+        if self._counts is None:
+            if self.train_files is not None:
+                self._counts, stats = vocab_builder.count_tokens(self.train_files, **self.read_options)
+                logging.info("vocabulary counts: %s", stats.summary())
+            else:  # a TFDS dataset without a vocab file: count its sentences
+                self._counts = collections.Counter()
+                for i in range(len(self.train)):
+                    self._counts.update(self.train[i].split())
+        return self._counts
+
+
+def _resolve_vocab(data, workdir: str, counted: _Counts, write_files: bool) -> Vocab:
     if data.vocab_file:
         return Vocab.load(data.vocab_file)
     path = storage.join(workdir, "vocab.txt")
     if storage.exists(path):
         return Vocab.load(path)
-    if train_files is not None:
-        counts, stats = vocab_builder.count_tokens(train_files, **read_options)
-        logging.info("vocabulary counts: %s", stats.summary())
-    else:  # a TFDS dataset without a vocab file: count its sentences
-        counts = collections.Counter()
-        for i in range(len(train)):
-            counts.update(train[i].split())
-    vocab = vocab_builder.build_vocab(counts, min_count=data.min_count, max_size=data.max_vocab_size or None)
+    vocab = vocab_builder.build_vocab(counted.get(), min_count=data.min_count, max_size=data.max_vocab_size or None)
     if write_files:
         vocab.save(path)
     return vocab
+
+
+def _resolve_characters(data, workdir: str, counted: _Counts, write_files: bool) -> list[str] | None:
+    """The model's own characters (`data.characters` "corpus"): the workdir's, else counted and written."""
+    if data.get("characters", "bytes") != "corpus":
+        return None
+    path = storage.join(workdir, char_vocabulary.FILE)
+    if storage.exists(path):
+        return char_vocabulary.read_characters(path)
+    characters = char_vocabulary.build_characters(counted.get())
+    if write_files:
+        char_vocabulary.write_characters(path, characters)
+    return characters

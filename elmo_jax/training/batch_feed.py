@@ -13,18 +13,23 @@ import numpy as np
 
 from elmo_jax.data.batch_stream import DIRECTIONS, merge_states
 from elmo_jax.model.char_cnn import content_bucket
+from elmo_jax.model.chars import PAD_CHAR
 from elmo_jax.model.distinct_tokens import distinct_capacity
 from elmo_jax.runtime import processes
 
 BATCH_KEYS = ("char_ids", "targets", "mask", "carry", "reset")
 
 
-def device_batch(window: dict[str, dict[str, np.ndarray]], max_chars: int) -> tuple[dict[str, np.ndarray], int]:
+def device_batch(
+    window: dict[str, dict[str, np.ndarray]], max_chars: int, pad: int = PAD_CHAR + 1
+) -> tuple[dict[str, np.ndarray], int]:
     """A stream window's directions stacked on a leading D axis, and the char CNN's position bucket.
 
     Args:
       window: `BiLMBatchStream`'s {"forward": {...}, "backward": {...}} of (b, T, ...) arrays.
       max_chars: C, character slots per token.
+      pad: the shifted id of the padding character (`model.vocabulary.pad_id`: a model with its own
+        characters has its own).
 
     Returns:
       ({key: (D, b, ...)} for `BATCH_KEYS`, the content-position bucket of the window's real tokens).
@@ -32,7 +37,7 @@ def device_batch(window: dict[str, dict[str, np.ndarray]], max_chars: int) -> tu
     batch = {k: np.stack([window[d][k] for d in DIRECTIONS]) for k in BATCH_KEYS}
     # content_bucket reads shifted ids with 0 for "no token": shift the real positions only.
     shifted = np.where(batch["mask"][..., None], batch["char_ids"] + 1, 0)
-    return batch, content_bucket(shifted, max_chars)
+    return batch, content_bucket(shifted, max_chars, pad)
 
 
 def step_shape(

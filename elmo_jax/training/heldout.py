@@ -20,6 +20,7 @@ from absl import logging
 from elmo_jax.data.batch_stream import BiLMBatchStream
 from elmo_jax.formats.vocab_file import EOS, Vocab
 from elmo_jax.model.lstm import zero_state
+from elmo_jax.model.vocabulary import pad_id
 from elmo_jax.runtime import processes
 from elmo_jax.runtime.progress import Progress
 from elmo_jax.training import sharding
@@ -93,6 +94,7 @@ def heldout_stream(
         process_count=blocks,
         max_characters_per_token=cfg.model.max_characters_per_token,
         reset_probability=1.0 if from_zero_state else 0.0,
+        vocabulary=cfg.vocabulary,
     )
 
 
@@ -124,7 +126,8 @@ def _summed_cross_entropies(
             )
         # Every process takes part in every step: one whose rows are done feeds empty windows until
         # no process has tokens left.
-        batch, positions = device_batch(window or stream.empty_window(), cfg.model.max_characters_per_token)
+        window = window or stream.empty_window()
+        batch, positions = device_batch(window, cfg.model.max_characters_per_token, pad_id(cfg.model))
         if steps is None:
             s, c, lstm = eval_step(params, lstm, batch, cfg=cfg, content_positions=positions)
         else:

@@ -33,6 +33,7 @@ from elmo_jax.formats import model_dir
 from elmo_jax.formats.vocab_file import Vocab
 from elmo_jax.model.flops import char_cnn_flops_per_token, lstm_flops_per_token
 from elmo_jax.model.params import BiLMParams, count_parameters
+from elmo_jax.model.vocabulary import pad_id
 from elmo_jax.runtime import processes
 from elmo_jax.runtime.signals import StopSignals
 from elmo_jax.storage import compile_cache
@@ -124,7 +125,7 @@ def _train(
     """`train_and_evaluate` once the workdir is held: data, steps, resume, the loop, the end."""
     is_main = jax.process_index() == 0
     data = _open_data(config, workdir, is_main)
-    cfg = settings.step_config(config, len(data.vocab))
+    cfg = settings.step_config(config, len(data.vocab), data.characters)
     optimizer = settings.optimizer(config)
     steps = jit_steps(mesh, cfg, optimizer, config.batch_size, skip_nonfinite=config.max_nonfinite_steps > 0)
     stream = _training_stream(config, cfg, data, steps)
@@ -212,6 +213,7 @@ def _training_stream(config, cfg: StepConfig, data: TrainingData, steps: Steps) 
         process_count=blocks,
         max_characters_per_token=cfg.model.max_characters_per_token,
         reset_probability=config.state_reset_probability,
+        vocabulary=cfg.vocabulary,
     )
 
 
@@ -221,7 +223,7 @@ def _train_loop(run: Run, state: TrainState) -> TrainState:
     config, report = run.config, run.report
     pending = None  # (step, metrics on device) of the previous step, read one step late
     for step in range(int(state.step), config.num_train_steps):
-        local, positions = device_batch(next(run.stream), run.cfg.model.max_characters_per_token)
+        local, positions = device_batch(next(run.stream), run.cfg.model.max_characters_per_token, pad_id(run.cfg.model))
         distinct = distinct_bucket(local, run.steps.local_token_shards) if config.distinct_tokens else None
         positions, distinct, stop = preemption.agree(positions, distinct, run.signals.requested is not None)
         batch = processes.global_batch(local, run.steps.batch, config.batch_size)
@@ -291,7 +293,7 @@ def _finish(run: Run, state: TrainState, vocab: Vocab, workdir: str, is_main: bo
         run.check_workdir()
         export = storage.join(workdir, "export")
         export_model(
-            BiLMParams(weights=weights, config=run.cfg.model),
+            BiLMParams(weights=weights, config=run.cfg.model, vocabulary=run.cfg.vocabulary),
             vocab,
             export,
             source=f"{workdir} step {step}",

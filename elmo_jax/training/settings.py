@@ -4,12 +4,14 @@ the jitted steps, the optimiser, and the checks every key must pass before a run
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 
 import ml_collections
 
 from elmo_jax import storage
+from elmo_jax.data import char_vocabulary
 from elmo_jax.data.text_files import INVALID_UTF8_POLICIES
 from elmo_jax.data.training_corpus import data_problems
 from elmo_jax.formats.model_source import names_published_model
@@ -27,10 +29,17 @@ def model_config(config: ml_collections.ConfigDict) -> BiLMConfig:
     return BiLMConfig(**config.model)
 
 
-def step_config(config: ml_collections.ConfigDict, vocab_size: int) -> StepConfig:
-    """The static settings of the train and eval steps for a vocabulary of `vocab_size` words."""
+def step_config(config: ml_collections.ConfigDict, vocab_size: int, characters: list[str] | None = None) -> StepConfig:
+    """The static settings of the train and eval steps for a vocabulary of `vocab_size` words, and for a
+    model that reads its own `characters` (`data.characters` "corpus"; None: UTF-8 bytes): the model's
+    character fields and its text -> ids (`data.char_vocabulary`)."""
+    model, vocabulary = model_config(config), None
+    if characters is not None:
+        model = dataclasses.replace(model, **char_vocabulary.model_fields(characters))
+        vocabulary = char_vocabulary.token_vocabulary(model, characters)
     return StepConfig(
-        model=model_config(config),
+        model=model,
+        vocabulary=vocabulary,
         vocab_size=vocab_size,
         unroll_steps=config.unroll_steps,
         dropout=config.dropout,

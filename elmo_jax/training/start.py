@@ -22,6 +22,7 @@ import ml_collections
 from absl import logging
 
 from elmo_jax import storage
+from elmo_jax.data import char_vocabulary
 from elmo_jax.formats import pretrained, weights_hdf5
 from elmo_jax.formats.model_source import names_published_model
 from elmo_jax.formats.vocab_file import Vocab
@@ -352,7 +353,10 @@ def load_trained(workdir: str, step: int | None = None):
     config = ml_collections.ConfigDict(meta["config"])
     vocab_file = config.data.vocab_file or storage.join(workdir, "vocab.txt")
     vocab = Vocab.load(vocab_file)
-    return params, settings.step_config(config, len(vocab)), config, vocab_file, int(state.step)
+    characters = None  # the run's own characters (data.characters "corpus"), kept beside vocab.txt
+    if config.data.get("characters", "bytes") == "corpus":
+        characters = char_vocabulary.read_characters(storage.join(workdir, char_vocabulary.FILE))
+    return params, settings.step_config(config, len(vocab), characters), config, vocab_file, int(state.step)
 
 
 def _check_finite_params(params: dict, source: str) -> None:

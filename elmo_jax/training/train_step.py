@@ -22,6 +22,7 @@ from elmo_jax.model.config import BiLMConfig
 from elmo_jax.model.lstm import LSTMState, zero_state
 from elmo_jax.model.params import BiLMParams, init_params
 from elmo_jax.model.precision import ComputeOptions
+from elmo_jax.model.vocabulary import TokenVocabulary
 from elmo_jax.training.lm import (
     candidate_groups,
     draw_candidates,
@@ -63,6 +64,9 @@ class StepConfig:
     # Decay of the biLM weights' moving average that evaluations and the export read (`weight_average`);
     # 0 keeps none (they read the last step's parameters, as bilm-tf does).
     weight_average_decay: float = 0.0
+    # The model's text -> ids when it reads its own character vocabulary (`data.characters` "corpus": the
+    # batch stream's char ids, the export's vocabulary.json); None: UTF-8 bytes.
+    vocabulary: TokenVocabulary | None = None
 
 
 @flax.struct.dataclass
