@@ -121,7 +121,7 @@ def efml_archive(fixture_dir) -> bytes:
     """tests/fixtures/efml/elmo (a tiny ELMoForManyLangs model directory) zipped as NLPL's archives are:
     its files at the top."""
     folder = fixture_dir.parent / "efml" / "elmo"
-    return zipped({p.name: p.read_bytes() for p in sorted(folder.iterdir())})
+    return zipped({p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()})
 
 
 def test_efml_zh_downloads_checks_unpacks_and_converts_once(nlpl, efml_archive, fixture_dir, tmp_path):
