@@ -89,6 +89,7 @@ def test_an_archive_that_is_not_the_model_is_deleted_and_not_recorded(nlpl, tmp_
         elmo_jax.pretrained.fetch("efml:zh", progress=False)
     assert "expected config.json, char.dic, word.dic, token_embedder.pkl, encoder.pkl together" in str(error.value)
     assert not (tmp_path / "cache" / "models" / "efml-zh").exists()
+    assert sorted(p.name for p in downloads.iterdir()) == [".lock"]  # neither the archive nor what it unpacked
 
 
 def test_the_way_out_names_the_nlpl_address_and_its_variable(nlpl, tmp_path, monkeypatch):

@@ -230,16 +230,22 @@ EFML_FILES = ("config.json", "char.dic", "word.dic", "token_embedder.pkl", "enco
 
 def _convert_efml(model: EfmlModel, archive, downloads: str, target: str, source: str) -> None:
     """Unpacks the downloaded archive into the download folder and converts the EFML model directory in
-    it into the model directory `target`; an archive that is not the model is deleted."""
+    it into the model directory `target`. After a failure nothing unpacked is left (on a full disk it holds
+    the space that is missing), and an archive that is not the model is deleted too."""
     _, archive_path, *_ = archive
     from elmo_jax.formats.efml import read_efml
 
+    unpacked = os.path.join(downloads, "unpacked")
     try:
-        params = read_efml(_unpack_efml(archive_path, os.path.join(downloads, "unpacked")))
-    except (ValueError, FileNotFoundError) as e:  # not the model (PretrainedError: the disk, kept)
+        params = read_efml(_unpack_efml(archive_path, unpacked))
+    except (ValueError, FileNotFoundError) as e:  # not the model
+        shutil.rmtree(unpacked, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(archive_path)
         raise ValueError(f"published model {model.name!r}: {e}; the downloaded archive was deleted") from None
+    except BaseException:  # the disk (PretrainedError), an interruption: the archive is kept for the next try
+        shutil.rmtree(unpacked, ignore_errors=True)
+        raise
     model_dir.write_model_dir(params, target, source=source)
 
 
