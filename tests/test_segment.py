@@ -76,6 +76,7 @@ def test_bad_lines_are_named_and_nothing_is_written(tmp_path, by_character):
     long.write_text("好\n" + "字" * (segmentation.MAX_LINE_CHARS + 1) + "\n", encoding="utf-8")
     error_line(segment("--language=zh", f"--input={long}", f"--output={output}"), f"{long}:2: 10,001 characters")
     error_line(segment("--language=zh", f"--input={tmp_path / 'none.txt'}", f"--output={output}"), "no such file")
+    error_line(segment("--language=zh", f"--input={tmp_path}", f"--output={output}"), "a directory, expected a text")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "long.txt"]  # no output, no staging
 
 

@@ -142,6 +142,8 @@ def segment_file(
     """
     segmenter = find_segmenter(language)
     if not storage.isfile(input_path):
+        if storage.isdir(input_path):
+            raise IsADirectoryError(f"--input={input_path}: a directory, expected a text file")
         raise FileNotFoundError(f"--input={input_path}: no such file")
     check_output(output_path, SEGMENTED_TEXT, overwrite=overwrite, inputs=[input_path])
     cut = segmenter.make()
