@@ -806,8 +806,10 @@ class _Analyser:
             hbm_read, hbm_written = self._traffic(i, hbm=True)
             is_collective = i.opcode.startswith(COLLECTIVES) and not i.opcode.endswith("-done")
             collective = _bytes(i.shape, False) if is_collective else 0.0
-            if is_collective and i.opcode.endswith("-start"):  # (operands, results) tuples: the results
-                collective = _bytes(i.shape, False) / 2
+            if is_collective and i.opcode.endswith("-start"):
+                # (operands, results) tuples: the results; an array (the GPU's all-reduce-start): all of it
+                parts = _tuple_elements(i.shape)
+                collective = _bytes(parts[1], False) if len(parts) == 2 else _bytes(i.shape, False)
             started = self._collective_start(i)
             if started is not None:  # the collective's input read and its result written, once
                 source, result = self.shapes.get(started.operands[0], ""), started.shape

@@ -313,3 +313,26 @@ def test_the_gpu_compilers_estimates_and_cublas_gemms():
     kinds = cost.by_kind(PEAK, BANDWIDTH, None)
     assert kinds[f"{hlo_cost.UNESTIMATED}, in loops"]["kernels"] == 2  # the GEMM and the counter's add
     assert kinds[f"{hlo_cost.ELEMENTWISE}, in loops"]["estimated_s"] == pytest.approx(6e-6)
+
+
+def test_an_asynchronous_collective_counts_its_result():
+    """The GPU's all-gather-start returns (operands, results), its all-reduce-start the result alone."""
+    text = """HloModule c, entry_computation_layout={()->f32[8,64]}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: f32[1,64], y: f32[256]) -> f32[8,64] {
+  %x = f32[1,64]{1,0} parameter(0)
+  %y = f32[256]{0} parameter(1)
+  %ags = ((f32[1,64]{1,0}), (f32[8,64]{1,0})) all-gather-start(%x), channel_id=1, replica_groups=[1,8]<=[8], dimensions={0}
+  %agd = f32[8,64]{1,0} all-gather-done(%ags)
+  %ars = f32[256]{0} all-reduce-start(%y), channel_id=2, replica_groups=[1,8]<=[8], to_apply=%add
+  %ard = f32[256]{0} all-reduce-done(%ars)
+  ROOT %out = f32[8,64]{1,0} copy(%agd)
+}
+"""  # noqa: E501 (HLO lines as the compiler writes them)
+    assert hlo_cost.analyse(text).collectives_by_kind() == {"all-gather": 8 * 64 * 4, "all-reduce": 256 * 4}
