@@ -529,8 +529,8 @@ def gpu_table(results: list[dict]) -> list[str]:
     and of its speed-of-light model's ("sol", kept apart: see `hlo_cost.Item.estimate_s`)."""
     lines = [GPU_COLUMNS, "|" + "---|" * (GPU_COLUMNS.count("|") - 1)]
     for r in results:
-        if "error" in r or "gpu_estimates" not in r or not Case.parse(r["case"]).chip.gpu_spec:
-            continue
+        if "error" in r or not r.get("gpu_estimates") or not Case.parse(r["case"]).chip.gpu_spec:
+            continue  # (the A100's rows: no estimates, `accelerators.compiler_flags`)
         own, sol = r["gpu_estimates"].get("", {}), r["gpu_estimates"].get("sol", {})
         gemms = "Triton (default tiles)" if Case.parse(r["case"]).variant == "triton" else "cuBLAS"
         lines.append(
