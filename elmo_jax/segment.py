@@ -2,7 +2,7 @@
 form training (`train.py`'s corpus, `python -m elmo_jax.vocab`) and `embed_file` read. One line out per
 line in; the output appears whole or not at all.
 
-    pip install 'elmo-jax[segment]'
+    pip install rjieba          # Chinese; Japanese: sudachipy sudachidict-core (the segment extra)
     python -m elmo_jax.segment --language=zh --input=raw_zh.txt --output=corpus_zh.txt
 
 Text that already has spaces between its words needs no segmenting (docs/SEGMENTATION.md).

@@ -81,7 +81,7 @@ def test_the_readme_trains_a_chinese_bilm_on_characters_and_embeds_with_it(tmp_p
     commands = readme_commands()
     assert [c[:3] for c in commands] == [
         ["python", "examples/chinese_corpus.py", "--output_dir=zh"],
-        ["pip", "install", "elmo-jax[segment]"],
+        ["pip", "install", "rjieba"],
         ["python", "-m", "elmo_jax.segment"],
         ["python", "train.py", "--config=configs/tiny.py"],
         ["python", "-m", "elmo_jax.embed_text"],

@@ -36,7 +36,7 @@ def test_a_segmenter_that_is_not_installed_is_refused_naming_the_extra(tmp_path,
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "rjieba" else real(name, *a))
     result = segment("--language=zh", f"--input={text}", f"--output={tmp_path / 'out.txt'}")
     error_line(
-        result, "--language=zh (Chinese) needs rjieba, which is not installed", "pip install 'elmo-jax[segment]'"
+        result, "--language=zh (Chinese) needs rjieba, which is not installed", "pip install rjieba (the segment extra)"
     )
     assert not (tmp_path / "out.txt").exists()
     with pytest.raises(ValueError, match="--language=ko: no segmenter for this language; the languages are zh, ja"):

@@ -7,7 +7,8 @@ whitespace-tokenized sentence per line: `data.text_files`, `python -m elmo_jax.v
 Text that already has spaces between its words (a corpus segmented elsewhere, or CoNLL-U tokens joined
 by spaces) needs none of this: it is read as it is.
 
-The segmenters are optional (`pip install 'elmo-jax[segment]'`, docs/SEGMENTATION.md says why these):
+The segmenters are optional (the `segment` extra: `pip install -e '.[segment]'` in a clone;
+docs/SEGMENTATION.md says why these):
 
   zh  rjieba: jieba's dictionary and algorithm (jieba-rs, in Rust), the dictionary inside the wheel.
   ja  SudachiPy with a SudachiDict package (core, else small, else full), split mode C (longest units).
@@ -90,13 +91,15 @@ def find_segmenter(language: str, *, flag: str = "--language") -> Segmenter:
             "(text with spaces between its words needs no segmenting)"
         )
     first, *dictionaries = segmenter.modules
-    missing = [first] if importlib.util.find_spec(first) is None else []
+    missing, packages = ([first], [first.lower()]) if importlib.util.find_spec(first) is None else ([], [])
     if dictionaries and not any(importlib.util.find_spec(m) is not None for m in dictionaries):
         missing.append(" or ".join(m.replace("_", "-") for m in dictionaries))
+        packages.append(dictionaries[0].replace("_", "-"))
     if missing:
+        # The PyPI packages, not `pip install 'elmo-jax[segment]'`: elmo-jax is not on PyPI (cli.check_installed).
         raise ValueError(
             f"{flag}={language} ({segmenter.name}) needs {' and '.join(missing)}, which is not installed: "
-            f"pip install 'elmo-jax[{EXTRA}]'"
+            f"pip install {' '.join(packages)} (the {EXTRA} extra)"
         )
     return segmenter
 
