@@ -58,8 +58,7 @@ def check_model_flags(model: str | None, options_file: str | None, weight_file: 
     (the flags' values; nothing is read)."""
     if bool(model) == bool(options_file or weight_file):
         raise ValueError(
-            f"pass either --model=MODEL_DIR (or a published model: {names_text()}), or --options=FILE "
-            "--weights=FILE"
+            f"pass either --model=MODEL_DIR (or a published model: {names_text()}), or --options=FILE --weights=FILE"
         )
     if not model and not (options_file and weight_file):
         raise ValueError("--options and --weights go together")
