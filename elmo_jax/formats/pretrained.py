@@ -33,7 +33,7 @@ import os
 import shutil
 import zipfile
 
-from elmo_jax.formats import download, model_dir
+from elmo_jax.formats import download, efml, model_dir
 from elmo_jax.formats.output_paths import is_model_directory
 from elmo_jax.formats.published_models import (
     EfmlModel,
@@ -225,19 +225,14 @@ def _check_structure(model: PublishedModel, options, weights) -> BiLMParams:
     return params
 
 
-EFML_FILES = ("config.json", "char.dic", "word.dic", "token_embedder.pkl", "encoder.pkl")  # an EFML model directory
-
-
 def _convert_efml(model: EfmlModel, archive, downloads: str, target: str, source: str) -> None:
     """Unpacks the downloaded archive into the download folder and converts the EFML model directory in
     it into the model directory `target`. After a failure nothing unpacked is left (on a full disk it holds
     the space that is missing), and an archive that is not the model is deleted too."""
     _, archive_path, *_ = archive
-    from elmo_jax.formats.efml import read_efml
-
     unpacked = os.path.join(downloads, "unpacked")
     try:
-        params = read_efml(_unpack_efml(archive_path, unpacked))
+        params = efml.read_efml(_unpack_efml(archive_path, unpacked))
     except (ValueError, FileNotFoundError) as e:  # not the model
         shutil.rmtree(unpacked, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
@@ -270,9 +265,9 @@ def _unpack_efml(archive_path: str, unpacked: str) -> str:
             f"${CACHE_VARIABLE} to a cache on another disk"
         ) from None
     found = sorted(folder for folder, _, names in os.walk(unpacked) if "config.json" in names)
-    if len(found) != 1 or not all(os.path.isfile(os.path.join(found[0], f)) for f in EFML_FILES):
+    if len(found) != 1 or not all(os.path.isfile(os.path.join(found[0], f)) for f in efml.FILES):
         raise ValueError(
-            f"{archive_path} does not hold one ELMoForManyLangs model directory (expected {', '.join(EFML_FILES)} "
+            f"{archive_path} does not hold one ELMoForManyLangs model directory (expected {', '.join(efml.FILES)} "
             f"together; found config.json in {len(found)} folders)"
         )
     return found[0]

@@ -44,7 +44,7 @@ from jax import lax
 
 from elmo_jax.model.precision import einsum, summing_columns
 
-# `lax.empty` came after jax 0.6, the dependency floor; there, zeros (what it gives off TPU anyway).
+# `lax.empty` came after jax 0.6, the dependency floor; there, zeros (what it gives on the CPU anyway).
 _empty = getattr(lax, "empty", jnp.zeros)
 
 FORGET_BIAS = 1.0  # TF LSTMCell's default, added at run time and never stored in weight files.
@@ -131,7 +131,9 @@ def stacked_scan(step, carry, length: int, *, unroll: int = 1, reverse: bool = F
     The stacks are carried buffers allocated with `lax.empty` and written step by step, where
     `lax.scan` fills its output buffers with zeros first: on a TPU `lax.empty` is an uninitialised
     allocation, and the zero fill of the residual stacks was a measurable part of the `bilm_large` step's
-    traffic (bench/RESULTS_tpu_compile.md, "The LSTM time loop"; elsewhere `lax.empty` is zeros, as before).
+    traffic (bench/RESULTS_tpu_compile.md, "The LSTM time loop"; on the CPU `lax.empty` is zeros, as before;
+    the GPU compiler of jax 0.10.2 allocates it uninitialised too, and unsharded: every GPU of a mesh holds the
+    global batch's stacks, bench/RESULTS_gpu_compile.md).
     A `SideBySide` output is stacked joined: (T, ..., sum of the pieces' widths).
     """
     y_shapes = jax.eval_shape(lambda c: step(c, jnp.int32(0))[1], carry)
