@@ -23,15 +23,17 @@ the package's cache, as the published models are, so every command's `--model=EF
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 
 import numpy as np
 
+from elmo_jax.formats import model_dir
+from elmo_jax.formats.output_paths import is_model_directory
 from elmo_jax.formats.torch_pickle import read_state_dict
 from elmo_jax.model.config import BiLMConfig, InvalidBiLMConfig
 from elmo_jax.model.params import OUTPUT_PROJECTION, BiLMParams, check_finite, from_flat, lstm_cell_path
 from elmo_jax.model.vocabulary import TokenVocabulary
+from elmo_jax.storage.cache_home import cache_dir
 
 CONFIG, CHARS, WORDS, TOKEN_EMBEDDER, ENCODER = (
     "config.json",
@@ -109,7 +111,7 @@ def _architecture(directory: str) -> tuple[dict, str]:
     """The architecture JSON that config.json names (its "config_path": in the directory, else its file
     name there, else one of the package's own), and where it came from."""
     config_file = os.path.join(directory, CONFIG)
-    settings = _json(config_file)
+    settings = model_dir.read_json(config_file)
     path = settings.get("config_path") if isinstance(settings, dict) else None
     if not isinstance(path, str):
         raise ValueError(
@@ -117,7 +119,7 @@ def _architecture(directory: str) -> tuple[dict, str]:
         )
     for candidate in (os.path.join(directory, path), os.path.join(directory, os.path.basename(path))):
         if os.path.isfile(candidate):
-            return _json(candidate), candidate
+            return model_dir.read_json(candidate), candidate
     name = os.path.basename(path)
     if name in PACKAGE_CONFIGS:
         return PACKAGE_CONFIGS[name], f"{config_file} (the package's {name})"
@@ -125,14 +127,6 @@ def _architecture(directory: str) -> tuple[dict, str]:
         f'{config_file}: "config_path" names {path}, which is neither in {directory} nor one of the '
         f"package's {sorted(PACKAGE_CONFIGS)}"
     )
-
-
-def _json(path: str):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
 
 
 def _section(architecture, key: str, source: str, names: tuple[str, ...]) -> dict:
@@ -322,10 +316,6 @@ def efml_model_dir(directory: str | os.PathLike, *, cache: str | None = None) ->
     """The model directory converted from the EFML model directory `directory`, in the cache
     (`storage.cache_home`: models/efml-dir-DIGEST, the digest of its files): converted (`read_efml`,
     `model_dir.write_model_dir`, published whole) the first time, read as it is afterwards."""
-    from elmo_jax.formats import model_dir
-    from elmo_jax.formats.output_paths import is_model_directory
-    from elmo_jax.storage.cache_home import cache_dir
-
     directory = os.path.abspath(os.fspath(directory))
     target = os.path.join(cache or cache_dir(), "models", f"efml-dir-{efml_digest(directory)[:16]}")
     if not is_model_directory(target):

@@ -205,12 +205,16 @@ def _read_vocabulary(path: str, config: BiLMConfig) -> TokenVocabulary | None:
         return None
     if not os.path.exists(tokens_file):
         raise FileNotFoundError(f"{path}: missing {TOKENS}, the vocabulary {os.path.join(path, OPTIONS)} names")
+    return TokenVocabulary.from_json(read_json(tokens_file), config, tokens_file)
+
+
+def read_json(path: str):
+    """The JSON value in the local file `path`; ValueError naming it when it is not UTF-8 JSON."""
     try:
-        with open(tokens_file, encoding="utf-8") as f:
-            data = json.load(f)
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
     except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{tokens_file}: not valid JSON ({e})") from None
-    return TokenVocabulary.from_json(data, config, tokens_file)
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
 
 
 def _cross_checked(config: BiLMConfig) -> tuple[str, ...]:
@@ -258,11 +262,7 @@ def read_manifest(directory: str, *, verify: bool = True) -> dict[str, Any]:
         raise FileNotFoundError(
             f"{directory}: missing {MANIFEST}; not a model directory written by elmo_jax.export" + hint
         )
-    try:
-        with open(manifest_file, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{manifest_file}: not valid JSON ({e})") from None
+    manifest = read_json(manifest_file)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f'{manifest_file}: not an elmo-jax model manifest (expected "format": "{FORMAT}")')
     if manifest.get("format_version") != FORMAT_VERSION:
